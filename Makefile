@@ -1,0 +1,33 @@
+# Two entry points: `make demo` and `make test`. Both build .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch: an unpinned torch would pull several GB of CUDA packages.
+TORCH := torch==2.13.0
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(BIN)/hetero: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	touch $@
+
+demo: $(BIN)/hetero
+	$(BIN)/hetero devices --config examples/mixed_fleet.yaml
+	$(BIN)/hetero catalog compare --model A100-80GB --model V100-32GB --model H100-SXM-80GB --model T4 --model L4
+
+lint: $(BIN)/hetero
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: $(BIN)/hetero
+	$(BIN)/mypy
+
+unit: $(BIN)/hetero
+	$(BIN)/pytest -q -p no:cacheprovider; rc=$$?; [ $$rc -eq 5 ] && echo "no tests collected" && exit 0; exit $$rc
+
+test: lint typecheck unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,294 @@
+"""The fleet config (``hetero_config.yaml``): value objects validated with pydantic.
+
+Every problem in a file is reported at once, each as ``field.path: message (got VALUE)``, through
+one :class:`~hetero.errors.ConfigError`. Cross-field checks (duplicate ids, memory limits above a
+model's memory, unknown models with suggestions) live here too, so ``hetero config validate`` and
+``load_config`` give the same answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from hetero.devices.catalog import get_catalog
+from hetero.devices.spec import DeviceKind
+from hetero.errors import ConfigError
+from hetero.units import format_size, parse_size
+
+__all__ = [
+    "CommunicationConfig",
+    "DeviceConfig",
+    "HeteroConfig",
+    "LoggingConfig",
+    "SchedulerConfig",
+    "load_config",
+    "parse_config",
+]
+
+
+def _positive_size(value: Any) -> int:
+    size = parse_size(value)
+    if size <= 0:
+        raise ValueError(f"size must be greater than 0, got {value!r}")
+    return size
+
+
+Size = Annotated[int, BeforeValidator(_positive_size)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceConfig(_Strict):
+    """One line of ``devices:``: a real local device, or ``count`` emulated ones."""
+
+    type: DeviceKind
+    id: int | str | None = Field(
+        default=None, description="real GPU: CUDA index, UUID or PCI bus id"
+    )
+    model: str | None = Field(default=None, description="catalog name, e.g. A100-80GB")
+    emulate: bool = False
+    count: int = Field(default=1, ge=1, le=100_000)
+    speed: float | None = Field(default=None, gt=0, description="relative speed (V100 = 1.0)")
+    memory_limit: Size | None = None
+    cores: int | None = Field(default=None, ge=1)
+    name: str | None = Field(default=None, min_length=1)
+    node: str = Field(default="localhost", min_length=1)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        catalog = get_catalog()
+        if value not in catalog:
+            close = catalog.closest(value)
+            hint = f"; closest catalog names: {', '.join(close)}" if close else ""
+            raise ValueError(f"unknown model {value!r}{hint} (see `hetero catalog list`)")
+        return catalog.get(value).model
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"device index must be >= 0, got {value}")
+        return value
+
+
+class SchedulerConfig(_Strict):
+    strategy: str = "weighted_least_connections"
+    max_queue_size: int = Field(default=1000, ge=1)
+    timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+
+
+class CommunicationConfig(_Strict):
+    protocol: Literal["gloo", "nccl", "mpi", "tcp"] = "gloo"
+    buffer_size: Size = 64 * 1000**2
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+class LoggingConfig(_Strict):
+    level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_upper)
+    ] = "INFO"
+
+
+class HeteroConfig(_Strict):
+    """A whole ``hetero_config.yaml``."""
+
+    devices: list[DeviceConfig] = Field(min_length=1)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    communication: CommunicationConfig = Field(default_factory=CommunicationConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
+    """Validate already-parsed YAML/JSON data; raises ``ConfigError`` listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [("", f"{source}: expected a mapping with a 'devices' list, got {_show(data)}")]
+        )
+    try:
+        config = HeteroConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc, data)) from None
+    problems = _device_problems(config.devices)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def load_config(path: str | Path) -> HeteroConfig:
+    """Read and validate a fleet config file."""
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [("", f"cannot read config {str(path)!r}: {exc.strerror or exc}")]
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([("", f"{path}: invalid YAML{where}: {problem}")]) from None
+    return parse_config(data, source=str(path))
+
+
+# --- error rendering ------------------------------------------------------------------------
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _lookup(data: Any, loc: tuple[int | str, ...]) -> Any:
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = HeteroConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[str(part)].annotation
+        args = getattr(annotation, "__args__", ())
+        nested = [
+            a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        if not nested:
+            return []
+        model = nested[0]
+    return sorted(model.model_fields)
+
+
+def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        # Pydantic appends the tag of the union member that failed (e.g. 'int'); it is noise here.
+        loc = tuple(
+            p for p in loc if p not in ("int", "str", "function-before[_positive_size(), int]")
+        )
+        path = _path(loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            allowed = ", ".join(_fields_of(data, loc[:-1]))
+            problems.append((path, f"unknown key {str(loc[-1])!r}; allowed keys: {allowed}"))
+            continue
+        if kind == "missing":
+            problems.append((path, "required field is missing"))
+            continue
+        message = str(err["msg"]).removeprefix("Value error, ")
+        value = _lookup(data, loc)
+        if "got " in message or "unknown model" in message:
+            problems.append((path, message))
+        else:
+            problems.append((path, f"{message} (got {_show(value)})"))
+    # Union members each report the same bad value; keep one line per path and message.
+    return list(dict.fromkeys(problems))
+
+
+def _device_problems(devices: list[DeviceConfig]) -> list[tuple[str, str]]:
+    catalog = get_catalog()
+    problems: list[tuple[str, str]] = []
+    seen_ids: dict[tuple[str, str, str], int] = {}
+    seen_names: dict[str, int] = {}
+    for i, dev in enumerate(devices):
+        where = f"devices[{i}]"
+        if dev.emulate:
+            if dev.model is None:
+                problems.append((f"{where}.model", "an emulated device needs a catalog model"))
+            if dev.id is not None:
+                problems.append((f"{where}.id", f"id {dev.id!r} applies only to real devices"))
+        else:
+            if dev.type not in (DeviceKind.CPU, DeviceKind.GPU):
+                problems.append(
+                    (
+                        f"{where}.type",
+                        f"a real {dev.type.value} cannot be discovered; "
+                        "allowed: cpu or gpu, or set emulate: true",
+                    )
+                )
+            if dev.count != 1:
+                problems.append(
+                    (f"{where}.count", f"count {dev.count} applies only to emulated devices")
+                )
+        if dev.cores is not None and dev.type is not DeviceKind.CPU:
+            problems.append(
+                (f"{where}.cores", f"cores applies only to type cpu, not {dev.type.value}")
+            )
+        if dev.model is not None:
+            spec = catalog.get(dev.model)
+            if spec.kind is not dev.type:
+                problems.append(
+                    (
+                        f"{where}.model",
+                        f"model {dev.model} is a {spec.kind.value}, not a {dev.type.value}",
+                    )
+                )
+            if dev.memory_limit is not None and dev.memory_limit > spec.memory_bytes:
+                problems.append(
+                    (
+                        f"{where}.memory_limit",
+                        f"{format_size(dev.memory_limit)} is above the "
+                        f"{format_size(spec.memory_bytes)} "
+                        f"of a {spec.model}; allowed: at most {format_size(spec.memory_bytes)}",
+                    )
+                )
+        if not dev.emulate:
+            key = (dev.node, dev.type.value, str(dev.id if dev.id is not None else 0))
+            if key in seen_ids:
+                problems.append(
+                    (
+                        f"{where}.id",
+                        f"duplicate id {key[2]!r} for {dev.type.value} on {dev.node} "
+                        f"(also devices[{seen_ids[key]}])",
+                    )
+                )
+            seen_ids.setdefault(key, i)
+        if dev.name is not None:
+            if dev.name in seen_names:
+                problems.append(
+                    (
+                        f"{where}.name",
+                        f"duplicate name {dev.name!r} (also devices[{seen_names[dev.name]}])",
+                    )
+                )
+            seen_names.setdefault(dev.name, i)
+    return problems

@@ -1,0 +1,21 @@
+"""Devices: specs, the accelerator catalog, discovery and fleets built from config."""
+
+from __future__ import annotations
+
+from hetero.devices.catalog import Catalog, CatalogComparison, get_catalog
+from hetero.devices.discovery import get_device_list
+from hetero.devices.fleet import build_fleet
+from hetero.devices.spec import DTYPES, Device, DeviceKind, DeviceSpec, DeviceState
+
+__all__ = [
+    "DTYPES",
+    "Catalog",
+    "CatalogComparison",
+    "Device",
+    "DeviceKind",
+    "DeviceSpec",
+    "DeviceState",
+    "build_fleet",
+    "get_catalog",
+    "get_device_list",
+]

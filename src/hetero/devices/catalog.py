@@ -1,0 +1,191 @@
+"""The accelerator catalog: specs of known devices, shipped as ``data/catalog.yaml``.
+
+Lookups accept the canonical name (``A100-80GB``) or any name a driver reports
+(``NVIDIA A100-SXM4-80GB``), ignoring case, spaces, dashes and underscores. An unknown name
+gets the generic spec of its kind with a warning, never a crash, so a new GPU still schedules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from hetero.devices.spec import DeviceKind, DeviceSpec
+from hetero.errors import DeviceError
+
+__all__ = ["Catalog", "CatalogComparison", "get_catalog"]
+
+log = logging.getLogger("hetero.catalog")
+
+_GIB = 1024**3
+_GENERIC = {DeviceKind.CPU: "CPU", DeviceKind.GPU: "GPU"}
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.casefold())
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogComparison:
+    """Value-for-money figures of one catalog model for one dtype."""
+
+    model: str
+    kind: str
+    tflops: float
+    price_per_hour: float | None
+    tdp_w: float
+    memory_gib: float
+    tflops_per_dollar: float | None
+    tflops_per_watt: float | None
+    gb_per_tflops: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Catalog:
+    """An immutable set of ``DeviceSpec`` rows with name and alias lookup."""
+
+    def __init__(self, specs: list[DeviceSpec], price_date: str = "") -> None:
+        self.price_date = price_date
+        self._specs: dict[str, DeviceSpec] = {}
+        self._index: dict[str, str] = {}
+        for spec in specs:
+            if spec.model in self._specs:
+                raise DeviceError(f"catalog: duplicate model {spec.model!r}")
+            self._specs[spec.model] = spec
+            for name in (spec.model, *spec.aliases):
+                key = _normalize(name)
+                owner = self._index.setdefault(key, spec.model)
+                if owner != spec.model:
+                    raise DeviceError(
+                        f"catalog: name {name!r} used by both {owner} and {spec.model}"
+                    )
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Catalog:
+        data = yaml.safe_load(text)
+        specs = [_spec_from_row(row) for row in data["accelerators"]]
+        return cls(specs, price_date=str(data.get("price_date", "")))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __iter__(self) -> Iterator[DeviceSpec]:
+        return iter(self._specs.values())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and _normalize(name) in self._index
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def get(self, name: str) -> DeviceSpec:
+        """The spec named ``name`` (canonical or alias); ``DeviceError`` naming close ones."""
+        model = self._index.get(_normalize(name))
+        if model is None:
+            close = self.closest(name)
+            hint = f"; closest: {', '.join(close)}" if close else ""
+            raise DeviceError(f"unknown device model {name!r}{hint} (see `hetero catalog list`)")
+        return self._specs[model]
+
+    def closest(self, name: str, n: int = 3) -> list[str]:
+        """Canonical names that look most like ``name``."""
+        matches = difflib.get_close_matches(
+            _normalize(name), list(self._index), n=n * 3, cutoff=0.5
+        )
+        seen: list[str] = []
+        for key in matches:
+            model = self._index[key]
+            if model not in seen:
+                seen.append(model)
+        return seen[:n]
+
+    def resolve(self, reported_name: str, kind: DeviceKind = DeviceKind.GPU) -> DeviceSpec:
+        """The spec for a name a driver reported; an unknown name gets the generic spec, warned."""
+        model = self._index.get(_normalize(reported_name))
+        if model is not None:
+            return self._specs[model]
+        generic = self._specs[_GENERIC.get(kind, "GPU")]
+        log.warning(
+            "device %r is not in the catalog; using the generic %s spec (%.1f fp32 TFLOPS). "
+            "Closest known: %s",
+            reported_name,
+            generic.model,
+            generic.peak_tflops("fp32"),
+            ", ".join(self.closest(reported_name)) or "none",
+        )
+        return dataclasses.replace(generic, model=reported_name, kind=kind, aliases=())
+
+    def compare(
+        self,
+        dtype: str = "bf16",
+        kinds: set[DeviceKind] | None = None,
+        by: str = "tflops_per_dollar",
+    ) -> list[CatalogComparison]:
+        """Models ranked by ``by`` (a ``CatalogComparison`` field), best first."""
+        if by not in ("tflops_per_dollar", "tflops_per_watt", "gb_per_tflops"):
+            raise ValueError(
+                f"unknown ranking {by!r}; expected tflops_per_dollar, tflops_per_watt "
+                "or gb_per_tflops"
+            )
+        rows = []
+        for spec in self:
+            if kinds and spec.kind not in kinds:
+                continue
+            tflops = spec.peak_tflops(dtype)
+            gib = spec.memory_bytes / _GIB
+            price = spec.price_per_hour
+            rows.append(
+                CatalogComparison(
+                    model=spec.model,
+                    kind=spec.kind.value,
+                    tflops=tflops,
+                    price_per_hour=price,
+                    tdp_w=spec.tdp_w,
+                    memory_gib=round(gib, 1),
+                    tflops_per_dollar=round(tflops / price, 2) if price and tflops else None,
+                    tflops_per_watt=round(tflops / spec.tdp_w, 3)
+                    if spec.tdp_w and tflops
+                    else None,
+                    gb_per_tflops=round(gib / tflops, 3) if tflops else None,
+                )
+            )
+        # Rows without the figure go last; among the rest, higher is better.
+        return sorted(rows, key=lambda r: (getattr(r, by) is None, -(getattr(r, by) or 0.0)))
+
+
+def _spec_from_row(row: dict[str, Any]) -> DeviceSpec:
+    return DeviceSpec(
+        model=row["name"],
+        kind=DeviceKind(row["kind"]),
+        vendor=row["vendor"],
+        tflops={k: float(v) for k, v in row["tflops"].items()},
+        memory_bytes=round(float(row["memory_gib"]) * _GIB),
+        memory_bandwidth_gbs=float(row["memory_bandwidth_gbs"]),
+        interconnect=str(row.get("interconnect", "none")),
+        interconnect_gbs=float(row.get("interconnect_gbs", 0.0)),
+        tdp_w=float(row.get("tdp_w", 0.0)),
+        price_per_hour=None if row.get("price_per_hour") is None else float(row["price_per_hour"]),
+        capabilities=frozenset(row.get("capabilities", ())),
+        aliases=tuple(row.get("aliases", ())),
+        source=str(row.get("source", "")),
+        notes=str(row.get("notes", "")),
+    )
+
+
+@cache
+def get_catalog() -> Catalog:
+    """The catalog shipped with hetero (loaded once)."""
+    text = resources.files("hetero.devices").joinpath("data/catalog.yaml").read_text("utf-8")
+    return Catalog.from_yaml(text)

@@ -1,0 +1,123 @@
+"""Turn a fleet config into ``Device`` objects: real devices found on this machine, emulated ones
+built from the catalog."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from hetero.devices.catalog import get_catalog
+from hetero.devices.spec import Device, DeviceKind
+from hetero.errors import DeviceError
+from hetero.units import format_size
+
+if TYPE_CHECKING:  # config imports the catalog, which lives in this package
+    from hetero.config import DeviceConfig, HeteroConfig
+
+__all__ = ["build_fleet"]
+
+
+def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) -> list[Device]:
+    """The devices ``config`` describes. ``discovered`` defaults to ``get_device_list()``.
+
+    Real entries are matched against discovered devices (GPU by index, UUID or PCI bus id);
+    emulated entries become ``count`` devices with the catalog spec of ``model``.
+    """
+    if discovered is None and any(not d.emulate for d in config.devices):
+        from hetero.devices.discovery import get_device_list
+
+        discovered = get_device_list()
+    per_model: Counter[str] = Counter()
+    fleet: list[Device] = []
+    for i, entry in enumerate(config.devices):
+        if entry.emulate:
+            fleet.extend(_emulated(entry, per_model))
+        else:
+            fleet.append(_real(i, entry, discovered or []))
+    return fleet
+
+
+def _emulated(entry: DeviceConfig, per_model: Counter[str]) -> list[Device]:
+    assert entry.model is not None  # guaranteed by config validation
+    spec = get_catalog().get(entry.model)
+    devices = []
+    for k in range(entry.count):
+        index = per_model[spec.model]
+        per_model[spec.model] += 1
+        if entry.name is None:
+            device_id = f"{spec.model.lower()}:{index}"
+        else:
+            device_id = entry.name if entry.count == 1 else f"{entry.name}:{k}"
+        devices.append(
+            Device(
+                id=device_id,
+                spec=spec,
+                node=entry.node,
+                local_index=index,
+                emulated=True,
+                speed_override=entry.speed,
+                memory_limit=entry.memory_limit,
+                cores=entry.cores,
+                tags=frozenset(entry.tags),
+            )
+        )
+    return devices
+
+
+def _real(i: int, entry: DeviceConfig, discovered: list[Device]) -> Device:
+    candidates = [d for d in discovered if d.kind is entry.type]
+    where = f"devices[{i}]"
+    if entry.type is DeviceKind.CPU:
+        if not candidates:
+            raise DeviceError(f"{where}: no CPU was discovered on this machine")
+        found = candidates[0]
+        available = found.cores or 0
+        if entry.cores is not None and available and entry.cores > available:
+            raise DeviceError(
+                f"{where}.cores: {entry.cores} cores requested but this machine has {available}; "
+                f"allowed: 1 to {available}"
+            )
+    else:
+        wanted = 0 if entry.id is None else entry.id
+        found_or_none = next((d for d in candidates if _matches(d, wanted)), None)
+        if found_or_none is None:
+            have = ", ".join(f"{d.local_index} ({d.model})" for d in candidates) or "none"
+            raise DeviceError(
+                f"{where}.id: no {entry.type.value} {wanted!r} on this machine; found: {have}. "
+                "Set emulate: true with a model to run it emulated."
+            )
+        found = found_or_none
+    if entry.memory_limit is not None and entry.memory_limit > found.spec.memory_bytes:
+        raise DeviceError(
+            f"{where}.memory_limit: {format_size(entry.memory_limit)} is above the "
+            f"{format_size(found.spec.memory_bytes)} of {found.id} ({found.model}); "
+            f"allowed: at most {format_size(found.spec.memory_bytes)}"
+        )
+    found.memory_limit = entry.memory_limit
+    found.cores = entry.cores or found.cores
+    found.speed_override = entry.speed
+    found.node = entry.node
+    found.tags = frozenset(entry.tags)
+    if entry.memory_limit is not None:
+        found.state.memory_total = found.memory_bytes
+    if entry.name is not None:
+        found.id = entry.name
+    return found
+
+
+def _matches(device: Device, wanted: int | str) -> bool:
+    if isinstance(wanted, int):
+        return device.local_index == wanted
+    text = wanted.strip().lower()
+    if text.isdigit():
+        return device.local_index == int(text)
+    uuid = (device.uuid or "").lower()
+    if uuid and text.removeprefix("gpu-") == uuid.removeprefix("gpu-"):
+        return True
+    # PCI bus ids are written with 4 or 8 digit domains, or none: compare "bus:device.function".
+    bus = device.pci_bus_id or ""
+    return ":" in text and _bus_tail(bus) == _bus_tail(text)
+
+
+def _bus_tail(bus_id: str) -> str:
+    return ":".join(bus_id.lower().split(":")[-2:])

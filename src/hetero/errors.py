@@ -1,0 +1,86 @@
+"""The one exception hierarchy of hetero.
+
+Every error the library raises on purpose derives from :class:`HeteroError`, so callers can catch
+``HeteroError`` alone. Errors from third-party code are mapped at the boundary with
+``raise X from exc`` so the original cause stays attached.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AllocationError",
+    "BackendError",
+    "ConfigError",
+    "DeviceError",
+    "HeteroError",
+    "InvalidTransition",
+    "NoCapableDevice",
+    "QueueFull",
+    "TaskFailed",
+]
+
+
+class HeteroError(Exception):
+    """Base of every error hetero raises on purpose."""
+
+
+class ConfigError(HeteroError, ValueError):
+    """A configuration value is invalid.
+
+    ``problems`` lists every problem found (``(field path, message)``), so a whole file can be
+    reported at once instead of one error per run.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]] | str) -> None:
+        if isinstance(problems, str):
+            problems = [("", problems)]
+        self.problems: list[tuple[str, str]] = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = [f"{path}: {msg}" if path else msg for path, msg in self.problems]
+        if len(lines) == 1:
+            return lines[0]
+        return f"{len(lines)} problems:\n" + "\n".join(f"  - {line}" for line in lines)
+
+
+class DeviceError(HeteroError):
+    """A device is missing, unhealthy or unusable."""
+
+
+class AllocationError(HeteroError):
+    """Devices could not be allocated as requested."""
+
+
+class NoCapableDevice(HeteroError):
+    """No device in the fleet can run a work item (memory, capabilities, tags)."""
+
+
+class QueueFull(HeteroError):
+    """The dispatcher's queue is at ``max_queue_size``; the caller should back off and retry."""
+
+
+class InvalidTransition(HeteroError):
+    """A work item was asked to move between states that the transition table does not allow."""
+
+    def __init__(self, item_id: object, start: str, finish: str, history: list[str]) -> None:
+        self.item_id = item_id
+        self.start = start
+        self.finish = finish
+        self.history = list(history)
+        super().__init__(
+            f"work item {item_id!r}: invalid transition {start} -> {finish} "
+            f"(history: {' -> '.join(history) or 'empty'})"
+        )
+
+
+class TaskFailed(HeteroError):
+    """A task failed on its device; ``remote_traceback`` holds the traceback from where it ran."""
+
+    def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+        self.remote_traceback = remote_traceback
+        super().__init__(message if not remote_traceback else f"{message}\n{remote_traceback}")
+
+
+class BackendError(HeteroError):
+    """An execution backend (process pool, Ray, HTTP replica) failed."""

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import hetero
+from hetero.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "mixed_fleet.yaml"
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert hetero.__version__ in result.output
+
+
+def test_devices_from_example_config_json() -> None:
+    # A real process, as a user runs it.
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetero", "devices", "--config", str(EXAMPLE), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    devices = json.loads(proc.stdout)
+    assert len(devices) == 5
+    models = [d["model"] for d in devices]
+    assert models.count("A100-80GB") == 2 and models.count("V100-32GB") == 2
+    assert sum(d["kind"] == "cpu" for d in devices) == 1
+    a100 = devices[0]
+    assert a100["emulated"] is True
+    assert a100["tflops"]["fp16"] == pytest.approx(312)
+    assert a100["speed"] == pytest.approx(2.5 * devices[2]["speed"])
+    assert all(d["state"]["healthy"] for d in devices)
+
+
+def test_devices_table() -> None:
+    result = runner.invoke(app, ["devices", "--config", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    assert "a100-80gb:1" in result.output and "5 devices" in result.output
+
+
+def test_devices_without_config_lists_this_machine() -> None:
+    result = runner.invoke(app, ["devices", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["kind"] == "cpu"
+
+
+def test_catalog_commands() -> None:
+    listed = runner.invoke(app, ["catalog", "list", "--json"])
+    assert listed.exit_code == 0
+    assert len(json.loads(listed.stdout)) >= 30
+    shown = runner.invoke(app, ["catalog", "show", "NVIDIA A100-SXM4-80GB", "--json"])
+    assert json.loads(shown.stdout)["model"] == "A100-80GB"
+    compared = runner.invoke(app, ["catalog", "compare", "--kind", "gpu", "--json"])
+    rows = json.loads(compared.stdout)
+    assert rows[0]["tflops_per_dollar"] >= rows[1]["tflops_per_dollar"]
+    table = runner.invoke(app, ["catalog", "compare", "--by", "tflops_per_watt"])
+    assert "TFLOPS/W" in table.output
+
+
+def test_catalog_bad_input_is_a_clear_error() -> None:
+    result = runner.invoke(app, ["catalog", "show", "A100-80G"])
+    assert result.exit_code == 1
+    assert "unknown device model 'A100-80G'" in result.stderr and "A100-80GB" in result.stderr
+    bad_kind = runner.invoke(app, ["catalog", "list", "--kind", "qpu"])
+    assert bad_kind.exit_code == 2 and "'qpu'" in bad_kind.stderr
+    bad_dtype = runner.invoke(app, ["catalog", "compare", "--dtype", "fp12"])
+    assert bad_dtype.exit_code == 2 and "'fp12'" in bad_dtype.stderr
+
+
+def test_config_validate(tmp_path: Path) -> None:
+    ok = runner.invoke(app, ["config", "validate", str(EXAMPLE)])
+    assert ok.exit_code == 0 and "5 devices" in ok.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "devices:\n"
+        "  - {type: gpu, model: A100-80G, emulate: true}\n"
+        "  - {type: gpu, model: V100-16GB, emulate: true, memory_limit: 64GB}\n"
+        "  - {type: gpu, id: 0}\n  - {type: gpu, id: 0}\n"
+        "communication: {buffer_size: 0}\n"
+    )
+    result = runner.invoke(app, ["config", "validate", str(bad)])
+    assert result.exit_code == 1
+    err = result.stderr
+    assert "4 problem(s)" in err
+    assert "devices[0].model: unknown model 'A100-80G'" in err
+    assert "devices[1].memory_limit" in err
+    assert "devices[3].id: duplicate id '0'" in err
+    assert "communication.buffer_size" in err
+
+
+def test_log_level_option() -> None:
+    assert runner.invoke(app, ["--log-level", "debug", "catalog", "list"]).exit_code == 0
+    bad = runner.invoke(app, ["--log-level", "loud", "catalog", "list"])
+    assert bad.exit_code == 2 and "'loud'" in bad.stderr
+
+
+def test_set_log_level() -> None:
+    import logging
+
+    hetero.set_log_level("DEBUG")
+    assert logging.getLogger("hetero").level == logging.DEBUG
+    hetero.set_log_level(logging.WARNING)
+    with pytest.raises(ValueError, match="invalid log level 'LOUD'"):
+        hetero.set_log_level("LOUD")
+
+
+def test_public_api_is_complete_and_sorted() -> None:
+    names = hetero.__all__
+    assert names == sorted(names)
+    for name in names:
+        assert hasattr(hetero, name), name
+    public = {n for n in vars(hetero) if not n.startswith("_") and n[0].isupper()}
+    assert public <= set(names), public - set(names)
