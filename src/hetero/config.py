@@ -8,6 +8,7 @@ model's memory, unknown models with suggestions) live here too, so ``hetero conf
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -125,13 +126,24 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
         raise ConfigError(
             [("", f"{source}: expected a mapping with a 'devices' list, got {_show(data)}")]
         )
+    problems: list[tuple[str, str]] = []
+    config: HeteroConfig | None = None
     try:
         config = HeteroConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_problems(exc, data)) from None
-    problems = _device_problems(config.devices)
+        problems += _problems(exc, data)
+    # Cross-device checks run on every entry that is valid by itself, so one bad field does
+    # not hide a duplicate id elsewhere.
+    valid: list[tuple[int, DeviceConfig]] = []
+    entries = data.get("devices")
+    if isinstance(entries, list):
+        for i, entry in enumerate(entries):
+            with contextlib.suppress(ValidationError):  # already reported above
+                valid.append((i, DeviceConfig.model_validate(entry)))
+    problems += [p for p in _device_problems(valid) if p not in problems]
     if problems:
         raise ConfigError(problems)
+    assert config is not None
     return config
 
 
@@ -224,12 +236,12 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
     return list(dict.fromkeys(problems))
 
 
-def _device_problems(devices: list[DeviceConfig]) -> list[tuple[str, str]]:
+def _device_problems(devices: list[tuple[int, DeviceConfig]]) -> list[tuple[str, str]]:
     catalog = get_catalog()
     problems: list[tuple[str, str]] = []
     seen_ids: dict[tuple[str, str, str], int] = {}
     seen_names: dict[str, int] = {}
-    for i, dev in enumerate(devices):
+    for i, dev in devices:
         where = f"devices[{i}]"
         if dev.emulate:
             if dev.model is None:

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from hetero.devices.catalog import get_catalog
+from hetero.devices.discovery import bus_id_key, get_device_list
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import DeviceError
 from hetero.units import format_size
@@ -24,8 +25,6 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
     emulated entries become ``count`` devices with the catalog spec of ``model``.
     """
     if discovered is None and any(not d.emulate for d in config.devices):
-        from hetero.devices.discovery import get_device_list
-
         discovered = get_device_list()
     per_model: Counter[str] = Counter()
     fleet: list[Device] = []
@@ -114,10 +113,4 @@ def _matches(device: Device, wanted: int | str) -> bool:
     uuid = (device.uuid or "").lower()
     if uuid and text.removeprefix("gpu-") == uuid.removeprefix("gpu-"):
         return True
-    # PCI bus ids are written with 4 or 8 digit domains, or none: compare "bus:device.function".
-    bus = device.pci_bus_id or ""
-    return ":" in text and _bus_tail(bus) == _bus_tail(text)
-
-
-def _bus_tail(bus_id: str) -> str:
-    return ":".join(bus_id.lower().split(":")[-2:])
+    return ":" in text and bus_id_key(device.pci_bus_id or "") == bus_id_key(text)
