@@ -195,3 +195,33 @@ def test_load_config_yaml_errors(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_unknown_strategy_lists_valid_names() -> None:
+    path, msg = only({"devices": [{"type": "cpu"}], "scheduler": {"strategy": "fastest"}})
+    assert path == "scheduler.strategy"
+    assert "unknown strategy 'fastest'" in msg and "shortest_expected_delay" in msg
+
+
+def test_strategy_options_are_checked() -> None:
+    path, msg = only(
+        {
+            "devices": [{"type": "cpu"}],
+            "scheduler": {"strategy": "weighted", "options": {"variant": "fast"}},
+        }
+    )
+    assert path == "scheduler"
+    assert "variant='fast'; allowed: smooth, random" in msg
+
+
+def test_custom_strategy_by_import_path() -> None:
+    config = parse_config(
+        {
+            "devices": [{"type": "cpu"}],
+            "scheduler": {
+                "strategy": "tests.sched.custom_policy:AlwaysLast",
+                "options": {"offset": 1},
+            },
+        }
+    )
+    assert config.scheduler.options == {"offset": 1}

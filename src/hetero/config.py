@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from hetero.devices.catalog import get_catalog
@@ -94,6 +95,29 @@ class SchedulerConfig(_Strict):
     max_queue_size: int = Field(default=1000, ge=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        from hetero.sched.registry import policy_class  # the registry imports the policies
+
+        try:
+            policy_class(value)
+        except ConfigError as exc:
+            raise ValueError(exc.problems[0][1]) from None
+        return value
+
+    @model_validator(mode="after")
+    def _valid_options(self) -> SchedulerConfig:
+        from hetero.sched.registry import make_policy
+
+        try:
+            make_policy(self.strategy, self.options)
+        except ConfigError as exc:
+            raise ValueError(
+                "; ".join(f"{p.removeprefix('scheduler.')}: {m}" for p, m in exc.problems)
+            ) from None
+        return self
 
 
 class CommunicationConfig(_Strict):

@@ -1,0 +1,588 @@
+"""The ``Dispatcher``: owns the queues and every item's state; executors carry out what it says.
+
+Events go in (``submit``, ``complete``, ``fail``, ``cancel``, ``device_down``, ``device_up``,
+``expire``) and instructions come out (``Run`` an item on a device, ``Stop`` a running one,
+``Finish`` an item for good). The dispatcher does no I/O and reads time only from its clock, so
+the simulator, the local engine, the Ray backend and the router all drive the same code.
+
+Queues: a central priority queue holds items the policy left waiting (``pending``); each device
+has its own priority queue of items placed on it (``queued``) in front of its ``slots``.
+Capacity is bounded by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises
+``QueueFull``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hetero.devices.spec import Device
+from hetero.errors import NoCapableDevice, QueueFull
+from hetero.sched.clock import Clock
+from hetero.sched.item import TERMINAL, ItemRecord, ItemState, WorkItem
+from hetero.sched.metrics import Metrics
+from hetero.sched.perf import PerfModel
+from hetero.sched.policy import Completed, Policy
+from hetero.sched.view import FleetView
+
+__all__ = ["Dispatcher", "Finish", "Instruction", "Run", "Stop"]
+
+PENDING, QUEUED, RUNNING = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
+DONE, FAILED, CANCELLED = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
+RETRYING, PREEMPTED = ItemState.RETRYING, ItemState.PREEMPTED
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Start ``item`` on device ``device`` (position; ``device_id`` is its id)."""
+
+    item: WorkItem
+    device: int
+    device_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop ``item`` running on ``device`` (preempted, cancelled, timed out or device lost)."""
+
+    item: WorkItem
+    device: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """``item`` has ended for good in ``state`` (done, failed or cancelled)."""
+
+    item: WorkItem
+    state: ItemState
+    reason: str = ""
+
+
+Instruction = Run | Stop | Finish
+BoolArray = npt.NDArray[np.bool_]
+_Entry = tuple[int, int, ItemRecord]  # (-priority, seq, record): heap order = priority, then FIFO
+
+
+class Dispatcher:
+    """Places work items on devices with a ``Policy`` and tracks them to the end.
+
+    Args:
+        devices: the fleet.
+        policy: decides placements.
+        clock: the only source of time.
+        perf: speeds per (device, kind); default: catalog priors.
+        slots: items each device runs at once (default 1 each).
+        max_queue_size: items waiting (pending + queued) before ``submit`` raises ``QueueFull``.
+        timeout: seconds from submit after which an unfinished item fails (``None``: never);
+            an item's own ``deadline`` wins.
+        max_retries: failed attempts retried on another device before the item fails.
+        preemption: let a higher-priority item stop the lowest-priority running item when no
+            slot is free; the stopped item is re-queued, never lost.
+        stealing: let an idle device take queued work from the most-loaded device when it would
+            finish it sooner.
+        keep_finished: keep records of finished items (for inspection and ``validate_state``);
+            long simulations turn this off to bound memory.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        policy: Policy,
+        clock: Clock,
+        *,
+        perf: PerfModel | None = None,
+        slots: Sequence[int] | None = None,
+        max_queue_size: int = 10_000,
+        timeout: float | None = None,
+        max_retries: int = 2,
+        preemption: bool = False,
+        stealing: bool = True,
+        keep_finished: bool = True,
+    ) -> None:
+        if max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1, got {max_queue_size}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.clock = clock
+        self.perf = perf if perf is not None else PerfModel(devices)
+        self.view = FleetView(devices, self.perf, clock, slots)
+        self.policy = policy
+        self.max_queue_size = max_queue_size
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.preemption = preemption
+        self.stealing = stealing
+        self.keep_finished = keep_finished
+        self.metrics = Metrics(self.view.n, clock.now())
+        self.records: dict[int | str, ItemRecord] = {}
+        self._seq = itertools.count()
+        self._pending: list[_Entry] = []
+        self._queues: list[list[_Entry]] = [[] for _ in range(self.view.n)]
+        self._running: list[set[ItemRecord]] = [set() for _ in range(self.view.n)]
+        self._running_heap: list[_Entry] = []  # (priority, seq, rec), only kept with preemption
+        self._deadlines: list[tuple[float, int, ItemRecord]] = []
+        self.waiting = 0  # pending + queued
+        self.queued_total = 0
+        self.active = 0  # admitted and not terminal
+        self._slots = self.view.slots.tolist()  # fixed; a list is cheaper to index
+        self._default_speed = self.perf.speed()  # live array, updated in place by the model
+        self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
+        self._steal_on_place = stealing and not policy.places_by_delay
+        # Only build completion events for policies that learn from them.
+        self._policy_learns = type(policy).observe is not Policy.observe
+        policy.bind(self.view)
+
+    # ----------------------------------------------------------------------------- events in
+
+    def submit(self, item: WorkItem) -> list[Instruction]:
+        """Admit ``item``. Raises ``QueueFull`` when ``max_queue_size`` items are waiting."""
+        if self.waiting >= self.max_queue_size:
+            raise QueueFull(
+                f"queue full: {self.waiting} items waiting (max_queue_size={self.max_queue_size}); "
+                "retry later or raise scheduler.max_queue_size"
+            )
+        old = self.records.get(item.id)
+        if old is not None and old.state not in TERMINAL:
+            raise ValueError(f"work item id {item.id!r} is already in flight ({old.state.value})")
+        now = self.clock.now()
+        rec = ItemRecord(item, now)
+        self.records[item.id] = rec
+        self.active += 1
+        deadline = (
+            item.deadline
+            if item.deadline is not None
+            else (now + self.timeout if self.timeout is not None else None)
+        )
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), rec))
+        out: list[Instruction] = []
+        self.waiting += 1
+        self._place(rec, out)
+        return out
+
+    def complete(self, item_id: int | str) -> list[Instruction]:
+        """The executor reports that ``item_id`` finished successfully."""
+        rec = self._running_record(item_id, "complete")
+        out: list[Instruction] = []
+        i = rec.device
+        now = self.clock.now()
+        busy = now - rec.started
+        self._release(rec, running=True)
+        rec.move(DONE)
+        rec.finished = now
+        latency = now - rec.submitted
+        item = rec.item
+        self.metrics.record(i, latency, busy, item.cost, now)
+        if busy > 0:
+            self.perf.observe(i, item.kind, item.cost, busy, int(self.view.slots[i]))
+        if self._policy_learns:
+            self.policy.observe(Completed(i, item.kind, item.cost, busy, latency))
+        self._end(rec, out, DONE, "")
+        self._refill(i, out)
+        return out
+
+    def fail(self, item_id: int | str, reason: str, retryable: bool = True) -> list[Instruction]:
+        """The executor reports that the running attempt of ``item_id`` failed."""
+        rec = self._running_record(item_id, "fail")
+        out: list[Instruction] = []
+        i = rec.device
+        self._attempt_failed(rec, reason, retryable, out)
+        self._refill(i, out)
+        return out
+
+    def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
+        """Cancel an item wherever it is; a running one gets a ``Stop``."""
+        rec = self.records.get(item_id)
+        if rec is None or rec.state in TERMINAL:
+            return []
+        out: list[Instruction] = []
+        i = rec.device
+        if rec.state is RUNNING:
+            self._release(rec, running=True)
+            out.append(Stop(rec.item, i, reason))
+        elif rec.state is QUEUED:
+            self._release(rec, running=False)
+            self.waiting -= 1
+        elif rec.state is PENDING:
+            self.waiting -= 1
+        rec.move(CANCELLED)
+        self._end(rec, out, CANCELLED, reason)
+        if i >= 0:
+            self._refill(i, out)
+        return out
+
+    def device_down(self, device_id: str, reason: str = "device unhealthy") -> list[Instruction]:
+        """Mark a device unhealthy: it gets nothing more; its items move elsewhere."""
+        i = self.view.index[device_id]
+        out: list[Instruction] = []
+        if not self.view.usable[i]:
+            return out
+        self._free_slots -= int(self.view.slots[i] - self.view.running[i])
+        self.view.set_usable(i, False)
+        why = f"{reason} ({device_id})"
+        for rec in sorted(self._running[i], key=lambda r: r.seq):
+            out.append(Stop(rec.item, i, why))
+            self._attempt_failed(rec, why, True, out)
+        for _, seq, rec in sorted(self._queues[i]):
+            if rec.seq == seq and rec.state is QUEUED and rec.device == i:
+                self._release(rec, running=False)
+                rec.move(RETRYING)
+                self._exclude(rec, i)
+                self._place(rec, out)
+        self._queues[i].clear()
+        return out
+
+    def device_up(self, device_id: str) -> list[Instruction]:
+        """A device is healthy again: it may take pending and stolen work."""
+        i = self.view.index[device_id]
+        out: list[Instruction] = []
+        if self.view.usable[i]:
+            return out
+        self.view.set_usable(i, True)
+        self._free_slots += int(self.view.slots[i] - self.view.running[i])
+        self._refill(i, out)
+        return out
+
+    def expire(self) -> list[Instruction]:
+        """Fail every item whose deadline has passed (call at ``next_deadline()``)."""
+        out: list[Instruction] = []
+        now = self.clock.now()
+        heap = self._deadlines
+        freed: list[int] = []
+        while heap and heap[0][0] <= now:
+            deadline, _, rec = heapq.heappop(heap)
+            if rec.state in TERMINAL:
+                continue
+            i = rec.device
+            reason = f"timed out after {deadline - rec.submitted:.6g}s"
+            if rec.state is RUNNING:
+                self._release(rec, running=True)
+                out.append(Stop(rec.item, i, reason))
+                self.metrics.record_failure(i, now - rec.started, now)
+                freed.append(i)
+            elif rec.state is QUEUED:
+                self._release(rec, running=False)
+                self.waiting -= 1
+            else:
+                self.waiting -= 1  # pending, retrying or preempted: not on a device
+            rec.move(FAILED)
+            self._end(rec, out, FAILED, reason)
+        # Refill after every expired item is out, so none is started only to be stopped.
+        for i in dict.fromkeys(freed):
+            self._refill(i, out)
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When ``expire`` next has work to do, or ``None``."""
+        heap = self._deadlines
+        while heap and heap[0][2].state in TERMINAL:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # ------------------------------------------------------------------------------ internals
+
+    def _running_record(self, item_id: int | str, what: str) -> ItemRecord:
+        rec = self.records.get(item_id)
+        if rec is None:
+            raise KeyError(f"cannot {what} unknown work item {item_id!r}")
+        if rec.state is not RUNNING:
+            raise ValueError(
+                f"cannot {what} work item {item_id!r}: it is {rec.state.value}, not running"
+            )
+        return rec
+
+    def _place(self, rec: ItemRecord, out: list[Instruction]) -> None:
+        """Ask the policy for a device; queue the item there, or keep it pending."""
+        view = self.view
+        allowed = None
+        if rec.excluded:
+            mask = view.usable.copy()
+            mask[list(rec.excluded)] = False
+            allowed = mask if mask.any() else None  # every device failed it: try any again
+        i = self._try_pick(rec, out, allowed)
+        if i is not None and i < 0:
+            return
+        if i is None:
+            if rec.state is not PENDING:
+                rec.move(PENDING)
+            rec.device = -1
+            rec.seq = seq = next(self._seq)
+            heapq.heappush(self._pending, (-rec.item.priority, seq, rec))
+            return
+        if view.running[i] < self._slots[i] and view.in_flight[i] == view.running[i]:
+            self._enqueue(rec, i, push=False)  # a free slot and nothing queued: start now
+            self._start(rec, i, out)
+            return
+        self._enqueue(rec, i)
+        if view.running[i] < self._slots[i]:
+            self._start_ready(i, out)
+            return
+        if self.preemption:
+            self._maybe_preempt(rec, out)
+        if self._steal_on_place and rec.state is QUEUED and self._free_slots:
+            # The policy queued it behind a busy device while a slot is free elsewhere: the
+            # fastest idle device may finish it sooner. (Skipped for policies that already
+            # weighed every device's expected delay: such a steal would never pay.)
+            idle = np.where(view.running < view.slots, view.inv_speed(rec.item.kind), np.inf)
+            thief = int(idle.argmin())
+            if idle[thief] < np.inf:
+                self._steal(thief, out)
+
+    def _enqueue(self, rec: ItemRecord, i: int, push: bool = True) -> None:
+        """Place ``rec`` in device ``i``'s queue (``push=False``: it starts at once, so the
+        heap round trip is skipped)."""
+        view = self.view
+        item = rec.item
+        rec.move(QUEUED)
+        rec.device = i
+        rec.seq = seq = next(self._seq)
+        if push:
+            heapq.heappush(self._queues[i], (-item.priority, seq, rec))
+        view.in_flight[i] += 1
+        view.outstanding[i] += item.cost
+        view.queued_work[i] += item.cost
+        view.mem_used[i] += item.memory
+        self.queued_total += 1
+
+    def _start_ready(self, i: int, out: list[Instruction]) -> None:
+        """Start queued items on device ``i`` while it has free slots."""
+        view = self.view
+        queue = self._queues[i]
+        slots = self._slots[i]
+        while queue and view.running[i] < slots:
+            _, seq, rec = heapq.heappop(queue)
+            if rec.seq != seq or rec.state is not QUEUED or rec.device != i:
+                continue  # stale entry: the item moved or ended
+            self._start(rec, i, out)
+
+    def _start(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
+        view = self.view
+        rec.move(RUNNING)
+        rec.started = self.clock.now()
+        rec.attempts += 1
+        view.running[i] += 1
+        view.queued_work[i] -= rec.item.cost
+        self._free_slots -= 1
+        self.queued_total -= 1
+        self.waiting -= 1
+        self._running[i].add(rec)
+        if self.preemption:
+            heapq.heappush(self._running_heap, (rec.item.priority, rec.seq, rec))
+        out.append(Run(rec.item, i, view.ids[i]))
+
+    def _release(self, rec: ItemRecord, running: bool) -> None:
+        """Give back what ``rec`` holds on its device (slot, load, memory)."""
+        view = self.view
+        i = rec.device
+        item = rec.item
+        view.in_flight[i] -= 1
+        view.outstanding[i] -= item.cost
+        view.mem_used[i] -= item.memory
+        if running:
+            view.running[i] -= 1
+            if view.usable[i]:
+                self._free_slots += 1
+            self._running[i].discard(rec)
+        else:
+            view.queued_work[i] -= item.cost
+            self.queued_total -= 1
+        if view.in_flight[i] == view.running[i]:
+            view.queued_work[i] = 0.0  # drop float drift once the queue is empty
+            if view.in_flight[i] == 0:
+                view.outstanding[i] = 0.0
+
+    def _end(self, rec: ItemRecord, out: list[Instruction], state: ItemState, reason: str) -> None:
+        rec.reason = reason
+        rec.finished = self.clock.now()
+        self.active -= 1
+        if not self.keep_finished:
+            del self.records[rec.item.id]
+        out.append(Finish(rec.item, state, reason))
+
+    def _exclude(self, rec: ItemRecord, i: int) -> None:
+        if rec.excluded is None:
+            rec.excluded = set()
+        rec.excluded.add(i)
+
+    def _attempt_failed(
+        self, rec: ItemRecord, reason: str, retryable: bool, out: list[Instruction]
+    ) -> None:
+        i = rec.device
+        now = self.clock.now()
+        self._release(rec, running=True)
+        self.metrics.record_failure(i, now - rec.started, now)
+        rec.failures += 1
+        if retryable and rec.failures <= self.max_retries:
+            rec.move(RETRYING)
+            rec.reason = reason
+            self._exclude(rec, i)
+            self.waiting += 1
+            self._place(rec, out)
+            return
+        rec.move(FAILED)
+        tries = f" after {rec.failures} attempts" if rec.failures > 1 else ""
+        self._end(rec, out, FAILED, f"{reason}{tries}")
+
+    def _refill(self, i: int, out: list[Instruction]) -> None:
+        """Device ``i`` freed capacity: start its queue, steal for it, then place pending items."""
+        view = self.view
+        if view.usable[i]:
+            self._start_ready(i, out)
+            if self.stealing and self.queued_total and view.running[i] == 0:
+                self._steal(i, out)
+        if self._pending:
+            self._drain_pending(out)
+
+    def _drain_pending(self, out: list[Instruction]) -> None:
+        # Strict priority order: stop at the first item the policy still leaves waiting.
+        pending = self._pending
+        while pending:
+            _, seq, rec = pending[0]
+            if rec.seq != seq or rec.state is not PENDING:
+                heapq.heappop(pending)
+                continue
+            i = self._try_pick(rec, out, None)
+            if i is None:
+                return
+            heapq.heappop(pending)
+            if i < 0:
+                continue
+            self._enqueue(rec, i)
+            if self.view.running[i] < self.view.slots[i]:
+                self._start_ready(i, out)
+
+    def _try_pick(
+        self, rec: ItemRecord, out: list[Instruction], allowed: BoolArray | None
+    ) -> int | None:
+        """The policy's pick: a position, ``None`` to keep waiting, or -1 if it rejected the item
+        (which is then failed with the reason)."""
+        try:
+            return self.policy.pick(rec.item, self.view, allowed)
+        except NoCapableDevice as exc:
+            self.waiting -= 1
+            rec.move(FAILED)
+            self._end(rec, out, FAILED, str(exc))
+            return -1
+
+    def _steal(self, thief: int, out: list[Instruction]) -> None:
+        """Idle ``thief`` takes the last queued item of the most-loaded device if it would
+        finish it sooner there."""
+        view = self.view
+        speed = self._default_speed
+        while view.running[thief] < view.slots[thief]:
+            drain = view.queued_work / speed  # seconds to empty each device's queue
+            victim = int(drain.argmax())
+            if drain[victim] <= 0.0 or victim == thief:
+                return
+            entry = self._last_entry(victim)
+            if entry is None:
+                return
+            rec = entry[2]
+            item = rec.item
+            inv = self.perf.inv_speed(item.kind)
+            here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
+            there = float(view.outstanding[victim]) * float(inv[victim])
+            if not here < there or not self.policy.admits(item, view, thief):
+                return
+            self._move(rec, thief)
+            self._start_ready(thief, out)
+
+    def _last_entry(self, i: int) -> _Entry | None:
+        """The queued item on ``i`` that would start last (lowest priority, newest)."""
+        best: _Entry | None = None
+        for entry in self._queues[i]:
+            rec = entry[2]
+            if (
+                rec.seq == entry[1]
+                and rec.state is QUEUED
+                and rec.device == i
+                and (best is None or entry > best)
+            ):
+                best = entry
+        return best
+
+    def _maybe_preempt(self, rec: ItemRecord, out: list[Instruction]) -> None:
+        """With no slot free anywhere, stop the lowest-priority running item that ``rec``
+        outranks."""
+        view = self.view
+        if ((view.running < view.slots) & view.usable).any():
+            return
+        heap = self._running_heap
+        while heap and (heap[0][2].state is not RUNNING or heap[0][2].seq != heap[0][1]):
+            heapq.heappop(heap)
+        if not heap or heap[0][0] >= rec.item.priority:
+            return
+        _, _, victim = heapq.heappop(heap)
+        j = victim.device
+        if rec.device != j:  # the newcomer takes the victim's slot
+            self._move(rec, j)
+        self._release(victim, running=True)
+        victim.move(PREEMPTED)
+        out.append(Stop(victim.item, j, f"preempted by higher-priority item {rec.item.id!r}"))
+        self.waiting += 1
+        self._enqueue(victim, j)
+        self._start_ready(j, out)
+
+    def _move(self, rec: ItemRecord, i: int) -> None:
+        """A queued item goes to device ``i``'s queue instead (queued -> queued)."""
+        self._release(rec, running=False)
+        self._enqueue(rec, i)  # a new seq makes its entry in the old queue stale
+
+    # --------------------------------------------------------------------------- inspection
+
+    def state_of(self, item_id: int | str) -> ItemState:
+        return self.records[item_id].state
+
+    def validate_state(self) -> None:
+        """Check every invariant between records, queues and the view (``AssertionError``)."""
+        view = self.view
+        running = np.zeros(view.n, dtype=np.int64)
+        queued = np.zeros(view.n, dtype=np.int64)
+        outstanding = np.zeros(view.n)
+        queued_work = np.zeros(view.n)
+        mem = np.zeros(view.n, dtype=np.int64)
+        pending = 0
+        active = 0
+        for rec in self.records.values():
+            state = rec.state
+            assert rec.history[-1] is state, f"{rec.item.id}: history does not end in {state}"
+            if state in TERMINAL:
+                continue
+            active += 1
+            assert state in (PENDING, QUEUED, RUNNING), f"{rec.item.id}: stuck in {state}"
+            if state is PENDING:
+                pending += 1
+                continue
+            i = rec.device
+            outstanding[i] += rec.item.cost
+            mem[i] += rec.item.memory
+            if state is RUNNING:
+                running[i] += 1
+                assert rec in self._running[i], f"{rec.item.id}: running but not tracked on {i}"
+            else:
+                queued[i] += 1
+                queued_work[i] += rec.item.cost
+                assert any(e[2] is rec and e[1] == rec.seq for e in self._queues[i]), (
+                    f"{rec.item.id}: queued on {i} but not in its queue"
+                )
+        if self.keep_finished:
+            assert active == self.active, f"active {active} != counter {self.active}"
+            assert pending + int(queued.sum()) == self.waiting, "waiting counter drifted"
+            assert np.array_equal(running, view.running), "running counts drifted"
+            assert np.array_equal(running + queued, view.in_flight), "in_flight drifted"
+            assert np.allclose(outstanding, view.outstanding, atol=1e-6), "outstanding drifted"
+            assert np.allclose(queued_work, view.queued_work, atol=1e-6), "queued_work drifted"
+            assert np.array_equal(mem, view.mem_used), "mem_used drifted"
+            assert int(queued.sum()) == self.queued_total, "queued_total drifted"
+        free = int((view.slots - view.running)[view.usable].sum())
+        assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
+        assert (view.running <= view.slots).all(), "a device runs more than its slots"
+        assert (view.running[~view.usable] == 0).all(), "an unhealthy device is running items"

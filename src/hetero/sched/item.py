@@ -1,0 +1,167 @@
+"""Work items and their life: one state machine with one transition table.
+
+::
+
+    pending ──► queued ──► running ──► done
+       │          │  ▲        │ ├────► failed            (terminal: done, failed, cancelled)
+       │          │  │        │ ├────► retrying ──► pending | queued | failed
+       │          │  └────────┼─┴────► preempted ──► pending | queued | cancelled
+       └──────────┴───────────┴──────► cancelled | failed
+
+``queued`` means placed in one device's queue (a steal moves it to another: queued → queued);
+``pending`` means waiting in the dispatcher's central queue for a device. An attempt that fails
+with retries left goes running → retrying, never through the terminal ``failed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hetero.errors import InvalidTransition
+
+__all__ = [
+    "TERMINAL",
+    "TRANSITIONS",
+    "CostModel",
+    "ItemRecord",
+    "ItemState",
+    "WorkItem",
+]
+
+
+class ItemState(str, Enum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+    # Filled in below from TRANSITIONS: bit flags make ``move`` one integer test, where a set
+    # look-up would hash two enum members through Python code on every move.
+    bit: int
+    allowed: int
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+P, Q, R = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
+D, F, X = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
+RT, PE = ItemState.RETRYING, ItemState.PREEMPTED
+
+#: Every allowed ``(start, finish)`` move. Anything else raises ``InvalidTransition``.
+TRANSITIONS: frozenset[tuple[ItemState, ItemState]] = frozenset(
+    {
+        (P, Q), (P, X), (P, F),
+        (Q, R), (Q, Q), (Q, P), (Q, X), (Q, F), (Q, RT),
+        (R, D), (R, F), (R, RT), (R, PE), (R, X),
+        (RT, P), (RT, Q), (RT, F),
+        (PE, P), (PE, Q), (PE, X),
+    }
+)  # fmt: skip
+TERMINAL: frozenset[ItemState] = frozenset({D, F, X})
+for _n, _state in enumerate(ItemState):
+    _state.bit = 1 << _n
+for _state in ItemState:
+    _state.allowed = sum(finish.bit for start, finish in TRANSITIONS if start is _state)
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Work units of an LLM request: prompt tokens × ``prefill`` + max new tokens × ``decode``."""
+
+    prefill: float = 0.5
+    decode: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill", "decode"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"CostModel.{name} must be >= 0, got {value!r}")
+
+    def cost(self, prompt_tokens: int, max_new_tokens: int) -> float:
+        return prompt_tokens * self.prefill + max_new_tokens * self.decode
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """One unit of work to place on a device.
+
+    ``cost`` is in work units (FLOPs, tokens, a user's estimate): a device of speed ``s`` takes
+    ``cost / s`` seconds. ``memory`` is the bytes the item holds on its device while placed there.
+    Higher ``priority`` runs first. ``complexity`` selects a tier for the ``tiered`` policy
+    (defaults to ``cost``), ``tags`` bind it to devices for ``affinity``, and ``deadline`` is an
+    absolute clock time after which it fails with a timeout.
+    """
+
+    cost: float = 1.0
+    kind: str = "default"
+    memory: int = 0
+    priority: int = 0
+    complexity: float | None = None
+    tags: frozenset[str] = frozenset()
+    deadline: float | None = None
+    id: int | str = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self) -> None:
+        if not self.cost >= 0:
+            raise ValueError(f"WorkItem.cost must be >= 0, got {self.cost!r}")
+        if self.memory < 0:
+            raise ValueError(f"WorkItem.memory must be >= 0 bytes, got {self.memory!r}")
+
+    @classmethod
+    def llm(
+        cls,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        cost_model: CostModel = CostModel(),
+        **kwargs: object,
+    ) -> WorkItem:
+        """An LLM request, costed by ``cost_model`` (default: prompt × 0.5 + new tokens × 1.0)."""
+        if prompt_tokens < 0 or max_new_tokens < 0:
+            raise ValueError(
+                f"token counts must be >= 0, got prompt_tokens={prompt_tokens}, "
+                f"max_new_tokens={max_new_tokens}"
+            )
+        return cls(cost=cost_model.cost(prompt_tokens, max_new_tokens), **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def tier_key(self) -> float:
+        return self.cost if self.complexity is None else self.complexity
+
+
+@dataclass(slots=True, eq=False)
+class ItemRecord:
+    """The dispatcher's book-keeping for one admitted item. Only ``move`` changes ``state``."""
+
+    item: WorkItem
+    submitted: float
+    state: ItemState = ItemState.PENDING
+    device: int = -1
+    seq: int = -1
+    attempts: int = 0
+    failures: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    reason: str = ""
+    excluded: set[int] | None = None
+    history: list[ItemState] = field(default_factory=lambda: [ItemState.PENDING])
+
+    def move(self, finish: ItemState) -> None:
+        if not self.state.allowed & finish.bit:
+            raise InvalidTransition(
+                self.item.id, self.state.value, finish.value, [s.value for s in self.history]
+            )
+        self.state = finish
+        self.history.append(finish)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL

@@ -1,0 +1,146 @@
+"""Per-device and fleet metrics: utilization, queues, completions, latency percentiles,
+throughput, load balance factor and makespan efficiency.
+
+The dispatcher feeds ``Metrics`` one call per finished item (cheap appends into arrays); numbers
+are computed only when a report is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from hetero.sched.view import FleetView
+
+__all__ = ["DeviceMetrics", "FleetMetrics", "Metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMetrics:
+    id: str
+    model: str
+    speed: float
+    utilization: float
+    queue_length: int
+    completed: int
+    failed: int
+    work_done: float
+    throughput: float
+    p50: float
+    p95: float
+    p99: float
+
+
+@dataclass(frozen=True, slots=True)
+class FleetMetrics:
+    elapsed: float
+    completed: int
+    failed: int
+    throughput: float
+    work_throughput: float
+    p50: float
+    p95: float
+    p99: float
+    load_balance_factor: float
+    makespan_efficiency: float
+    devices: list[DeviceMetrics]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _percentiles(values: np.ndarray) -> tuple[float, float, float]:
+    if values.size == 0:
+        return (math.nan, math.nan, math.nan)
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return (float(p50), float(p95), float(p99))
+
+
+class Metrics:
+    """Accumulates what happened on each device since ``start``."""
+
+    def __init__(self, n_devices: int, start: float = 0.0) -> None:
+        self.start = start
+        self.last = start
+        # Plain lists: one-element updates on them are several times cheaper than on numpy arrays.
+        self.completed = [0] * n_devices
+        self.failed = [0] * n_devices
+        self.busy = [0.0] * n_devices  # slot-seconds spent running items
+        self.work = [0.0] * n_devices
+        self.latency = array("d")
+        self.latency_device = array("l")
+
+    def record(self, index: int, latency: float, busy: float, cost: float, now: float) -> None:
+        """One item finished successfully on device ``index``."""
+        self.completed[index] += 1
+        self.busy[index] += busy
+        self.work[index] += cost
+        self.latency.append(latency)
+        self.latency_device.append(index)
+        if now > self.last:
+            self.last = now
+
+    def record_failure(self, index: int, busy: float, now: float) -> None:
+        if index >= 0:
+            self.failed[index] += 1
+            self.busy[index] += busy
+        if now > self.last:
+            self.last = now
+
+    def report(
+        self, view: FleetView, until: float | None = None, kind: str = "default"
+    ) -> FleetMetrics:
+        """Metrics from ``start`` to ``until`` (default: the last completion)."""
+        end = self.last if until is None else until
+        elapsed = max(end - self.start, 1e-12)
+        speed = view.speed(kind)
+        completed = np.array(self.completed)
+        work = np.array(self.work)
+        util = np.array(self.busy) / (elapsed * view.slots)
+        lat = np.frombuffer(self.latency, dtype=np.float64) if self.latency else np.zeros(0)
+        dev = (
+            np.frombuffer(self.latency_device, dtype=np.int_)
+            if self.latency_device
+            else np.zeros(0, int)
+        )
+        devices = []
+        for i, d in enumerate(view.devices):
+            p50, p95, p99 = _percentiles(lat[dev == i])
+            devices.append(
+                DeviceMetrics(
+                    id=d.id,
+                    model=d.model,
+                    speed=float(speed[i]),
+                    utilization=float(util[i]),
+                    queue_length=int(view.in_flight[i] - view.running[i]),
+                    completed=self.completed[i],
+                    failed=self.failed[i],
+                    work_done=self.work[i],
+                    throughput=self.completed[i] / elapsed,
+                    p50=p50,
+                    p95=p95,
+                    p99=p99,
+                )
+            )
+        usable = util[view.usable] if view.usable.any() else util
+        lo, hi = float(usable.min()), float(usable.max())
+        lbf = hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
+        total_work = float(work.sum())
+        ideal = total_work / float(speed[view.usable].sum() or speed.sum())
+        p50, p95, p99 = _percentiles(lat)
+        return FleetMetrics(
+            elapsed=elapsed,
+            completed=int(completed.sum()),
+            failed=sum(self.failed),
+            throughput=float(completed.sum() / elapsed),
+            work_throughput=total_work / elapsed,
+            p50=p50,
+            p95=p95,
+            p99=p99,
+            load_balance_factor=lbf,
+            makespan_efficiency=ideal / elapsed if total_work else math.nan,
+            devices=devices,
+        )

@@ -1,0 +1,161 @@
+"""``PerfModel``: how fast each device does each kind of work.
+
+The prior comes from the catalog — dense TFLOPS of the dtype in use for compute-bound work, memory
+bandwidth for memory-bound work — relative to a V100 (speed 1.0) and times ``unit_rate`` (work
+units per second of a speed-1.0 device). Observed completions correct it online with an EWMA.
+Speeds live in numpy arrays, one per kind of work, so policies rank all devices in one vector
+operation; ``inv_speed`` holds ``1/speed`` with ``inf`` for devices that may not be used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from hetero.devices.spec import REFERENCE_TFLOPS, Device
+
+__all__ = ["REFERENCE_BANDWIDTH_GBS", "PerfModel"]
+
+#: Memory bandwidth of a V100 (GB/s): speed 1.0 for memory-bound work.
+REFERENCE_BANDWIDTH_GBS = 900.0
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class PerfModel:
+    """Speed per (device, kind of work), prior from the catalog, corrected by observation."""
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        dtype: str = "fp16",
+        memory_bound_kinds: Iterable[str] = ("decode",),
+        unit_rate: float = 1.0,
+        alpha: float = 0.2,
+        batch_table: Mapping[str, int] | None = None,
+    ) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"PerfModel alpha must be in (0, 1], got {alpha!r}")
+        if not unit_rate > 0:
+            raise ValueError(f"PerfModel unit_rate must be > 0, got {unit_rate!r}")
+        self.devices = list(devices)
+        self.dtype = dtype
+        self.memory_bound_kinds = frozenset(memory_bound_kinds)
+        self.unit_rate = unit_rate
+        self.alpha = alpha
+        self.batch_table = dict(batch_table or {})
+        self._usable = np.ones(len(self.devices), dtype=bool)
+        self._speed: dict[str, FloatArray] = {}
+        self._inv: dict[str, FloatArray] = {}
+
+    def prior(self, device: Device, kind: str) -> float:
+        """Catalog speed of ``device`` for ``kind`` in work units per second."""
+        if device.speed_override is not None:
+            relative = device.speed_override
+        elif kind in self.memory_bound_kinds:
+            relative = device.spec.memory_bandwidth_gbs / REFERENCE_BANDWIDTH_GBS
+        else:
+            relative = device.spec.peak_tflops(self.dtype) / REFERENCE_TFLOPS
+        # A device with no published figure still gets a small positive speed, so it is last
+        # choice rather than a division by zero.
+        return max(relative, 1e-6) * self.unit_rate
+
+    def speed(self, kind: str = "default") -> FloatArray:
+        """Speeds of all devices for ``kind`` (a live array: read it, do not write it)."""
+        arr = self._speed.get(kind)
+        if arr is None:
+            arr = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
+            self._speed[kind] = arr
+            self._inv[kind] = np.where(self._usable, 1.0 / arr, np.inf)
+        return arr
+
+    def inv_speed(self, kind: str = "default") -> FloatArray:
+        """``1/speed`` per device for ``kind``; ``inf`` where the device may not be used."""
+        inv = self._inv.get(kind)
+        if inv is None:
+            self.speed(kind)
+            inv = self._inv[kind]
+        return inv
+
+    def set_usable(self, index: int, usable: bool) -> None:
+        self._usable[index] = usable
+        for kind, arr in self._speed.items():
+            self._inv[kind][index] = 1.0 / arr[index] if usable else np.inf
+
+    def observe(
+        self, index: int, kind: str, work: float, seconds: float, concurrency: int = 1
+    ) -> None:
+        """Fold one completion into the estimate: ``work`` units took ``seconds`` while the device
+        ran ``concurrency`` items at once (so the device did ``work × concurrency / seconds``)."""
+        if seconds <= 0 or work <= 0:
+            return
+        arr = self.speed(kind)
+        observed = work * concurrency / seconds
+        current = float(arr[index])
+        if abs(observed - current) <= 1e-9 * current:
+            return  # already right: skip the array writes (the simulator's common case)
+        value = current + self.alpha * (observed - current)
+        arr[index] = value
+        if self._usable[index]:
+            self._inv[kind][index] = 1.0 / value
+
+    def expected_seconds(self, index: int, work: float, kind: str = "default") -> float:
+        return work / float(self.speed(kind)[index])
+
+    def batch_sizes(
+        self,
+        global_batch: int,
+        sample_bytes: int = 0,
+        kind: str = "default",
+        free_memory: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Split ``global_batch`` over the devices in proportion to speed, each capped by what its
+        free memory holds (``sample_bytes`` per sample) or by the static ``batch_table``.
+
+        Uses largest-remainder rounding and hands what a capped device cannot take to the others,
+        so the sizes sum to ``global_batch`` unless the whole fleet cannot hold it
+        (then ``ValueError``).
+        """
+        if global_batch < 0:
+            raise ValueError(f"global_batch must be >= 0, got {global_batch}")
+        n = len(self.devices)
+        caps = np.full(n, global_batch, dtype=np.int64)
+        for i, d in enumerate(self.devices):
+            if d.id in self.batch_table:
+                caps[i] = self.batch_table[d.id]
+            elif d.model in self.batch_table:
+                caps[i] = self.batch_table[d.model]
+            elif sample_bytes > 0:
+                free = free_memory[i] if free_memory is not None else d.state.memory_free
+                caps[i] = free // sample_bytes
+            if not self._usable[i]:
+                caps[i] = 0
+        if int(caps.sum()) < global_batch:
+            raise ValueError(
+                f"global batch {global_batch} does not fit: the devices hold at most "
+                f"{int(caps.sum())} samples ({sample_bytes} bytes each)"
+            )
+        sizes = np.zeros(n, dtype=np.int64)
+        speed = self.speed(kind)
+        left = global_batch
+        open_ = caps > 0
+        while left > 0:
+            share = np.where(open_, speed, 0.0)
+            ideal = share / share.sum() * left
+            take = np.minimum(np.floor(ideal).astype(np.int64), caps - sizes)
+            rest = left - int(take.sum())
+            # Largest remainders get the leftover samples, one each, where room remains.
+            order = np.argsort(-(ideal - np.floor(ideal)), kind="stable")
+            for i in order:
+                if rest == 0:
+                    break
+                if open_[i] and sizes[i] + take[i] < caps[i]:
+                    take[i] += 1
+                    rest -= 1
+            sizes += take
+            left = global_batch - int(sizes.sum())
+            open_ = open_ & (sizes < caps)
+        return [int(s) for s in sizes]

@@ -1,0 +1,33 @@
+"""The built-in policies; importing this package registers them by name."""
+
+from __future__ import annotations
+
+from hetero.sched.policies.adaptive import Adaptive
+from hetero.sched.policies.composed import Affinity, CapacityAware, Tiered
+from hetero.sched.policies.filters import AffinityFilter, CapacityFilter
+from hetero.sched.policies.load import (
+    LeastConnections,
+    LeastWork,
+    PowerOfTwo,
+    ShortestExpectedDelay,
+    WeightedLeastConnections,
+)
+from hetero.sched.policies.simple import RandomChoice, RoundRobin
+from hetero.sched.policies.weighted import Weighted
+
+__all__ = [
+    "Adaptive",
+    "Affinity",
+    "AffinityFilter",
+    "CapacityAware",
+    "CapacityFilter",
+    "LeastConnections",
+    "LeastWork",
+    "PowerOfTwo",
+    "RandomChoice",
+    "RoundRobin",
+    "ShortestExpectedDelay",
+    "Tiered",
+    "Weighted",
+    "WeightedLeastConnections",
+]

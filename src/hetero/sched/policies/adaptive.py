@@ -1,0 +1,86 @@
+"""Weights learned from what devices actually deliver."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import numpy.typing as npt
+
+from hetero.sched.item import WorkItem
+from hetero.sched.policy import BoolArray, Completed, Policy, masked_argmin
+from hetero.sched.registry import register
+from hetero.sched.view import FleetView
+
+__all__ = ["Adaptive"]
+
+
+@register
+class Adaptive(Policy):
+    """Shortest expected delay with speeds measured over a sliding window of completions.
+
+    Starts from the catalog speeds and re-weights every ``every_completions`` completions or
+    ``every_seconds`` (clock time), whichever comes first, from each device's last ``window``
+    completions (work done / busy seconds). Use it when the catalog may be wrong: thermal
+    throttling, a noisy neighbour, a model that runs worse on one architecture.
+    """
+
+    name = "adaptive"
+    places_by_delay = True
+
+    def __init__(
+        self, *, every_completions: int = 100, every_seconds: float = 5.0, window: int = 200
+    ) -> None:
+        if every_completions < 1:
+            raise ValueError(f"option every_completions={every_completions!r}; allowed: >= 1")
+        if not every_seconds > 0:
+            raise ValueError(f"option every_seconds={every_seconds!r}; allowed: > 0")
+        if window < 1:
+            raise ValueError(f"option window={window!r}; allowed: >= 1")
+        self.every_completions = every_completions
+        self.every_seconds = every_seconds
+        self.window = window
+        self._view: FleetView | None = None
+        self._inv: npt.NDArray[np.float64] = np.zeros(0)
+        self._samples: list[deque[tuple[float, float]]] = []
+        self._since = 0
+        self._last_update = 0.0
+        self.updates = 0
+
+    def bind(self, view: FleetView) -> None:
+        self._view = view
+        self._inv = 1.0 / view.speed()
+        self._samples = [deque(maxlen=self.window) for _ in range(view.n)]
+        self._last_update = view.now
+
+    @property
+    def speeds(self) -> npt.NDArray[np.float64]:
+        """The speeds the policy currently believes (work units per second)."""
+        return 1.0 / self._inv
+
+    def observe(self, event: Completed) -> None:
+        if event.seconds <= 0 or event.cost <= 0 or not self._samples:
+            return
+        self._samples[event.index].append((event.cost, event.seconds))
+        self._since += 1
+        assert self._view is not None
+        if (
+            self._since >= self.every_completions
+            or self._view.now - self._last_update >= self.every_seconds
+        ):
+            self._update(self._view)
+
+    def _update(self, view: FleetView) -> None:
+        for i, samples in enumerate(self._samples):
+            if samples:
+                work = sum(w for w, _ in samples)
+                busy = sum(s for _, s in samples)
+                # Each of a device's slots runs at speed / slots.
+                self._inv[i] = busy / (work * float(view.slots[i]))
+        self._since = 0
+        self._last_update = view.now
+        self.updates += 1
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        return masked_argmin((view.outstanding + item.cost) * self._inv, mask)

@@ -1,0 +1,112 @@
+"""Policies that read live load: connections, outstanding work and expected delay."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from hetero.sched.item import WorkItem
+from hetero.sched.policy import BoolArray, Policy, masked_argmin
+from hetero.sched.registry import register
+from hetero.sched.view import FleetView
+
+__all__ = [
+    "LeastConnections",
+    "LeastWork",
+    "PowerOfTwo",
+    "ShortestExpectedDelay",
+    "WeightedLeastConnections",
+]
+
+
+@register
+class LeastConnections(Policy):
+    """The device with the fewest items placed on it. Good for identical devices and items of
+    unknown size; on a mixed fleet it still over-feeds slow devices."""
+
+    name = "least_connections"
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        return masked_argmin(view.in_flight.astype(np.float64), mask)
+
+
+@register
+class WeightedLeastConnections(Policy):
+    """Fewest items per unit of speed: ``(in flight + 1) / speed``. The default: a good choice
+    when item sizes are unknown or similar, and it needs no cost estimates."""
+
+    name = "weighted_least_connections"
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        return masked_argmin((view.in_flight + 1) * view.inv_speed(item.kind), allowed)
+
+
+@register
+class LeastWork(Policy):
+    """The device with the least outstanding work (estimated cost), whatever its speed. Use when
+    costs are known and devices are alike; on a mixed fleet prefer shortest_expected_delay."""
+
+    name = "least_work"
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        return masked_argmin(view.outstanding, mask)
+
+
+@register
+class ShortestExpectedDelay(Policy):
+    """The device that would finish the item soonest: ``(outstanding + cost) / speed``.
+
+    The best general choice on a mixed fleet when item costs are known (tokens, FLOPs): it
+    sends work to fast devices until their queues make a slower one quicker.
+    """
+
+    name = "shortest_expected_delay"
+    places_by_delay = True
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        # inv_speed is inf on unusable devices, so without a mask no extra pass is needed.
+        score = (view.outstanding + item.cost) * view.inv_speed(item.kind)
+        return masked_argmin(score, allowed)
+
+
+@register
+class PowerOfTwo(Policy):
+    """Two devices sampled in proportion to speed; the one with the lower expected delay wins.
+
+    Near shortest_expected_delay's quality at O(log n) per decision, and without herding when
+    many routers decide at once on slightly stale load: use it for very large fleets.
+    """
+
+    name = "power_of_two"
+
+    def __init__(self, *, seed: int | None = None) -> None:
+        self._rng = np.random.default_rng(seed)
+        self._cumulative: list[float] = []
+
+    def bind(self, view: FleetView) -> None:
+        self._cumulative = np.cumsum(view.speed()).tolist()
+
+    def _sample(self, mask: BoolArray) -> int | None:
+        cumulative = self._cumulative
+        total = cumulative[-1]
+        for _ in range(8):
+            i = bisect.bisect_right(cumulative, float(self._rng.random()) * total)
+            i = min(i, len(cumulative) - 1)
+            if mask[i]:
+                return i
+        return None
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        a, b = self._sample(mask), self._sample(mask)
+        if a is None or b is None:
+            # Few devices allowed: sampling keeps missing, so rank them all.
+            return masked_argmin(view.expected_delay(item.kind, item.cost), mask)
+        inv = view.inv_speed(item.kind)
+        cost = item.cost
+        delay_a = (float(view.outstanding[a]) + cost) * float(inv[a])
+        delay_b = (float(view.outstanding[b]) + cost) * float(inv[b])
+        return a if delay_a <= delay_b else b

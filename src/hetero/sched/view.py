@@ -1,0 +1,92 @@
+"""``FleetView``: what a policy sees of the fleet when it decides.
+
+The dispatcher owns one view and keeps its arrays current as items are placed, started and
+finished; policies only read it. Per-device numbers are numpy arrays indexed by device position,
+so a policy ranks every device with a handful of vector operations instead of a Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from hetero.devices.spec import Device
+from hetero.sched.clock import Clock
+from hetero.sched.perf import PerfModel
+
+__all__ = ["FleetView"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class FleetView:
+    """Live per-device load, memory and health, plus the speeds of the ``PerfModel``.
+
+    Attributes (arrays of length ``n``, read-only for policies):
+
+    - ``slots``: items a device runs at once; ``running``: items running now;
+    - ``in_flight``: items placed on the device (queued there or running);
+    - ``outstanding``: work units placed on the device and not finished;
+    - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue;
+    - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
+    - ``usable``: healthy and accepting work.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        perf: PerfModel,
+        clock: Clock,
+        slots: Sequence[int] | None = None,
+    ) -> None:
+        if not devices:
+            raise ValueError("a fleet needs at least one device")
+        self.devices = list(devices)
+        self.ids = [d.id for d in self.devices]
+        if len(set(self.ids)) != len(self.ids):
+            dup = next(i for i in self.ids if self.ids.count(i) > 1)
+            raise ValueError(f"duplicate device id {dup!r}")
+        self.index = {d: i for i, d in enumerate(self.ids)}
+        self.n = len(self.devices)
+        self.perf = perf
+        self.clock = clock
+        n = self.n
+        self.slots: IntArray = np.array(slots if slots is not None else [1] * n, dtype=np.int64)
+        if self.slots.shape != (n,) or (self.slots < 1).any():
+            raise ValueError(f"slots must be {n} integers >= 1, got {list(self.slots)}")
+        self.running: IntArray = np.zeros(n, dtype=np.int64)
+        self.in_flight: IntArray = np.zeros(n, dtype=np.int64)
+        self.outstanding: FloatArray = np.zeros(n, dtype=np.float64)
+        self.queued_work: FloatArray = np.zeros(n, dtype=np.float64)
+        self.mem_total: IntArray = np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
+        self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
+        self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
+        for i in np.flatnonzero(~self.usable):
+            perf.set_usable(int(i), False)
+
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    def speed(self, kind: str = "default") -> FloatArray:
+        return self.perf.speed(kind)
+
+    def inv_speed(self, kind: str = "default") -> FloatArray:
+        """``1/speed`` for ``kind``, ``inf`` on devices that are not usable."""
+        return self.perf.inv_speed(kind)
+
+    def mem_free(self) -> IntArray:
+        return self.mem_total - self.mem_used
+
+    def set_usable(self, index: int, usable: bool) -> None:
+        self.usable[index] = usable
+        self.devices[index].state.healthy = usable
+        self.perf.set_usable(index, usable)
+
+    def expected_delay(self, kind: str, cost: float) -> FloatArray:
+        """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``)."""
+        return (self.outstanding + cost) * self.inv_speed(kind)
