@@ -1,0 +1,263 @@
+"""The discrete-event simulator: a virtual clock, an event heap and emulated devices driving the
+real ``Dispatcher`` and any ``Policy`` unchanged.
+
+Events are ``(time, seq, kind, payload)`` in a heap, so a run is deterministic for a seed: ties
+in time resolve in the order the events were scheduled. Arrivals are pulled one at a time from
+the workload generator and never enter the heap, which keeps the heap as small as the number of
+running items. A device of speed ``s`` with ``k`` slots runs each item at ``s / k`` work units
+per second, so ``s`` is its throughput when all slots are busy.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from hetero.devices.spec import Device
+from hetero.errors import QueueFull
+from hetero.sched.clock import ManualClock
+from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.item import ItemState, WorkItem
+from hetero.sched.perf import PerfModel
+from hetero.sched.policy import Policy
+from hetero.sim.result import SimResult, TimeSeries
+
+__all__ = ["Simulator"]
+
+_COMPLETE, _DOWN, _UP, _EXPIRE, _SAMPLE = 0, 1, 2, 3, 4
+Progress = Callable[[int, int], None]  # (items finished or rejected, items submitted in all)
+
+
+class Simulator:
+    """Runs a workload through a fleet under one policy, in virtual time.
+
+    Args:
+        devices: the fleet (emulated or real: here every device is paced by its speed).
+        policy: the policy under test (a fresh instance per run: policies keep state).
+        slots: concurrent items per device (default 1 each).
+        actual_speed: per device id, the factor by which the device really is faster or slower
+            than its catalog speed (the policy does not know it; adaptive policies learn it).
+        dispatcher_options: passed to ``Dispatcher`` (max_queue_size, timeout, preemption, ...).
+        samples: about how many time-series samples to take over the run.
+        keep_finished: keep every item's record (needed for ``validate_state``; costs memory).
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        policy: Policy,
+        *,
+        slots: Sequence[int] | None = None,
+        unit_rate: float = 1.0,
+        actual_speed: Mapping[str, float] | None = None,
+        dispatcher_options: Mapping[str, object] | None = None,
+        samples: int = 200,
+        keep_finished: bool = False,
+    ) -> None:
+        self.clock = ManualClock()
+        self.devices = list(devices)
+        perf = PerfModel(self.devices, unit_rate=unit_rate)
+        options = {"max_queue_size": 1_000_000_000, **(dispatcher_options or {})}
+        self.dispatcher = Dispatcher(
+            self.devices,
+            policy,
+            self.clock,
+            perf=perf,
+            slots=slots,
+            keep_finished=keep_finished,
+            **options,  # type: ignore[arg-type]
+        )
+        view = self.dispatcher.view
+        factors = dict(actual_speed or {})
+        unknown = sorted(set(factors) - set(view.ids))
+        if unknown:
+            raise ValueError(f"actual_speed names unknown device(s) {unknown}; devices: {view.ids}")
+        true_speed = perf.speed().copy()
+        for device_id, factor in factors.items():
+            if not factor > 0:
+                raise ValueError(f"actual_speed[{device_id!r}] must be > 0, got {factor!r}")
+            true_speed[view.index[device_id]] *= factor
+        # Seconds per work unit of one item on each device (each slot runs at speed / slots).
+        self._unit_seconds = (view.slots / true_speed).tolist()
+        self.capacity = float(true_speed.sum())
+        self.samples = samples
+        self.policy_name = policy.name or type(policy).__name__
+
+    def run(
+        self,
+        arrivals: Iterator[tuple[float, WorkItem]],
+        *,
+        expected_duration: float | None = None,
+        failures: Sequence[tuple[str, float, float | None]] = (),
+        slo_latency: float | None = None,
+        total: int = 0,
+        progress: Progress | None = None,
+        log: list[tuple[float, str, int | str, str]] | None = None,
+    ) -> SimResult:
+        """Run until every arrival has been handled and every admitted item has ended.
+
+        ``failures`` lists ``(device id, down at, up at or None)``. ``expected_duration`` sets
+        the sampling interval; ``total`` (the number of arrivals) only feeds ``progress``.
+        ``log``, when given, receives ``(time, what, item id, device id)`` for every run, stop,
+        finish and rejection: the exact history scenario tests assert.
+        """
+        d = self.dispatcher
+        clock = self.clock
+        view = d.view
+        heap: list[tuple[float, int, int, object]] = []
+        seq = 0
+        for device_id, down, up in failures:
+            if device_id not in view.index:
+                raise ValueError(f"failure names unknown device {device_id!r}; devices: {view.ids}")
+            heap.append((down, seq, _DOWN, device_id))
+            seq += 1
+            if up is not None:
+                heap.append((up, seq, _UP, device_id))
+                seq += 1
+        interval = (expected_duration or 1.0) / max(self.samples, 1)
+        heap.append((0.0, seq, _SAMPLE, None))
+        seq += 1
+        heapq.heapify(heap)
+
+        unit_seconds = self._unit_seconds
+        run_token: dict[int | str, int] = {}
+        reasons: Counter[str] = Counter()
+        sample_t: list[float] = []
+        sample_util: list[np.ndarray] = []
+        sample_queue: list[int] = []
+        slots = view.slots
+        submitted = rejected = failed = done = events = 0
+        expire_at = math.inf
+        push, pop = heapq.heappush, heapq.heappop
+        submit, complete, set_time = d.submit, d.complete, clock.set
+        next_arrival = next(arrivals, None)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # the loop allocates many short-lived objects and no cycles
+        wall = time.perf_counter()
+        try:
+            while True:
+                if next_arrival is not None and (not heap or next_arrival[0] <= heap[0][0]):
+                    now, item = next_arrival
+                    next_arrival = next(arrivals, None)
+                    set_time(now)
+                    submitted += 1
+                    try:
+                        out: list[Instruction] = submit(item)
+                    except QueueFull:
+                        rejected += 1
+                        if log is not None:
+                            log.append((now, "rejected", item.id, ""))
+                        continue
+                elif heap and (next_arrival is not None or len(heap) > 1 or heap[0][2] != _SAMPLE):
+                    now, token, kind, payload = pop(heap)
+                    set_time(now)
+                    if kind == _COMPLETE:
+                        # The event's seq is its run's token: a stopped run's event is stale.
+                        if run_token.get(payload) != token:  # type: ignore[call-overload]
+                            continue
+                        del run_token[payload]  # type: ignore[arg-type]
+                        out = complete(payload)  # type: ignore[arg-type]
+                    elif kind == _SAMPLE:
+                        sample_t.append(now)
+                        sample_util.append(view.running / slots)
+                        sample_queue.append(d.waiting)
+                        push(heap, (now + interval, seq, _SAMPLE, None))
+                        seq += 1
+                        continue
+                    elif kind == _DOWN:
+                        out = d.device_down(str(payload), "simulated device failure")
+                    elif kind == _UP:
+                        out = d.device_up(str(payload))
+                    else:
+                        expire_at = math.inf
+                        out = d.expire()
+                else:
+                    break
+                events += 1
+                if log is not None:
+                    _log(log, now, out, view.ids)
+                for ins in out:
+                    cls = type(ins)
+                    if cls is Run:
+                        item = ins.item
+                        seq += 1
+                        run_token[item.id] = seq
+                        duration = item.cost * unit_seconds[ins.device]  # type: ignore[union-attr]
+                        push(heap, (now + duration, seq, _COMPLETE, item.id))
+                    elif cls is Finish:
+                        if ins.state is ItemState.DONE:  # type: ignore[union-attr]
+                            done += 1
+                        else:
+                            failed += 1
+                            reasons[ins.reason.split(" (")[0]] += 1  # type: ignore[union-attr]
+                    elif cls is Stop:
+                        run_token.pop(ins.item.id, None)
+                if d._deadlines:
+                    deadline = d.next_deadline()
+                    if deadline is not None and deadline < expire_at:
+                        expire_at = deadline
+                        seq += 1
+                        push(heap, (deadline, seq, _EXPIRE, None))
+                if progress is not None and events % 20000 == 0:
+                    progress(done + failed + rejected, total)
+        finally:
+            wall = time.perf_counter() - wall
+            if gc_was_enabled:
+                gc.enable()
+        # Items still waiting had no usable device left to run on: end them, do not lose them.
+        for rec in [r for r in d.records.values() if not r.terminal] if d.active else []:
+            for ins in d.cancel(rec.item.id, "no usable device before the simulation ended"):
+                if type(ins) is Finish:
+                    failed += 1
+                    reasons[ins.reason] += 1
+        if progress is not None:
+            progress(done + failed + rejected, total)
+        metrics = d.metrics.report(view)
+        latencies = (
+            np.frombuffer(d.metrics.latency, dtype=np.float64).copy() if done else np.zeros(0)
+        )
+        attainment = None
+        if slo_latency is not None:
+            met = int((latencies <= slo_latency).sum())
+            attainment = met / submitted if submitted else math.nan
+        series = TimeSeries(
+            interval=interval,
+            t=np.array(sample_t),
+            utilization=np.array(sample_util) if sample_util else np.zeros((0, view.n)),
+            queue_length=np.array(sample_queue, dtype=np.int64),
+        )
+        return SimResult(
+            policy=self.policy_name,
+            device_ids=list(view.ids),
+            device_models=[dev.model for dev in view.devices],
+            metrics=metrics,
+            submitted=submitted,
+            completed=done,
+            failed=failed,
+            rejected=rejected,
+            slo_latency=slo_latency,
+            slo_attainment=attainment,
+            events=events,
+            wall_seconds=wall,
+            latencies=latencies,
+            series=series,
+            failure_reasons=dict(reasons),
+        )
+
+
+def _log(
+    log: list[tuple[float, str, int | str, str]], now: float, out: list[Instruction], ids: list[str]
+) -> None:
+    for ins in out:
+        if type(ins) is Run:
+            log.append((now, "run", ins.item.id, ins.device_id))
+        elif type(ins) is Stop:
+            log.append((now, "stop", ins.item.id, ids[ins.device]))
+        elif type(ins) is Finish:
+            log.append((now, ins.state.value, ins.item.id, ins.reason))

@@ -1,0 +1,300 @@
+"""Reports of simulation runs: rich tables for the terminal and one self-contained HTML file.
+
+The HTML report embeds its plots as base64 PNG (matplotlib, Agg backend) so it can be mailed or
+attached as one file: the comparison table, utilization per device over time for each policy,
+the latency CDF of every policy, the fleet's queue length over time, and the config and workload
+that produced them. Every piece of text is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from rich.table import Table
+
+from hetero.sim.result import SimResult
+
+__all__ = ["comparison_table", "utilization_table", "write_html_report"]
+
+#: Above this many devices, utilization is shown per model (the mean of its devices).
+MAX_DEVICE_COLUMNS = 16
+_CDF_POINTS = 2000
+
+_COLUMNS = (
+    "policy",
+    "throughput (items/s)",
+    "work/s",
+    "p50 latency",
+    "p99 latency",
+    "SLO attainment",
+    "load balance",
+    "makespan eff.",
+    "rejected",
+    "failed",
+)
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -(digits - 1)):
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def _seconds(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    if value < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    if value < 1000:
+        return f"{value:.3g} s"
+    return f"{value:,.0f} s"
+
+
+def _ratio(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    return "∞" if math.isinf(value) else f"{value:.2f}"
+
+
+def _percent(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * 100:.1f}%"
+
+
+def _rows(results: Sequence[SimResult]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        m = r.metrics
+        rows.append(
+            [
+                r.policy,
+                _number(m.throughput),
+                _number(m.work_throughput),
+                _seconds(m.p50),
+                _seconds(m.p99),
+                _percent(r.slo_attainment) if r.slo_latency is not None else "-",
+                _ratio(m.load_balance_factor),
+                _percent(m.makespan_efficiency),
+                f"{r.rejected:,}",
+                f"{r.failed:,}",
+            ]
+        )
+    return rows
+
+
+def comparison_table(results: list[SimResult]) -> Table:
+    """One row per policy: throughput, latency, SLO attainment, balance, rejected, failed."""
+    slo = next((r.slo_latency for r in results if r.slo_latency is not None), None)
+    caption = f"SLO: latency ≤ {_seconds(slo)}" if slo is not None else None
+    table = Table(title="Policy comparison", caption=caption)
+    for i, name in enumerate(_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for row in _rows(results):
+        table.add_row(*row)
+    return table
+
+
+def _groups(results: Sequence[SimResult]) -> tuple[list[str], bool]:
+    """Column names (device ids, or models when the fleet is large) and whether they are models."""
+    ids: list[str] = []
+    models: list[str] = []
+    for r in results:
+        ids.extend(d for d in r.device_ids if d not in ids)
+        models.extend(m for m in r.device_models if m not in models)
+    if len(ids) > MAX_DEVICE_COLUMNS:
+        return models, True
+    return ids, False
+
+
+def _utilization(result: SimResult, columns: list[str], by_model: bool) -> list[float]:
+    """Mean utilization over the run per column (device or model); NaN where absent."""
+    values: dict[str, list[float]] = {}
+    model_of = dict(zip(result.device_ids, result.device_models, strict=False))
+    for d in result.metrics.devices:
+        key = model_of.get(d.id, d.model) if by_model else d.id
+        values.setdefault(key, []).append(d.utilization)
+    return [float(np.mean(values[c])) if c in values else math.nan for c in columns]
+
+
+def utilization_table(results: list[SimResult]) -> Table:
+    """Utilization per device (or per model, mean of its devices, above 16 devices) per policy."""
+    columns, by_model = _groups(results)
+    title = "Utilization per model (mean of its devices)" if by_model else "Utilization per device"
+    table = Table(title=title)
+    table.add_column("policy", no_wrap=True)
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in results:
+        table.add_row(r.policy, *(_percent(u) for u in _utilization(r, columns, by_model)))
+    return table
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img alt="" src="data:image/png;base64,{data}">'
+
+
+def _series_by_column(
+    result: SimResult, columns: list[str], by_model: bool
+) -> list[tuple[str, npt.NDArray[np.float64]]]:
+    util = result.series.utilization
+    if util.ndim != 2 or util.shape[0] == 0:
+        return []
+    keys = result.device_models if by_model else result.device_ids
+    lines = []
+    for c in columns:
+        index = [i for i, k in enumerate(keys) if k == c and i < util.shape[1]]
+        if index:
+            lines.append((c, util[:, index].mean(axis=1)))
+    return lines
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cdf(latencies: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
+    values = np.sort(latencies[np.isfinite(latencies) & (latencies > 0)])
+    if values.size == 0:
+        return np.zeros(0), np.zeros(0)
+    fraction = np.arange(1, values.size + 1) / values.size
+    if values.size > _CDF_POINTS:
+        pick = np.unique(np.linspace(0, values.size - 1, _CDF_POINTS).astype(np.int64))
+        values, fraction = values[pick], fraction[pick]
+    return values, fraction
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f3f3f3; }
+img { max-width: 100%; display: block; margin: 1em 0; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+.note { color: #666; }
+"""
+
+
+def write_html_report(
+    results: list[SimResult],
+    path: str | Path,
+    title: str,
+    config_text: str = "",
+    workload_text: str = "",
+) -> Path:
+    """Write one self-contained HTML file comparing ``results``; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    columns, by_model = _groups(results)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        "<h2>Comparison</h2>",
+        _html_table(_COLUMNS, _rows(results)),
+    ]
+    slo = next((r.slo_latency for r in results if r.slo_latency is not None), None)
+    if slo is not None:
+        parts.append(f'<p class="note">SLO: latency ≤ {html.escape(_seconds(slo))}</p>')
+    util_rows = [
+        [r.policy, *(_percent(u) for u in _utilization(r, columns, by_model))] for r in results
+    ]
+    parts += [
+        "<h2>Utilization</h2>",
+        f'<p class="note">{"mean per model" if by_model else "per device"}, over the run</p>',
+        _html_table(["policy", *columns], util_rows),
+    ]
+
+    # Utilization over time: one panel per policy, one line per device (or model).
+    with_series = [r for r in results if r.series.t.size]
+    if with_series:
+        fig = Figure(figsize=(10, 2.6 * len(with_series)), layout="constrained")
+        axes = fig.subplots(len(with_series), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, r in zip(axes, with_series, strict=True):
+            for label, line in _series_by_column(r, columns, by_model):
+                ax.plot(r.series.t[: line.size], line, label=label, linewidth=1)
+            ax.set_title(r.policy)
+            ax.set_ylabel("utilization")
+            ax.set_ylim(-0.02, 1.05)
+            if len(columns) <= MAX_DEVICE_COLUMNS:
+                ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        axes[-1].set_xlabel("simulated time (s)")
+        parts += ["<h2>Utilization over time</h2>", _png(fig)]
+    else:
+        parts.append('<p class="note">No time series were sampled.</p>')
+
+    # Latency CDF: every policy on one plot, log x.
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    plotted = False
+    for r in results:
+        x, y = _cdf(r.latencies)
+        if x.size:
+            ax.step(x, y, where="post", label=r.policy)
+            plotted = True
+    if plotted:
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (s)")
+        ax.set_ylabel("fraction of completed items")
+        ax.set_ylim(0, 1.01)
+        if slo is not None:
+            ax.axvline(slo, color="grey", linestyle="--", linewidth=1, label="SLO")
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
+        parts += ["<h2>Latency CDF</h2>", _png(fig)]
+    else:
+        parts.append('<p class="note">No item completed: no latency CDF.</p>')
+
+    # Queue length over time: every policy on one plot.
+    if with_series:
+        fig = Figure(figsize=(8, 4), layout="constrained")
+        ax = fig.subplots()
+        for r in with_series:
+            n = min(r.series.t.size, r.series.queue_length.size)
+            ax.plot(r.series.t[:n], r.series.queue_length[:n], label=r.policy, linewidth=1)
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("items waiting")
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        parts += ["<h2>Queue length over time</h2>", _png(fig)]
+
+    if config_text:
+        parts += ["<h2>Fleet</h2>", f"<pre>{html.escape(config_text)}</pre>"]
+    if workload_text:
+        parts += ["<h2>Workload</h2>", f"<pre>{html.escape(workload_text)}</pre>"]
+    parts.append("</body></html>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), "utf-8")
+    return path

@@ -1,0 +1,95 @@
+"""Scenario tests: simulated time is the test clock, so whole runs are asserted as exact logs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from hetero.sched import Policy, WorkItem
+from hetero.sched.registry import make_policy
+from hetero.sim.engine import Simulator
+from tests.sched.conftest import make_devices
+
+
+def arrivals(*rows: tuple[float, float]) -> Iterator[tuple[float, WorkItem]]:
+    for i, (t, cost) in enumerate(rows):
+        yield t, WorkItem(cost=cost, id=i)
+
+
+def sed() -> Policy:
+    return make_policy("shortest_expected_delay")
+
+
+def test_exact_log_on_a_two_device_fleet() -> None:
+    sim = Simulator(make_devices([2.0, 1.0]), sed(), dispatcher_options={"stealing": False})
+    log: list = []
+    result = sim.run(arrivals((0.0, 2.0), (0.0, 1.0), (0.5, 2.0), (3.0, 1.0)), log=log)
+    assert log == [
+        (0.0, "run", 0, "d0"),  # 1 s on d0
+        (0.0, "run", 1, "d1"),  # d0 busy: 2 s there vs 1 s on d1
+        (1.0, "done", 0, ""),  # item 2 was queued on d0 at 0.5 (2 s there vs 3 s on d1)
+        (1.0, "run", 2, "d0"),
+        (1.0, "done", 1, ""),
+        (2.0, "done", 2, ""),
+        (3.0, "run", 3, "d0"),
+        (3.5, "done", 3, ""),
+    ]
+    assert result.completed == 4 and result.failed == 0
+    assert result.metrics.p50 == pytest.approx(1.0)
+
+
+def test_failure_and_recovery_move_work_and_lose_nothing() -> None:
+    sim = Simulator(make_devices([1.0, 1.0]), sed(), keep_finished=True)
+    log: list = []
+    result = sim.run(
+        arrivals((0.0, 4.0), (0.0, 4.0), (1.0, 1.0)),
+        failures=[("d0", 2.0, 3.0)],
+        log=log,
+    )
+    assert (2.0, "stop", 0, "d0") in log
+    # Item 0 restarts on d1 after item 1; nothing runs on d0 while it is down.
+    assert not any(row[1] == "run" and row[3] == "d0" and 2.0 <= row[0] < 3.0 for row in log)
+    assert result.completed == 3 and result.failed == 0
+    sim.dispatcher.validate_state()
+
+
+def test_timeouts_fail_with_reason() -> None:
+    sim = Simulator(make_devices([1.0]), sed(), dispatcher_options={"timeout": 1.5})
+    result = sim.run(arrivals((0.0, 1.0), (0.0, 1.0), (0.0, 1.0)))
+    assert result.completed == 1
+    assert result.failed == 2
+    assert result.failure_reasons == {"timed out after 1.5s": 2}
+
+
+def test_queue_full_rejects_arrivals() -> None:
+    sim = Simulator(make_devices([1.0]), sed(), dispatcher_options={"max_queue_size": 1})
+    log: list = []
+    result = sim.run(arrivals((0.0, 1.0), (0.0, 1.0), (0.0, 1.0)), log=log)
+    assert result.rejected == 1 and result.completed == 2
+    assert (0.0, "rejected", 2, "") in log
+
+
+def test_devices_down_forever_end_waiting_items_with_a_reason() -> None:
+    sim = Simulator(make_devices([1.0]), sed())
+    result = sim.run(arrivals((0.0, 1.0), (2.0, 1.0)), failures=[("d0", 1.5, None)])
+    assert result.completed == 1 and result.failed == 1
+    assert "no usable device" in next(iter(result.failure_reasons))
+
+
+def test_actual_speed_differs_from_catalog() -> None:
+    sim = Simulator(make_devices([1.0]), sed(), actual_speed={"d0": 0.5})
+    result = sim.run(arrivals((0.0, 1.0)))
+    assert result.metrics.elapsed == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="unknown device"):
+        Simulator(make_devices([1.0]), sed(), actual_speed={"nope": 2.0})
+
+
+def test_same_seed_same_run() -> None:
+    def run() -> list:
+        log: list = []
+        sim = Simulator(make_devices([2.5, 1.0, 1.0]), make_policy("power_of_two", {"seed": 3}))
+        sim.run(arrivals(*[(i * 0.3, 1.0 + (i % 3)) for i in range(50)]), log=log)
+        return log
+
+    assert run() == run()
