@@ -16,6 +16,8 @@ $(BIN)/hetero: pyproject.toml
 demo: $(BIN)/hetero
 	$(BIN)/hetero devices --config examples/mixed_fleet.yaml
 	$(BIN)/hetero catalog compare --model A100-80GB --model V100-32GB --model H100-SXM-80GB --model T4 --model L4
+	$(BIN)/hetero simulate --config examples/mixed_fleet.yaml --workload examples/workloads/poisson_85.yaml \
+		--policies round_robin,weighted,shortest_expected_delay,adaptive --report demo_report.html
 
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench

@@ -3,6 +3,9 @@
 Fleet: relative speeds 1 : 2.5 : 6 (T4-, V100- and A100-like), ``--per-class`` devices of each.
 Open run: Poisson arrivals at ``--load`` of total capacity, lognormal sizes → p50/p99 latency.
 Saturated run: a closed batch (every item queued at t=0) → work throughput / total capacity.
+Both are run with work stealing off, so each policy is measured alone (round robin is then the
+speed-blind baseline other tools give you); the open run is repeated with stealing on, which
+is the dispatcher's default and rescues even round robin.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_quality.py --out bench/results/quality.json
@@ -75,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             "arrivals": {"process": "closed"},
         }
     )
-    opened = {r.policy: r for r in simulate(devices, open_load, policies)}
-    saturated = {r.policy: r for r in simulate(devices, batch, policies)}
+    alone = {"stealing": False}
+    opened = {r.policy: r for r in simulate(devices, open_load, policies, dispatcher_options=alone)}
+    stolen = {r.policy: r for r in simulate(devices, open_load, policies)}
+    saturated = {r.policy: r for r in simulate(devices, batch, policies, dispatcher_options=alone)}
     rr_p99 = opened["round_robin"].metrics.p99
+    rr_stolen_p99 = stolen["round_robin"].metrics.p99
     rows: list[dict[str, Any]] = []
     for name in policies:
         o, s = opened[name].metrics, saturated[name].metrics
@@ -88,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                 "p99": round(o.p99, 4),
                 "p99_vs_round_robin": round(o.p99 / rr_p99, 4),
                 "load_balance_factor": round(o.load_balance_factor, 4),
+                "p99_with_stealing": round(stolen[name].metrics.p99, 4),
+                "p99_with_stealing_vs_round_robin_with_stealing": round(
+                    stolen[name].metrics.p99 / rr_stolen_p99, 4
+                ),
                 "saturated_work_throughput": round(s.work_throughput, 4),
                 "saturated_vs_capacity": round(s.work_throughput / capacity, 4),
             }

@@ -384,16 +384,21 @@ class _progress_bars:
     """One rich progress bar per policy run (or none), as a context manager."""
 
     def __init__(self, enabled: bool) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = (
             Progress(
                 TextColumn("{task.description:>28}"),
                 BarColumn(),
-                TextColumn("{task.completed:,}/{task.total:,}"),
+                MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 console=err_console,
-                transient=False,
             )
             if enabled
             else None

@@ -95,6 +95,20 @@ class SchedulerConfig(_Strict):
     max_queue_size: int = Field(default=1000, ge=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
+    max_retries: int = Field(default=2, ge=0, description="failed attempts retried elsewhere")
+    preemption: bool = False
+    stealing: bool = True
+    batch_sizes: dict[str, int] = Field(
+        default_factory=dict, description="static per-device batch size by device id or model"
+    )
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive_batches(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in value.items() if v < 1}
+        if bad:
+            raise ValueError(f"batch sizes must be >= 1, got {bad}")
+        return value
 
     @field_validator("strategy")
     @classmethod

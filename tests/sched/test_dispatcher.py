@@ -287,3 +287,33 @@ def test_perf_model_learns_from_completions(clock: ManualClock) -> None:
         clock.advance(1.0)  # really 1 unit/s, not 2
         d.complete(i)
     assert d.perf.speed()[0] == pytest.approx(1.0, rel=0.01)
+
+
+def test_from_config() -> None:
+    from hetero import parse_config
+
+    config = parse_config(
+        {
+            "devices": [
+                {"type": "gpu", "model": "A100-80GB", "emulate": True, "count": 2},
+                {"type": "gpu", "model": "T4", "emulate": True},
+            ],
+            "scheduler": {
+                "strategy": "weighted",
+                "options": {"variant": "random", "seed": 1},
+                "max_queue_size": 7,
+                "timeout": 3.0,
+                "max_retries": 0,
+                "preemption": True,
+                "stealing": False,
+                "batch_sizes": {"T4": 4},
+            },
+        }
+    )
+    clock = ManualClock()
+    d = Dispatcher.from_config(config, clock=clock)
+    assert d.view.ids == ["a100-80gb:0", "a100-80gb:1", "t4:0"]
+    assert (d.policy.name, d.max_queue_size, d.timeout, d.max_retries) == ("weighted", 7, 3.0, 0)
+    assert d.preemption and not d.stealing
+    assert d.perf.batch_sizes(100)[2] == 4
+    assert d.submit(WorkItem(id=1))[0].device_id.startswith(("a100", "t4"))

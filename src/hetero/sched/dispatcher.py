@@ -17,6 +17,7 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +38,7 @@ DONE, FAILED, CANCELLED = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
 RETRYING, PREEMPTED = ItemState.RETRYING, ItemState.PREEMPTED
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs 4x to build, on the hot path
 class Run:
     """Start ``item`` on device ``device`` (position; ``device_id`` is its id)."""
 
@@ -46,7 +47,7 @@ class Run:
     device_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stop:
     """Stop ``item`` running on ``device`` (preempted, cancelled, timed out or device lost)."""
 
@@ -55,7 +56,7 @@ class Stop:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finish:
     """``item`` has ended for good in ``state`` (done, failed or cancelled)."""
 
@@ -65,6 +66,9 @@ class Finish:
 
 
 Instruction = Run | Stop | Finish
+if TYPE_CHECKING:
+    from hetero.config import HeteroConfig
+
 BoolArray = npt.NDArray[np.bool_]
 _Entry = tuple[int, int, ItemRecord]  # (-priority, seq, record): heap order = priority, then FIFO
 
@@ -126,12 +130,18 @@ class Dispatcher:
         self._seq = itertools.count()
         self._pending: list[_Entry] = []
         self._queues: list[list[_Entry]] = [[] for _ in range(self.view.n)]
+        self._tails: list[list[_Entry]] = [[] for _ in range(self.view.n)]
         self._running: list[set[ItemRecord]] = [set() for _ in range(self.view.n)]
         self._running_heap: list[_Entry] = []  # (priority, seq, rec), only kept with preemption
         self._deadlines: list[tuple[float, int, ItemRecord]] = []
         self.waiting = 0  # pending + queued
         self.queued_total = 0
         self.active = 0  # admitted and not terminal
+        self._enqueues = 0  # items queued behind others so far (for _steal's shortcut)
+        self._drain_heap: list[tuple[float, int, int]] = []  # see _most_queued
+        self._queue_version = [0] * self.view.n
+        self._steal_miss_at = -1  # _enqueues when a steal last found nothing worth taking
+        self._steal_miss_speed = 0.0  # the fastest thief that found nothing since then
         self._slots = self.view.slots.tolist()  # fixed; a list is cheaper to index
         self._default_speed = self.perf.speed()  # live array, updated in place by the model
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
@@ -139,6 +149,34 @@ class Dispatcher:
         # Only build completion events for policies that learn from them.
         self._policy_learns = type(policy).observe is not Policy.observe
         policy.bind(self.view)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: HeteroConfig,
+        devices: Sequence[Device] | None = None,
+        clock: Clock | None = None,
+        **overrides: Any,
+    ) -> Dispatcher:
+        """A dispatcher for a fleet config: its devices (built if not given), its strategy with
+        options, queue bound, timeout, retries, preemption, stealing and batch table."""
+        from hetero.devices.fleet import build_fleet
+        from hetero.sched.clock import MonotonicClock
+        from hetero.sched.registry import make_policy
+
+        sched = config.scheduler
+        fleet = list(devices) if devices is not None else build_fleet(config)
+        options: dict[str, Any] = {
+            "perf": PerfModel(fleet, batch_table=sched.batch_sizes),
+            "max_queue_size": sched.max_queue_size,
+            "timeout": sched.timeout,
+            "max_retries": sched.max_retries,
+            "preemption": sched.preemption,
+            "stealing": sched.stealing,
+            **overrides,
+        }
+        policy = make_policy(sched.strategy, sched.options)
+        return cls(fleet, policy, clock if clock is not None else MonotonicClock(), **options)
 
     # ----------------------------------------------------------------------------- events in
 
@@ -170,19 +208,20 @@ class Dispatcher:
 
     def complete(self, item_id: int | str) -> list[Instruction]:
         """The executor reports that ``item_id`` finished successfully."""
-        rec = self._running_record(item_id, "complete")
+        rec = self.records.get(item_id)
+        if rec is None or rec.state is not RUNNING:
+            rec = self._running_record(item_id, "complete")  # raises the right error
         out: list[Instruction] = []
         i = rec.device
         now = self.clock.now()
         busy = now - rec.started
         self._release(rec, running=True)
         rec.move(DONE)
-        rec.finished = now
         latency = now - rec.submitted
         item = rec.item
         self.metrics.record(i, latency, busy, item.cost, now)
         if busy > 0:
-            self.perf.observe(i, item.kind, item.cost, busy, int(self.view.slots[i]))
+            self.perf.observe(i, item.kind, item.cost, busy, self._slots[i])
         if self._policy_learns:
             self.policy.observe(Completed(i, item.kind, item.cost, busy, latency))
         self._end(rec, out, DONE, "")
@@ -238,6 +277,7 @@ class Dispatcher:
                 self._exclude(rec, i)
                 self._place(rec, out)
         self._queues[i].clear()
+        self._tails[i].clear()
         return out
 
     def device_up(self, device_id: str) -> list[Instruction]:
@@ -318,8 +358,7 @@ class Dispatcher:
             heapq.heappush(self._pending, (-rec.item.priority, seq, rec))
             return
         if view.running[i] < self._slots[i] and view.in_flight[i] == view.running[i]:
-            self._enqueue(rec, i, push=False)  # a free slot and nothing queued: start now
-            self._start(rec, i, out)
+            self._run_now(rec, i, out)  # a free slot and nothing queued
             return
         self._enqueue(rec, i)
         if view.running[i] < self._slots[i]:
@@ -336,21 +375,52 @@ class Dispatcher:
             if idle[thief] < np.inf:
                 self._steal(thief, out)
 
-    def _enqueue(self, rec: ItemRecord, i: int, push: bool = True) -> None:
-        """Place ``rec`` in device ``i``'s queue (``push=False``: it starts at once, so the
-        heap round trip is skipped)."""
+    def _enqueue(self, rec: ItemRecord, i: int) -> None:
+        """Place ``rec`` in device ``i``'s queue."""
         view = self.view
         item = rec.item
         rec.move(QUEUED)
         rec.device = i
         rec.seq = seq = next(self._seq)
-        if push:
-            heapq.heappush(self._queues[i], (-item.priority, seq, rec))
+        heapq.heappush(self._queues[i], (-item.priority, seq, rec))
+        # The same entry, last-to-start first, so a thief finds its item in O(log n).
+        tail = self._tails[i]
+        heapq.heappush(tail, (item.priority, -seq, rec))
+        if len(tail) > 64 + 2 * len(self._queues[i]):
+            # Items that started normally leave stale tail entries: drop them now and then.
+            self._tails[i] = [(-p, -q, r) for p, q, r in self._queues[i] if r.seq == q]
+            heapq.heapify(self._tails[i])
+        self._enqueues += 1
         view.in_flight[i] += 1
         view.outstanding[i] += item.cost
         view.queued_work[i] += item.cost
-        view.mem_used[i] += item.memory
+        if item.memory:
+            view.mem_used[i] += item.memory
         self.queued_total += 1
+        self._note_queue(i)
+
+    def _run_now(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
+        """``_enqueue`` then ``_start`` for a device with a free slot and an empty queue, without
+        the queue round trip (the common case, so it is worth its few lines)."""
+        view = self.view
+        item = rec.item
+        rec.move(QUEUED)
+        rec.move(RUNNING)
+        rec.device = i
+        rec.seq = next(self._seq)
+        rec.started = self.clock.now()
+        rec.attempts += 1
+        view.in_flight[i] += 1
+        view.running[i] += 1
+        view.outstanding[i] += item.cost
+        if item.memory:
+            view.mem_used[i] += item.memory
+        self._free_slots -= 1
+        self.waiting -= 1
+        self._running[i].add(rec)
+        if self.preemption:
+            heapq.heappush(self._running_heap, (item.priority, rec.seq, rec))
+        out.append(Run(item, i, view.ids[i]))
 
     def _start_ready(self, i: int, out: list[Instruction]) -> None:
         """Start queued items on device ``i`` while it has free slots."""
@@ -370,6 +440,7 @@ class Dispatcher:
         rec.attempts += 1
         view.running[i] += 1
         view.queued_work[i] -= rec.item.cost
+        self._note_queue(i)
         self._free_slots -= 1
         self.queued_total -= 1
         self.waiting -= 1
@@ -385,7 +456,8 @@ class Dispatcher:
         item = rec.item
         view.in_flight[i] -= 1
         view.outstanding[i] -= item.cost
-        view.mem_used[i] -= item.memory
+        if item.memory:
+            view.mem_used[i] -= item.memory
         if running:
             view.running[i] -= 1
             if view.usable[i]:
@@ -394,10 +466,11 @@ class Dispatcher:
         else:
             view.queued_work[i] -= item.cost
             self.queued_total -= 1
-        if view.in_flight[i] == view.running[i]:
-            view.queued_work[i] = 0.0  # drop float drift once the queue is empty
-            if view.in_flight[i] == 0:
-                view.outstanding[i] = 0.0
+            if view.in_flight[i] == view.running[i]:
+                view.queued_work[i] = 0.0  # drop float drift once the queue is empty
+            self._note_queue(i)
+        if view.in_flight[i] == 0:
+            view.outstanding[i] = 0.0
 
     def _end(self, rec: ItemRecord, out: list[Instruction], state: ItemState, reason: str) -> None:
         rec.reason = reason
@@ -435,7 +508,8 @@ class Dispatcher:
         """Device ``i`` freed capacity: start its queue, steal for it, then place pending items."""
         view = self.view
         if view.usable[i]:
-            self._start_ready(i, out)
+            if view.in_flight[i] > view.running[i]:
+                self._start_ready(i, out)
             if self.stealing and self.queued_total and view.running[i] == 0:
                 self._steal(i, out)
         if self._pending:
@@ -476,38 +550,76 @@ class Dispatcher:
         """Idle ``thief`` takes the last queued item of the most-loaded device if it would
         finish it sooner there."""
         view = self.view
-        speed = self._default_speed
-        while view.running[thief] < view.slots[thief]:
-            drain = view.queued_work / speed  # seconds to empty each device's queue
-            victim = int(drain.argmax())
-            if drain[victim] <= 0.0 or victim == thief:
-                return
-            entry = self._last_entry(victim)
+        thief_speed = float(self._default_speed[thief])
+        # Queues only shrink between enqueues: if a device at least this fast found nothing
+        # worth stealing since the last enqueue, neither will this one.
+        if self._steal_miss_at == self._enqueues and thief_speed <= self._steal_miss_speed:
+            return
+        while view.running[thief] < self._slots[thief]:
+            victim = self._most_queued()
+            entry = self._last_entry(victim) if victim >= 0 and victim != thief else None
             if entry is None:
+                self._miss(thief_speed)
                 return
             rec = entry[2]
             item = rec.item
             inv = self.perf.inv_speed(item.kind)
             here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
             there = float(view.outstanding[victim]) * float(inv[victim])
-            if not here < there or not self.policy.admits(item, view, thief):
+            if not here < there:
+                self._miss(thief_speed)
+                return
+            if not self.policy.admits(item, view, thief):
                 return
             self._move(rec, thief)
             self._start_ready(thief, out)
 
+    def _note_queue(self, i: int) -> None:
+        """Device ``i``'s queued work changed: record its drain time in the steal heap."""
+        version = self._queue_version[i] + 1
+        self._queue_version[i] = version
+        queued = float(self.view.queued_work[i])
+        heap = self._drain_heap
+        if queued > 1e-9:
+            heapq.heappush(heap, (-queued / float(self._default_speed[i]), version, i))
+        if len(heap) > 64 + 4 * self.view.n:  # mostly stale entries: rebuild from the view
+            self._drain_heap = [
+                (-float(q) / float(sp), self._queue_version[j], j)
+                for j, (q, sp) in enumerate(
+                    zip(self.view.queued_work, self._default_speed, strict=True)
+                )
+                if q > 1e-9
+            ]
+            heapq.heapify(self._drain_heap)
+
+    def _most_queued(self) -> int:
+        """The device whose queue takes longest to drain (-1 if no device has a queue).
+
+        A heap of (-seconds, version, device) with stale entries skipped: O(log n) amortised,
+        where a scan would cost a pass over every device on each idle moment."""
+        heap = self._drain_heap
+        version = self._queue_version
+        while heap:
+            _, v, i = heap[0]
+            if v == version[i]:
+                return i
+            heapq.heappop(heap)
+        return -1
+
+    def _miss(self, thief_speed: float) -> None:
+        if self._steal_miss_at != self._enqueues or thief_speed > self._steal_miss_speed:
+            self._steal_miss_at = self._enqueues
+            self._steal_miss_speed = thief_speed
+
     def _last_entry(self, i: int) -> _Entry | None:
         """The queued item on ``i`` that would start last (lowest priority, newest)."""
-        best: _Entry | None = None
-        for entry in self._queues[i]:
-            rec = entry[2]
-            if (
-                rec.seq == entry[1]
-                and rec.state is QUEUED
-                and rec.device == i
-                and (best is None or entry > best)
-            ):
-                best = entry
-        return best
+        tail = self._tails[i]
+        while tail:
+            priority, neg_seq, rec = tail[0]
+            if rec.seq == -neg_seq and rec.state is QUEUED and rec.device == i:
+                return (-priority, -neg_seq, rec)
+            heapq.heappop(tail)  # stale: the item started, moved or ended
+        return None
 
     def _maybe_preempt(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """With no slot free anywhere, stop the lowest-priority running item that ``rec``

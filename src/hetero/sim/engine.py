@@ -31,6 +31,7 @@ from hetero.sim.result import SimResult, TimeSeries
 __all__ = ["Simulator"]
 
 _COMPLETE, _DOWN, _UP, _EXPIRE, _SAMPLE = 0, 1, 2, 3, 4
+DONE = ItemState.DONE
 Progress = Callable[[int, int], None]  # (items finished or rejected, items submitted in all)
 
 
@@ -191,7 +192,7 @@ class Simulator:
                         duration = item.cost * unit_seconds[ins.device]  # type: ignore[union-attr]
                         push(heap, (now + duration, seq, _COMPLETE, item.id))
                     elif cls is Finish:
-                        if ins.state is ItemState.DONE:  # type: ignore[union-attr]
+                        if ins.state is DONE:  # type: ignore[union-attr]
                             done += 1
                         else:
                             failed += 1

@@ -85,7 +85,13 @@ def simulate(
         raise ConfigError([("--slots", f"must be >= 1, got {slots}")])
     options: dict[str, Any] = {}
     if scheduler is not None:
-        options.update(max_queue_size=scheduler.max_queue_size, timeout=scheduler.timeout)
+        options.update(
+            max_queue_size=scheduler.max_queue_size,
+            timeout=scheduler.timeout,
+            max_retries=scheduler.max_retries,
+            preemption=scheduler.preemption,
+            stealing=scheduler.stealing,
+        )
     options.update(dispatcher_options or {})
     for name in policies:
         policy_class(name, "policies")  # fail on a bad name before any run starts

@@ -68,8 +68,11 @@ class ShortestExpectedDelay(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         # inv_speed is inf on unusable devices, so without a mask no extra pass is needed.
-        score = (view.outstanding + item.cost) * view.inv_speed(item.kind)
-        return masked_argmin(score, allowed)
+        score = (view.outstanding + item.cost) * view.perf.inv_speed(item.kind)
+        if allowed is not None:
+            return masked_argmin(score, allowed)
+        i = int(score.argmin())  # the hot path of every simulation: no helper call
+        return i if score[i] < np.inf else None
 
 
 @register
