@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
 from typing import Any
 
 import numpy as np
+from _common import emit
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
@@ -90,19 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), file=sys.stderr)
     doc = {
         "benchmark": "decision cost",
-        "machine": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "numpy": np.__version__,
-        },
         "results": rows,
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from typing import Any
+
+from _common import emit
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
@@ -117,18 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             "size": f"lognormal mean 1 sigma {args.sigma}",
             "seed": args.seed,
         },
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "best_policy": best["policy"],
         "best_p99_vs_round_robin": best["p99_vs_round_robin"],
         "best_saturated_vs_capacity": best["saturated_vs_capacity"],
         "policies": rows,
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

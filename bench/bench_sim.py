@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from typing import Any
 
 import numpy as np
+from _common import emit
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
@@ -108,19 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(runs[-1]), file=sys.stderr)
     doc = {
         "benchmark": "simulator",
-        "machine": {
-            "cpus": __import__("os").cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
         "runs": runs,
     }
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 0
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

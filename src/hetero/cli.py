@@ -45,6 +45,16 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _print_problems(exc: ConfigError, prefix: str) -> None:
+    for path, message in exc.problems:
+        err_console.print(
+            f"{prefix}{path + ': ' if path else ''}{message}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
@@ -284,13 +294,7 @@ def config_validate(file: Annotated[Path, typer.Argument(help="The YAML file to 
         config = load_config(file)
     except ConfigError as exc:
         err_console.print(f"[bold red]{file}: {len(exc.problems)} problem(s)[/]", highlight=False)
-        for path, message in exc.problems:
-            err_console.print(
-                f"  - {path + ': ' if path else ''}{message}",
-                highlight=False,
-                soft_wrap=True,
-                markup=False,
-            )
+        _print_problems(exc, "  - ")
         raise typer.Exit(1) from None
     n = sum(d.count for d in config.devices)
     console.print(
@@ -352,13 +356,7 @@ def simulate(
                 devices_, spec, names, scheduler=scheduler, slots=slots, progress=bars
             )
     except ConfigError as exc:
-        for path, message in exc.problems:
-            err_console.print(
-                f"error: {path + ': ' if path else ''}{message}",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+        _print_problems(exc, "error: ")
         raise typer.Exit(1) from None
     except HeteroError as exc:
         _fail(str(exc))

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
@@ -162,7 +163,7 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
     """Validate already-parsed YAML/JSON data; raises ``ConfigError`` listing every problem."""
     if not isinstance(data, dict):
         raise ConfigError(
-            [("", f"{source}: expected a mapping with a 'devices' list, got {_show(data)}")]
+            [("", f"{source}: expected a mapping with a 'devices' list, got {show(data)}")]
         )
     problems: list[tuple[str, str]] = []
     config: HeteroConfig | None = None
@@ -207,30 +208,6 @@ def load_config(path: str | Path) -> HeteroConfig:
 # --- error rendering ------------------------------------------------------------------------
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _lookup(data: Any, loc: tuple[int | str, ...]) -> Any:
-    for part in loc:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
-
-
 def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
     model: type[BaseModel] = HeteroConfig
     for part in loc:
@@ -247,15 +224,18 @@ def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+_TAGS = frozenset({"int", "str", "float", "bool"})
+
+
 def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
-        # Pydantic appends the tag of the union member that failed (e.g. 'int'); it is noise here.
+        # Pydantic appends the tag of the union member that failed ('int', 'str',
+        # 'function-before[...]'); only field names and list indices make the path.
         loc = tuple(
-            p for p in loc if p not in ("int", "str", "function-before[_positive_size(), int]")
+            p for p in err["loc"] if isinstance(p, int) or (p.isidentifier() and p not in _TAGS)
         )
-        path = _path(loc)
+        path = render_path(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
             allowed = ", ".join(_fields_of(data, loc[:-1]))
@@ -265,11 +245,11 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
             problems.append((path, "required field is missing"))
             continue
         message = str(err["msg"]).removeprefix("Value error, ")
-        value = _lookup(data, loc)
+        value = lookup(data, loc)
         if "got " in message or "unknown model" in message:
             problems.append((path, message))
         else:
-            problems.append((path, f"{message} (got {_show(value)})"))
+            problems.append((path, f"{message} (got {show(value)})"))
     # Union members each report the same bad value; keep one line per path and message.
     return list(dict.fromkeys(problems))
 

@@ -45,6 +45,7 @@ from pydantic import (
     model_validator,
 )
 
+from hetero._errors_render import lookup, render_path, show
 from hetero.errors import ConfigError
 from hetero.sched.item import CostModel, WorkItem
 from hetero.units import parse_size
@@ -562,7 +563,7 @@ def parse_workload(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            [("", f"{source}: expected a mapping of workload fields, got {_show(data)}")]
+            [("", f"{source}: expected a mapping of workload fields, got {show(data)}")]
         )
     size = data.get("size")
     if base_dir is not None and isinstance(size, dict) and size.get("dist") == "trace":
@@ -578,11 +579,6 @@ def parse_workload(
         if "requests" not in spec.model_fields_set:
             spec = spec.model_copy(update={"requests": len(trace)})
     return spec
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 _NESTED: dict[str, type[BaseModel] | dict[str, type[BaseModel]]] = {
@@ -627,25 +623,6 @@ def _walk(loc: tuple[int | str, ...]) -> tuple[list[int | str], type[BaseModel] 
     return clean, parent
 
 
-def _render(loc: list[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _lookup(data: Any, loc: list[int | str]) -> Any:
-    for part in loc:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
-
-
 def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for err in exc.errors():
@@ -656,13 +633,13 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
             key = str(ctx.get("discriminator", "")).strip("'")
             tags = _NESTED.get(str(loc[-1])) if loc else None
             allowed = ", ".join(tags) if isinstance(tags, dict) else str(ctx.get("expected_tags"))
-            path = _render([*loc, key])
+            path = render_path([*loc, key])
             if kind == "union_tag_not_found":
                 problems.append((path, f"required field is missing; allowed: {allowed}"))
             else:
                 problems.append((path, f"unknown {key} {ctx.get('tag')!r}; allowed: {allowed}"))
             continue
-        path = _render(loc)
+        path = render_path(loc)
         if kind == "extra_forbidden":
             allowed = ", ".join(sorted(parent.model_fields)) if parent else "none"
             problems.append((path, f"unknown key {str(loc[-1])!r}; allowed keys: {allowed}"))
@@ -671,15 +648,15 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
             problems.append((path, "required field is missing"))
             continue
         if loc and loc[-1] == "[key]":
-            path = _render([*loc[:-2], loc[-2]]) if len(loc) >= 2 else path
-            problems.append((path, f"keys must be integers (got {_show(loc[-2])})"))
+            path = render_path([*loc[:-2], loc[-2]]) if len(loc) >= 2 else path
+            problems.append((path, f"keys must be integers (got {show(loc[-2])})"))
             continue
         message = str(err["msg"]).removeprefix("Value error, ")
-        value = _lookup(data, loc)
+        value = lookup(data, loc)
         if "(got " in message or (value is not None and repr(value) in message):
             problems.append((path, message))
         else:
-            problems.append((path, f"{message} (got {_show(value)})"))
+            problems.append((path, f"{message} (got {show(value)})"))
     return list(dict.fromkeys(problems))
 
 
