@@ -650,6 +650,16 @@ class Dispatcher:
 
     # --------------------------------------------------------------------------- inspection
 
+    def busy_seconds(self) -> npt.NDArray[np.float64]:
+        """Slot-seconds each device has spent running items so far, the running ones included
+        (differences over an interval give its average utilization)."""
+        now = self.clock.now()
+        busy = np.array(self.metrics.busy)
+        for i, running in enumerate(self._running):
+            for rec in running:
+                busy[i] += now - rec.started
+        return busy
+
     def state_of(self, item_id: int | str) -> ItemState:
         return self.records[item_id].state
 

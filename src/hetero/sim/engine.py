@@ -122,7 +122,8 @@ class Simulator:
                 heap.append((up, seq, _UP, device_id))
                 seq += 1
         interval = (expected_duration or 1.0) / max(self.samples, 1)
-        heap.append((0.0, seq, _SAMPLE, None))
+        heap.append((interval, seq, _SAMPLE, None))
+        last_busy, last_t = np.zeros(view.n), 0.0
         seq += 1
         heapq.heapify(heap)
 
@@ -165,11 +166,15 @@ class Simulator:
                         del run_token[payload]  # type: ignore[arg-type]
                         out = complete(payload)  # type: ignore[arg-type]
                     elif kind == _SAMPLE:
+                        # Average utilization over the last interval, not the instant's 0 or 1.
+                        busy = d.busy_seconds()
                         sample_t.append(now)
-                        sample_util.append(view.running / slots)
+                        sample_util.append((busy - last_busy) / (slots * max(now - last_t, 1e-12)))
                         sample_queue.append(d.waiting)
-                        push(heap, (now + interval, seq, _SAMPLE, None))
-                        seq += 1
+                        last_busy, last_t = busy, now
+                        if d.active or next_arrival is not None:
+                            push(heap, (now + interval, seq, _SAMPLE, None))
+                            seq += 1
                         continue
                     elif kind == _DOWN:
                         out = d.device_down(str(payload), "simulated device failure")
