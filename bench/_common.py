@@ -5,9 +5,20 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from typing import Any
 
 import numpy as np
+
+
+def calibration_seconds() -> float:
+    """Seconds for a fixed pure-Python loop. This shared machine's speed drifts by tens of
+    percent within an hour, so every result carries it and rows are compared by it."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(5_000_000):
+        total += i
+    return round(time.perf_counter() - started, 3)
 
 
 def machine() -> dict[str, Any]:
@@ -16,6 +27,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "numpy": np.__version__,
+        "calibration_seconds": calibration_seconds(),
     }
 
 

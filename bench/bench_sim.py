@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--devices",
         default="10,100,1000,10000",
-        help="device counts for the scaling runs (default: %(default)s)",
+        help="device counts for the scaling runs, '' for none (default: %(default)s)",
     )
     parser.add_argument(
         "--requests",
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.headline:
         runs.append(run_one(1000, args.headline, args.policy, args.load, args.seed))
         print(json.dumps(runs[-1]), file=sys.stderr)
-    for n in (int(x) for x in args.devices.split(",")):
+    for n in (int(x) for x in args.devices.split(",") if x):
         runs.append(run_one(n, args.requests, args.policy, args.load, args.seed))
         print(json.dumps(runs[-1]), file=sys.stderr)
     doc = {

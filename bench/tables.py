@@ -24,23 +24,46 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _sim_row(r: dict[str, Any], calibration: Any) -> list[Any]:
+    return [
+        r["devices"],
+        f"{r['requests']:,}",
+        r["wall_seconds"],
+        f"{r['events_per_second']:,}",
+        r["us_per_request"],
+        r["p99_latency"],
+        calibration,
+    ]
+
+
 def simulator(doc: dict[str, Any]) -> str:
     rows = [
-        [
-            r["devices"],
-            f"{r['requests']:,}",
-            r["wall_seconds"],
-            f"{r['events_per_second']:,}",
-            r["us_per_request"],
-            r["p99_latency"],
-        ]
-        for r in doc["runs"]
+        _sim_row(r, doc.get("machine", {}).get("calibration_seconds", "-")) for r in doc["runs"]
     ]
+    # Repeats of the headline run (bench/results/sim_headline_*.json), for the spread.
+    for path in sorted(RESULTS.glob("sim_headline_*.json"), reverse=True):
+        repeat = json.loads(path.read_text())
+        calibration = repeat.get("machine", {}).get("calibration_seconds", "-")
+        rows.insert(1, _sim_row(repeat["runs"][0], calibration))
     return (
         "## Simulator speed\n\n`python bench/bench_sim.py --out bench/results/sim.json` — "
         "`shortest_expected_delay`, Poisson arrivals at 85% of capacity, lognormal sizes; "
-        "the first row is the 1,000,000-request headline run.\n\n"
-        + _table(["devices", "requests", "wall s", "events/s", "µs/request", "p99 latency s"], rows)
+        "the first rows are the 1,000,000-request headline run and its repeats "
+        "(`--devices ''`). The calibration column is the seconds a fixed pure-Python loop took "
+        "during that run: this shared 2-core machine's speed drifts by tens of percent, so "
+        "compare rows by it.\n\n"
+        + _table(
+            [
+                "devices",
+                "requests",
+                "wall s",
+                "events/s",
+                "µs/request",
+                "p99 latency s",
+                "calibration s",
+            ],
+            rows,
+        )
     )
 
 

@@ -121,3 +121,64 @@ def test_public_api_is_complete_and_sorted() -> None:
         assert hasattr(hetero, name), name
     public = {n for n in vars(hetero) if not n.startswith("_") and n[0].isupper()}
     assert public <= set(names), public - set(names)
+
+
+def test_simulate_compares_policies_and_writes_a_report(tmp_path: Path) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text(
+        "requests: 2000\narrivals: {process: poisson, load: 0.8}\n"
+        "size: {dist: lognormal, mean: 1.0, sigma: 0.5}\nslo: {latency: 5}\nseed: 3\n"
+    )
+    report = tmp_path / "r.html"
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--fleet",
+            "T4:2,A100-80GB:2",
+            "--workload",
+            str(workload),
+            "--policies",
+            "round_robin,shortest_expected_delay",
+            "--json",
+            "--report",
+            str(report),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = {r["policy"]: r for r in json.loads(result.stdout)}
+    assert set(rows) == {"round_robin", "shortest_expected_delay"}
+    assert all(r["completed"] == 2000 for r in rows.values())
+    assert rows["shortest_expected_delay"]["p99"] <= rows["round_robin"]["p99"]
+    assert "<img" in report.read_text()
+
+
+def test_simulate_bad_input() -> None:
+    missing = runner.invoke(app, ["simulate", "--workload", "nope.yaml", "--fleet", "T4"])
+    assert missing.exit_code == 1 and "nope.yaml" in missing.stderr
+    both = runner.invoke(app, ["simulate", "--workload", str(EXAMPLE)])
+    assert both.exit_code == 2 and "exactly one of --config or --fleet" in both.stderr
+    bad_policy = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--workload",
+            str(ROOT / "examples/workloads/batch.yaml"),
+            "--fleet",
+            "T4",
+            "--policies",
+            "fastest",
+        ],
+    )
+    assert bad_policy.exit_code == 1 and "unknown strategy 'fastest'" in bad_policy.stderr
+    bad_fleet = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--workload",
+            str(ROOT / "examples/workloads/batch.yaml"),
+            "--fleet",
+            "A100-80G:2",
+        ],
+    )
+    assert bad_fleet.exit_code == 1 and "A100-80GB" in bad_fleet.stderr
