@@ -85,9 +85,6 @@ class DeviceSpec:
                 return value
         return 0.0
 
-    def has(self, capability: str) -> bool:
-        return capability in self.capabilities
-
 
 @dataclass(slots=True)
 class DeviceState:

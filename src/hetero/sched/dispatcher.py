@@ -320,6 +320,11 @@ class Dispatcher:
             self._refill(i, out)
         return out
 
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether any waiting or running item has a deadline (then call ``next_deadline``)."""
+        return bool(self._deadlines)
+
     def next_deadline(self) -> float | None:
         """When ``expire`` next has work to do, or ``None``."""
         heap = self._deadlines
@@ -624,8 +629,7 @@ class Dispatcher:
     def _maybe_preempt(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """With no slot free anywhere, stop the lowest-priority running item that ``rec``
         outranks."""
-        view = self.view
-        if ((view.running < view.slots) & view.usable).any():
+        if self._free_slots:
             return
         heap = self._running_heap
         while heap and (heap[0][2].state is not RUNNING or heap[0][2].seq != heap[0][1]):

@@ -204,7 +204,7 @@ class Simulator:
                             reasons[ins.reason.split(" (")[0]] += 1  # type: ignore[union-attr]
                     elif cls is Stop:
                         run_token.pop(ins.item.id, None)
-                if d._deadlines:
+                if d.has_deadlines:
                     deadline = d.next_deadline()
                     if deadline is not None and deadline < expire_at:
                         expire_at = deadline

@@ -41,7 +41,7 @@ class CapacityFilter(Filter):
                 f"item {item.id!r} needs {format_size(need)} but the largest usable device has "
                 f"{format_size(biggest)}"
             )
-        free = view.mem_total - view.mem_used
+        free = view.mem_free()
         now = ever & (free >= need)
         if now.any():
             return now
