@@ -138,12 +138,13 @@ class Dispatcher:
         self.queued_total = 0
         self.active = 0  # admitted and not terminal
         self._enqueues = 0  # items queued behind others so far (for _steal's shortcut)
-        self._drain_heap: list[tuple[float, int, int]] = []  # see _most_queued
-        self._queue_version = [0] * self.view.n
+        self._drain_heap: list[tuple[float, int]] = []  # see _most_queued
         self._steal_miss_at = -1  # _enqueues when a steal last found nothing worth taking
         self._steal_miss_speed = 0.0  # the fastest thief that found nothing since then
         self._slots = self.view.slots.tolist()  # fixed; a list is cheaper to index
         self._default_speed = self.perf.speed()  # live array, updated in place by the model
+        # Catalog speeds as floats, for the steal heap's drain estimates (see _most_queued).
+        self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
         self._steal_on_place = stealing and not policy.places_by_delay
         # Only build completion events for policies that learn from them.
@@ -191,7 +192,7 @@ class Dispatcher:
         if old is not None and old.state not in TERMINAL:
             raise ValueError(f"work item id {item.id!r} is already in flight ({old.state.value})")
         now = self.clock.now()
-        rec = ItemRecord(item, now)
+        rec = ItemRecord(item, now, history=[PENDING])
         self.records[item.id] = rec
         self.active += 1
         deadline = (
@@ -224,7 +225,7 @@ class Dispatcher:
             self.perf.observe(i, item.kind, item.cost, busy, self._slots[i])
         if self._policy_learns:
             self.policy.observe(Completed(i, item.kind, item.cost, busy, latency))
-        self._end(rec, out, DONE, "")
+        self._end(rec, out, DONE, "", now)
         self._refill(i, out)
         return out
 
@@ -375,7 +376,9 @@ class Dispatcher:
             # The policy queued it behind a busy device while a slot is free elsewhere: the
             # fastest idle device may finish it sooner. (Skipped for policies that already
             # weighed every device's expected delay: such a steal would never pay.)
-            idle = np.where(view.running < view.slots, view.inv_speed(rec.item.kind), np.inf)
+            idle = np.where(
+                np.array(view.running) < view.slots, view.inv_speed(rec.item.kind), np.inf
+            )
             thief = int(idle.argmin())
             if idle[thief] < np.inf:
                 self._steal(thief, out)
@@ -402,7 +405,7 @@ class Dispatcher:
         if item.memory:
             view.mem_used[i] += item.memory
         self.queued_total += 1
-        self._note_queue(i)
+        self._note_growth(i)
 
     def _run_now(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
         """``_enqueue`` then ``_start`` for a device with a free slot and an empty queue, without
@@ -445,7 +448,6 @@ class Dispatcher:
         rec.attempts += 1
         view.running[i] += 1
         view.queued_work[i] -= rec.item.cost
-        self._note_queue(i)
         self._free_slots -= 1
         self.queued_total -= 1
         self.waiting -= 1
@@ -473,13 +475,19 @@ class Dispatcher:
             self.queued_total -= 1
             if view.in_flight[i] == view.running[i]:
                 view.queued_work[i] = 0.0  # drop float drift once the queue is empty
-            self._note_queue(i)
         if view.in_flight[i] == 0:
             view.outstanding[i] = 0.0
 
-    def _end(self, rec: ItemRecord, out: list[Instruction], state: ItemState, reason: str) -> None:
+    def _end(
+        self,
+        rec: ItemRecord,
+        out: list[Instruction],
+        state: ItemState,
+        reason: str,
+        now: float | None = None,
+    ) -> None:
         rec.reason = reason
-        rec.finished = self.clock.now()
+        rec.finished = self.clock.now() if now is None else now
         self.active -= 1
         if not self.keep_finished:
             del self.records[rec.item.id]
@@ -579,19 +587,16 @@ class Dispatcher:
             self._move(rec, thief)
             self._start_ready(thief, out)
 
-    def _note_queue(self, i: int) -> None:
-        """Device ``i``'s queued work changed: record its drain time in the steal heap."""
-        version = self._queue_version[i] + 1
-        self._queue_version[i] = version
-        queued = float(self.view.queued_work[i])
+    def _note_growth(self, i: int) -> None:
+        """Device ``i``'s queue grew: record its drain time in the steal heap. Shrinks are not
+        recorded: an entry's key is then an upper bound that ``_most_queued`` corrects."""
         heap = self._drain_heap
-        if queued > 1e-9:
-            heapq.heappush(heap, (-queued / float(self._default_speed[i]), version, i))
-        if len(heap) > 64 + 4 * self.view.n:  # mostly stale entries: rebuild from the view
+        heapq.heappush(heap, (-self.view.queued_work[i] / self._default_speed_list[i], i))
+        if len(heap) > 64 + 4 * self.view.n:  # mostly outdated entries: rebuild
             self._drain_heap = [
-                (-float(q) / float(sp), self._queue_version[j], j)
+                (-q / sp, j)
                 for j, (q, sp) in enumerate(
-                    zip(self.view.queued_work, self._default_speed, strict=True)
+                    zip(self.view.queued_work, self._default_speed_list, strict=True)
                 )
                 if q > 1e-9
             ]
@@ -600,15 +605,21 @@ class Dispatcher:
     def _most_queued(self) -> int:
         """The device whose queue takes longest to drain (-1 if no device has a queue).
 
-        A heap of (-seconds, version, device) with stale entries skipped: O(log n) amortised,
-        where a scan would cost a pass over every device on each idle moment."""
+        A heap of (-seconds, device) whose keys never understate a queue: the top is checked
+        against the current queue and pushed back down when it shrank since. O(log n)
+        amortised, where a scan would cost a pass over every device at each idle moment."""
         heap = self._drain_heap
-        version = self._queue_version
+        queued = self.view.queued_work
+        speed = self._default_speed_list
         while heap:
-            _, v, i = heap[0]
-            if v == version[i]:
+            key, i = heap[0]
+            current = queued[i] / speed[i]
+            if current <= 1e-9:
+                heapq.heappop(heap)
+            elif -key <= current * (1 + 1e-9):
                 return i
-            heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (-current, i))
         return -1
 
     def _miss(self, thief_speed: float) -> None:
@@ -705,10 +716,13 @@ class Dispatcher:
             assert np.array_equal(running, view.running), "running counts drifted"
             assert np.array_equal(running + queued, view.in_flight), "in_flight drifted"
             assert np.allclose(outstanding, view.outstanding, atol=1e-6), "outstanding drifted"
-            assert np.allclose(queued_work, view.queued_work, atol=1e-6), "queued_work drifted"
+            assert np.allclose(queued_work, np.array(view.queued_work), atol=1e-6), (
+                "queued_work drifted"
+            )
             assert np.array_equal(mem, view.mem_used), "mem_used drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
-        free = int((view.slots - view.running)[view.usable].sum())
+        running_now = np.array(view.running)
+        free = int((view.slots - running_now)[view.usable].sum())
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
-        assert (view.running <= view.slots).all(), "a device runs more than its slots"
-        assert (view.running[~view.usable] == 0).all(), "an unhealthy device is running items"
+        assert (running_now <= view.slots).all(), "a device runs more than its slots"
+        assert (running_now[~view.usable] == 0).all(), "an unhealthy device is running items"

@@ -28,10 +28,10 @@ class FleetView:
 
     Attributes (arrays of length ``n``, read-only for policies):
 
-    - ``slots``: items a device runs at once; ``running``: items running now;
+    - ``slots``: items a device runs at once; ``running``: items running now (a list);
     - ``in_flight``: items placed on the device (queued there or running);
     - ``outstanding``: work units placed on the device and not finished;
-    - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue;
+    - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``usable``: healthy and accepting work.
     """
@@ -58,10 +58,12 @@ class FleetView:
         self.slots: IntArray = np.array(slots if slots is not None else [1] * n, dtype=np.int64)
         if self.slots.shape != (n,) or (self.slots < 1).any():
             raise ValueError(f"slots must be {n} integers >= 1, got {list(self.slots)}")
-        self.running: IntArray = np.zeros(n, dtype=np.int64)
+        # Lists, not arrays: only the dispatcher reads these one device at a time, and a list
+        # element costs a fraction of a numpy scalar update on the hot path.
+        self.running: list[int] = [0] * n
         self.in_flight: IntArray = np.zeros(n, dtype=np.int64)
         self.outstanding: FloatArray = np.zeros(n, dtype=np.float64)
-        self.queued_work: FloatArray = np.zeros(n, dtype=np.float64)
+        self.queued_work: list[float] = [0.0] * n
         self.mem_total: IntArray = np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
