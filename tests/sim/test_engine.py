@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from hetero.sched import Policy, WorkItem
@@ -93,3 +94,14 @@ def test_same_seed_same_run() -> None:
         return log
 
     assert run() == run()
+
+
+def test_time_series_averages_utilization_over_each_interval() -> None:
+    # One device busy from 0 to 4 s then idle until an item at 8 s: half busy overall.
+    sim = Simulator(make_devices([1.0]), sed(), samples=10)
+    result = sim.run(arrivals((0.0, 4.0), (8.0, 0.5)), expected_duration=10.0)
+    series = result.series
+    assert series.t[0] == pytest.approx(1.0) and series.interval == pytest.approx(1.0)
+    np.testing.assert_allclose(series.utilization[:4, 0], 1.0)
+    np.testing.assert_allclose(series.utilization[4:8, 0], 0.0)
+    assert series.queue_length.max() == 0
