@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
 from hetero._version import __version__
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
@@ -33,30 +31,6 @@ catalog_app = typer.Typer(
 config_app = typer.Typer(help="Fleet config files (hetero_config.yaml).", no_args_is_help=True)
 app.add_typer(catalog_app, name="catalog")
 app.add_typer(config_app, name="config")
-
-console = Console()
-err_console = Console(stderr=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _print_problems(exc: ConfigError, prefix: str) -> None:
-    for path, message in exc.problems:
-        err_console.print(
-            f"{prefix}{path + ': ' if path else ''}{message}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 def _version(value: bool) -> None:
@@ -108,9 +82,9 @@ def devices(
 
             fleet = build_fleet(load_config(config))
     except HeteroError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
-        _print_json([d.to_dict() for d in fleet])
+        print_json([d.to_dict() for d in fleet])
         return
     console.print(_device_table(fleet))
 
@@ -163,7 +137,7 @@ def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
     kinds = _kinds(kind)
     specs = [s for s in get_catalog() if not kinds or s.kind in kinds]
     if as_json:
-        _print_json([_spec_dict(s) for s in specs])
+        print_json([_spec_dict(s) for s in specs])
         return
     table = Table(title=f"{len(specs)} accelerators (prices as of {get_catalog().price_date})")
     for col in (
@@ -224,10 +198,10 @@ def catalog_show(
     try:
         spec = get_catalog().get(name)
     except HeteroError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     data = _spec_dict(spec)
     if as_json:
-        _print_json(data)
+        print_json(data)
         return
     table = Table(title=spec.model, show_header=False)
     table.add_column("field")
@@ -261,10 +235,10 @@ def catalog_compare(
         wanted = {catalog.get(m).model for m in models} if models else None
         rows = catalog.compare(dtype=dtype, kinds=_kinds(kind), by=by)
     except (HeteroError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     rows = [r for r in rows if wanted is None or r.model in wanted]
     if as_json:
-        _print_json([r.to_dict() for r in rows])
+        print_json([r.to_dict() for r in rows])
         return
     table = Table(title=f"catalog compared on {dtype}, ranked by {by}")
     for col in ("#", "model", "kind", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS"):
@@ -294,7 +268,7 @@ def config_validate(file: Annotated[Path, typer.Argument(help="The YAML file to 
         config = load_config(file)
     except ConfigError as exc:
         err_console.print(f"[bold red]{file}: {len(exc.problems)} problem(s)[/]", highlight=False)
-        _print_problems(exc, "  - ")
+        print_problems(exc, "  - ")
         raise typer.Exit(1) from None
     n = sum(d.count for d in config.devices)
     console.print(
@@ -356,10 +330,10 @@ def simulate(
                 devices_, spec, names, scheduler=scheduler, slots=slots, progress=bars
             )
     except ConfigError as exc:
-        _print_problems(exc, "error: ")
+        print_problems(exc, "error: ")
         raise typer.Exit(1) from None
     except HeteroError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if report is not None:
         texts = [p.read_text("utf-8") for p in (config, workload) if p is not None]
         write_html_report(
@@ -370,7 +344,7 @@ def simulate(
             workload_text=texts[-1],
         )
     if as_json:
-        _print_json([r.summary() for r in results])
+        print_json([r.summary() for r in results])
         return
     console.print(comparison_table(results))
     console.print(utilization_table(results))

@@ -1,0 +1,40 @@
+"""What every ``hetero`` subcommand shares: consoles, the ``--json`` option, error printing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from hetero.errors import ConfigError
+
+__all__ = ["JsonOpt", "console", "err_console", "fail", "print_json", "print_problems"]
+
+console = Console()
+err_console = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def print_problems(exc: ConfigError, prefix: str) -> None:
+    """Every problem of ``exc`` on its own stderr line, as ``field.path: message``."""
+    for path, message in exc.problems:
+        err_console.print(
+            f"{prefix}{path + ': ' if path else ''}{message}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
