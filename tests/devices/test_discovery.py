@@ -137,3 +137,10 @@ def test_torch_mps_fallback() -> None:
     torch.backends.mps.is_available = lambda: True
     (gpu,) = gpus(nvml=FakeNVML([]), torch_module=torch)
     assert gpu.spec.vendor == "Apple"
+
+
+def test_gpus_hidden_by_cuda_visible_devices_are_not_found_again_through_torch() -> None:
+    # torch honours the same variable, so asking it would only disagree with NVML.
+    torch = fake_torch(["NVIDIA A100-SXM4-80GB"])
+    assert gpus({"CUDA_VISIBLE_DEVICES": ""}, torch_module=torch) == []
+    assert gpus({"CUDA_VISIBLE_DEVICES": "-1"}, torch_module=torch) == []

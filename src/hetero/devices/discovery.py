@@ -47,11 +47,10 @@ def get_device_list(
     env = os.environ if environ is None else environ
     devices = [discover_cpu()]
     module = nvml if nvml is not None else _import("pynvml")
-    gpus = discover_nvidia_gpus(module, env) if module is not None else []
-    if not gpus:
+    gpus = discover_nvidia_gpus(module, env) if module is not None else None
+    if gpus is None:
         torch = torch_module if torch_module is not None else _import("torch")
-        if torch is not None:
-            gpus = _discover_torch(torch)
+        gpus = _discover_torch(torch) if torch is not None else []
     return devices + gpus
 
 
@@ -148,15 +147,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device]:
-    """NVIDIA GPUs through an NVML module; ``[]`` when the driver is missing."""
+def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device] | None:
+    """The NVIDIA GPUs that ``CUDA_VISIBLE_DEVICES`` leaves visible, through an NVML module.
+
+    ``None`` when NVML has no GPUs to report (driver missing, none installed, or NVML failing),
+    so the caller may ask torch instead; ``[]`` when GPUs exist but all are hidden, which torch
+    would honour too."""
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError or a loader error: no NVIDIA GPUs
         log.debug("NVML unavailable: %s", exc)
-        return []
+        return None
     try:
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        if not handles:
+            return None
 
         def query(fn: Callable[..., T], *args: Any) -> T | None:
             try:
@@ -202,7 +207,7 @@ def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device]:
         return devices
     except Exception as exc:  # a driver failing mid-way is not the caller's error
         log.warning("NVML failed while listing GPUs (%s); continuing without them", exc)
-        return []
+        return None
     finally:
         with contextlib.suppress(Exception):  # shutting down after a failure
             nvml.nvmlShutdown()
