@@ -10,6 +10,7 @@ from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
 from hetero._version import __version__
+from hetero.commands import fit, match
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, Device, DeviceKind
@@ -409,3 +410,8 @@ def list_policies() -> None:
         doc = (policy_class(name).__doc__ or "").strip().split("\n\n")[0]
         table.add_row(name, " ".join(doc.split()))
     console.print(table)
+
+
+# The planner's commands live in modules of their own; listed after the core ones in --help.
+for _command in (fit, match):
+    _command.register(app)
