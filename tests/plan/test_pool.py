@@ -19,13 +19,8 @@ from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceSpec
 from hetero.errors import AllocationError, ConfigError, DeviceError
 from hetero.plan import pool as pool_module
-from hetero.plan.pool import (
-    Affinity,
-    Allocation,
-    AllocationRequest,
-    AntiAffinity,
-    DevicePool,
-)
+from hetero.plan.pool import Allocation, DevicePool
+from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
 
 GIB = 2**30
 CATALOG = get_catalog()
