@@ -1,4 +1,4 @@
-"""Discovery on a real NVIDIA GPU through the real NVML (skipped on machines without one)."""
+"""Discovery and topology on real NVIDIA GPUs through the real NVML (skipped without one)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.discovery import get_device_list
 from hetero.devices.spec import DeviceKind
+from hetero.devices.topology import LinkKind, read_topology
 
 
 def _nvml_gpu_count() -> int:
@@ -81,3 +83,14 @@ def test_hetero_devices_json_in_a_real_process() -> None:
     )
     listed: list[dict[str, Any]] = json.loads(proc.stdout)
     assert sum(d["kind"] == "gpu" for d in listed) == _nvml_gpu_count()
+
+
+def test_real_topology_is_symmetric_and_complete() -> None:
+    topo = read_topology(environ={})
+    n = _nvml_gpu_count()
+    assert len(topo) == n
+    bw = topo.bandwidth
+    assert (bw == bw.T).all() and (np.diag(bw) == 0).all()
+    assert all(topo.links[i][i].kind is LinkKind.SELF for i in range(n))
+    assert all(bw[i, j] > 0 for i in range(n) for j in range(n) if i != j)
+    assert topo.best_group(n).ids == tuple(topo.ids)

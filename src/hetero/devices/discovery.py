@@ -26,6 +26,8 @@ __all__ = [
     "discover_cpu",
     "discover_nvidia_gpus",
     "get_device_list",
+    "nvml_text",
+    "optional_module",
     "visible_gpu_indices",
 ]
 
@@ -46,15 +48,16 @@ def get_device_list(
     """
     env = os.environ if environ is None else environ
     devices = [discover_cpu()]
-    module = nvml if nvml is not None else _import("pynvml")
+    module = nvml if nvml is not None else optional_module("pynvml")
     gpus = discover_nvidia_gpus(module, env) if module is not None else None
     if gpus is None:
-        torch = torch_module if torch_module is not None else _import("torch")
+        torch = torch_module if torch_module is not None else optional_module("torch")
         gpus = _discover_torch(torch) if torch is not None else []
     return devices + gpus
 
 
-def _import(name: str) -> Any | None:
+def optional_module(name: str) -> Any | None:
+    """``import name``, or ``None`` when it is missing or broken (optional dependencies)."""
     try:
         return importlib.import_module(name)
     except Exception as exc:  # a broken optional install is "not available"
@@ -143,7 +146,8 @@ def _match_entry(entry: str, gpus: list[tuple[int, str, str]]) -> int | None:
     return matches[0] if prefix and len(matches) == 1 else None
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """NVML strings are ``bytes`` in older pynvml releases and ``str`` in newer ones."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -174,13 +178,13 @@ def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device] 
         for i, h in enumerate(handles):
             uuid = query(nvml.nvmlDeviceGetUUID, h)
             pci = query(nvml.nvmlDeviceGetPciInfo, h)
-            listed.append((i, _text(uuid) if uuid else "", _text(pci.busId) if pci else ""))
+            listed.append((i, nvml_text(uuid) if uuid else "", nvml_text(pci.busId) if pci else ""))
         order = visible_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES"), listed)
         catalog = get_catalog()
         devices = []
         for ordinal, index in enumerate(order):
             h = handles[index]
-            name = _text(query(nvml.nvmlDeviceGetName, h) or "GPU")
+            name = nvml_text(query(nvml.nvmlDeviceGetName, h) or "GPU")
             spec = catalog.resolve(name, DeviceKind.GPU)
             memory = query(nvml.nvmlDeviceGetMemoryInfo, h)
             util = query(nvml.nvmlDeviceGetUtilizationRates, h)
