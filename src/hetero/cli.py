@@ -10,7 +10,7 @@ from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
 from hetero._version import __version__
-from hetero.commands import fit, match
+from hetero.commands import fit, match, plan, topology
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, Device, DeviceKind
@@ -413,5 +413,5 @@ def list_policies() -> None:
 
 
 # The planner's commands live in modules of their own; listed after the core ones in --help.
-for _command in (fit, match):
+for _command in (fit, match, plan, topology):
     _command.register(app)

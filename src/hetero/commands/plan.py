@@ -1,0 +1,235 @@
+"""``hetero plan``: the cheapest device mix for a workload and its SLO, optionally verified in the
+simulator (see ``docs/fleet-sizing.md``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
+from hetero.errors import ConfigError, HeteroError
+
+if TYPE_CHECKING:
+    from hetero.plan.sizing import FleetPlan, Verification
+
+__all__ = ["register"]
+
+_EPILOG = (
+    "Examples:\n\n"
+    "  hetero plan examples/plan.yaml\n\n"
+    "  hetero plan examples/plan.yaml --verify --requests 20000\n\n"
+    "  hetero plan examples/plan.yaml --rate 60 --slo 2 --devices A100-80GB,L4,T4 --json"
+)
+
+
+def plan(
+    spec_file: Annotated[
+        Path, typer.Argument(metavar="SPEC", help="Plan spec, YAML or JSON (examples/plan.yaml).")
+    ],
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Replay the plan in the simulator (shortest_expected_delay) and report SLO "
+            "attainment; if it misses, tighten the utilisation caps and re-solve. "
+            "E.g. --verify.",
+        ),
+    ] = False,
+    requests: Annotated[
+        int,
+        typer.Option(min=1, help="Requests to simulate with --verify, e.g. --requests 50000."),
+    ] = 20_000,
+    seed: Annotated[int, typer.Option(help="Seed of the --verify workload, e.g. --seed 7.")] = 0,
+    rate: Annotated[
+        float | None,
+        typer.Option(min=1e-9, help="Override workload.rate (requests/s), e.g. --rate 80."),
+    ] = None,
+    slo: Annotated[
+        float | None,
+        typer.Option(min=1e-9, help="Override slo.latency (seconds), e.g. --slo 1.5."),
+    ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Replace the menu with catalog types (catalog price and speed), "
+            "e.g. --devices A100-80GB,L4,T4."
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Size a fleet: the cheapest integer mix of device types meeting the SLO (scipy MILP)."""
+    from hetero.plan.sizing import InfeasiblePlan, load_plan, plan_fleet, plan_verified
+
+    overrides: dict[str, Any] = {}
+    if rate is not None:
+        overrides["workload"] = {"rate": rate}
+    if slo is not None:
+        overrides["slo"] = {"latency": slo}
+    if devices is not None:
+        names = [n.strip() for n in devices.split(",") if n.strip()]
+        if not names:
+            raise typer.BadParameter(f"{devices!r}: no device names", param_hint="--devices")
+        overrides["devices"] = [{"model": n} for n in names]
+    try:
+        spec = load_plan(spec_file, overrides)
+        if verify:
+            with _progress(not as_json) as bar:
+                result, checks = plan_verified(spec, requests=requests, seed=seed, progress=bar)
+        else:
+            result, checks = plan_fleet(spec), []
+    except ConfigError as exc:
+        print_problems(exc, "error: ")
+        raise typer.Exit(1) from None
+    except InfeasiblePlan as exc:
+        fail(f"no fleet meets the SLO: {exc}")
+    except HeteroError as exc:
+        fail(str(exc))
+    if as_json:
+        doc = result.to_dict()
+        if verify:
+            doc["verification"] = [c.to_dict() for c in checks]
+        print_json(doc)
+        return
+    console.print(_bucket_table(result))
+    console.print(_mix_table(result))
+    console.print(_single_table(result))
+    if checks:
+        console.print(_verify_table(checks))
+    if checks and not checks[-1].meets_slo:
+        raise typer.Exit(1)
+
+
+def _bucket_table(result: FleetPlan) -> Table:
+    table = Table(
+        title=f"length buckets: {result.load:,.0f} work units/s "
+        f"({result.tokens_per_hour / 3600:,.0f} tokens/s)"
+    )
+    for name in ("bucket", "requests", "work units", "mean tokens", "design request"):
+        table.add_column(name, justify="right")
+    for b in result.buckets:
+        table.add_row(
+            str(b.index),
+            f"{b.probability:.1%}",
+            f"{b.low:,.0f}–{b.high:,.0f}",
+            f"{b.mean_tokens:,.0f}",
+            f"{b.design_cost:,.0f}",
+        )
+    return table
+
+
+def _mix_table(result: FleetPlan) -> Table:
+    table = Table(
+        title=f"cheapest mix: ${result.price_per_hour:,.2f}/hour, "
+        f"${result.price_per_million_tokens:,.4f} per million tokens "
+        f"(solved in {result.solve_seconds * 1000:,.0f} ms)"
+    )
+    for name in ("type", "count", "$/hour each", "work units/s", "source", "utilisation", "cap"):
+        table.add_column(name, justify="left" if name in ("type", "source") else "right")
+    table.add_column("buckets (share)")
+    for t in result.types:
+        table.add_row(
+            t.model,
+            str(t.count),
+            f"{t.price:,.2f}",
+            f"{t.throughput:,.0f}",
+            "measured" if t.measured else "catalog",
+            f"{t.utilization:.0%}" if t.count else "-",
+            f"{t.utilization_cap:.0%}" if t.count else "-",
+            ", ".join(f"{b}" if s > 0.999 else f"{b} ({s:.0%})" for b, s in t.buckets.items())
+            or "-",
+        )
+    return table
+
+
+def _single_table(result: FleetPlan) -> Table:
+    table = Table(title="each type alone")
+    for name in ("type", "count", "$/hour", "$/M tokens", "vs mix"):
+        table.add_column(name, justify="left" if name == "type" else "right")
+    table.add_column("why not", overflow="fold")
+    for s in result.single_type:
+        if s.count is None:
+            table.add_row(s.model, "-", "-", "-", "-", s.reason)
+        else:
+            assert s.price_per_hour is not None and s.price_per_million_tokens is not None
+            ratio = s.price_per_hour / result.price_per_hour if result.price_per_hour else 1.0
+            table.add_row(
+                s.model,
+                str(s.count),
+                f"{s.price_per_hour:,.2f}",
+                f"{s.price_per_million_tokens:,.4f}",
+                f"{ratio:.2f}×",
+                "",
+            )
+    return table
+
+
+def _verify_table(checks: list[Verification]) -> Table:
+    table = Table(title="simulator check (shortest_expected_delay)")
+    for name in ("round", "requests", "within SLO", "target", "latency at target", "p50", "p99"):
+        table.add_column(name, justify="right")
+    table.add_column("utilisation")
+    table.add_column("meets SLO")
+    for k, c in enumerate(checks, start=1):
+        table.add_row(
+            str(k),
+            f"{c.requests:,}",
+            f"{c.attainment:.2%}",
+            f"{c.target:.0%}",
+            f"{c.latency_at_percentile:.3f} s",
+            f"{c.p50:.3f} s",
+            f"{c.p99:.3f} s",
+            ", ".join(f"{m} {u:.0%}" for m, u in c.utilization.items()),
+            "[green]yes[/]"
+            if c.meets_slo
+            else "[red]no[/] (caps tightened, re-solved)"
+            if k < len(checks)
+            else "[red]no[/]",
+        )
+    return table
+
+
+class _progress:
+    """A progress bar per verify round on stderr (or none), as a context manager."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bars = (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=err_console,
+                transient=True,
+            )
+            if enabled
+            else None
+        )
+
+    def __enter__(self) -> Any:
+        if self.bars is None:
+            return None
+        bars = self.bars
+        bars.start()
+
+        def for_round(k: int) -> Any:
+            task = bars.add_task(f"simulating plan {k}", total=None)
+
+            def update(done: int, total: int) -> None:
+                bars.update(task, completed=done, total=total or None)
+
+            return update
+
+        return for_round
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan`` to ``app``."""
+    app.command("plan", epilog=_EPILOG)(plan)
