@@ -19,7 +19,9 @@ from typing import Any
 
 from _common import emit
 
-from hetero.plan.sizing import PlanSpec, load_plan, plan_fleet, verify
+from hetero.plan.sizing import plan_fleet
+from hetero.plan.sizing_spec import PlanSpec, load_plan
+from hetero.plan.verification import verify
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plan.yaml"
 LARGE_MENU = ["T4", "L4", "A10G", "L40S", "A100-40GB", "A100-80GB", "H100-SXM-80GB", "H200-141GB"]

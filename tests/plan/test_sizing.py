@@ -17,18 +17,11 @@ from typer.testing import CliRunner
 
 from hetero.commands.plan import register
 from hetero.errors import AllocationError, ConfigError
-from hetero.plan import sizing
-from hetero.plan.sizing import (
-    InfeasiblePlan,
-    Verification,
-    capacity_table,
-    load_plan,
-    make_buckets,
-    parse_plan,
-    plan_fleet,
-    plan_verified,
-    verify,
-)
+from hetero.plan import verification as verify_module
+from hetero.plan.buckets import make_buckets
+from hetero.plan.sizing import FleetPlan, InfeasiblePlan, capacity_table, plan_fleet
+from hetero.plan.sizing_spec import PlanSpec, load_plan, parse_plan
+from hetero.plan.verification import TIGHTEN, Verification, plan_verified, verify
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plan.yaml"
 
@@ -41,7 +34,7 @@ def spec_of(
     prompt: Any = 2,
     latency: float = 100.0,
     **extra: Any,
-) -> sizing.PlanSpec:
+) -> PlanSpec:
     """A spec whose requests all cost 2 × 0.5 + 99 = 100 work units unless told otherwise.
 
     With a 100 s SLO the queueing rule never binds, so every cap is ``max_utilization`` (0.8)
@@ -300,18 +293,18 @@ def test_the_example_plan_meets_its_slo_in_the_simulator() -> None:
 def test_a_failed_check_tightens_the_caps_and_re_solves(monkeypatch: pytest.MonkeyPatch) -> None:
     scales: list[float] = []
 
-    def fake_verify(plan: sizing.FleetPlan, spec: Any, **_: Any) -> Verification:
+    def fake_verify(plan: FleetPlan, spec: Any, **_: Any) -> Verification:
         scales.append(plan.cap_scale)
         attainment = 0.95 if len(scales) == 1 else 0.995
         return Verification(100, attainment, 0.99, 1.0, 0.1, 1.0, {}, 0)
 
-    monkeypatch.setattr(sizing, "verify", fake_verify)
+    monkeypatch.setattr(verify_module, "verify", fake_verify)
     plan, checks = plan_verified(spec_of([measured("T4", 1000, 1.0)]))
-    assert scales == [1.0, sizing.TIGHTEN]
+    assert scales == [1.0, TIGHTEN]
     assert [c.meets_slo for c in checks] == [False, True]
     # A lower cap needs more devices: 2,500 / (1,000 × 0.8 × 0.85) = 3.7 → still 4; fine, but
     # never fewer.
-    assert plan.devices >= 4 and plan.cap_scale == sizing.TIGHTEN
+    assert plan.devices >= 4 and plan.cap_scale == TIGHTEN
 
 
 # --- the CLI ----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, pr
 from hetero.errors import ConfigError, HeteroError
 
 if TYPE_CHECKING:
-    from hetero.plan.sizing import FleetPlan, Verification
+    from hetero.plan.sizing import FleetPlan
+    from hetero.plan.verification import Verification
 
 __all__ = ["register"]
 
@@ -61,7 +62,9 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Size a fleet: the cheapest integer mix of device types meeting the SLO (scipy MILP)."""
-    from hetero.plan.sizing import InfeasiblePlan, load_plan, plan_fleet, plan_verified
+    from hetero.plan.sizing import InfeasiblePlan, plan_fleet
+    from hetero.plan.sizing_spec import load_plan
+    from hetero.plan.verification import plan_verified
 
     overrides: dict[str, Any] = {}
     if rate is not None:

@@ -55,6 +55,7 @@ __all__ = [
     "BurstyArrivals",
     "ClosedArrivals",
     "DeviceFailure",
+    "DrawnSize",
     "FixedSize",
     "LognormalSize",
     "PoissonArrivals",
@@ -235,6 +236,12 @@ class TraceSize(_Strict):
 
 Size = Annotated[
     FixedSize | UniformSize | LognormalSize | TraceSize,
+    Field(discriminator="dist"),
+    BeforeValidator(_bare_size),
+]
+#: A size drawn from a distribution, not a trace (fleet sizing's token lengths).
+DrawnSize = Annotated[
+    FixedSize | UniformSize | LognormalSize,
     Field(discriminator="dist"),
     BeforeValidator(_bare_size),
 ]

@@ -1,0 +1,230 @@
+"""The fleet-sizing spec: workload (rate, token-length distributions), SLO and the menu of
+device types, validated with every problem reported at once (``ConfigError``).
+
+See ``docs/fleet-sizing.md`` for the file format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hetero._errors_render import render_path, show
+from hetero.devices.catalog import get_catalog
+from hetero.errors import ConfigError, HeteroError
+from hetero.sim.workload import DrawnSize, FixedSize, LognormalSize, UniformSize
+
+__all__ = [
+    "DEFAULT_UNIT_RATE",
+    "MenuEntry",
+    "PlanSLO",
+    "PlanSpec",
+    "PlanWorkload",
+    "load_plan",
+    "parse_plan",
+]
+
+#: Work units per second of a speed-1.0 device (a V100 at fp16). A catalog estimate of a type's
+#: throughput is its fp16 TFLOPS / 125 × this: about a 7B-parameter model served with continuous
+#: batching. Measured ``tokens_per_second`` replaces the estimate; ``unit_rate`` in the spec
+#: replaces this constant.
+DEFAULT_UNIT_RATE = 2500.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class PlanWorkload(_Strict):
+    """What arrives: Poisson requests at ``rate`` per second, token lengths from distributions."""
+
+    rate: float = Field(gt=0, description="requests per second")
+    prompt_tokens: DrawnSize
+    output_tokens: DrawnSize
+    buckets: int = Field(default=10, ge=1, le=200, description="length buckets to plan with")
+
+
+class PlanSLO(_Strict):
+    """``percentile`` % of requests finish within ``latency`` seconds of arriving."""
+
+    latency: float = Field(gt=0, description="seconds from arrival to completion")
+    percentile: float = Field(default=99.0, gt=0, lt=100)
+
+
+class MenuEntry(_Strict):
+    """One device type on the menu. Missing ``price``/``tokens_per_second`` come from the catalog.
+
+    ``tokens_per_second`` is a measured throughput in work units per second (prompt tokens count
+    0.5, output tokens 1.0, as :class:`~hetero.sched.item.CostModel` weighs them).
+    """
+
+    model: str = Field(min_length=1)
+    price: float | None = Field(default=None, ge=0, description="$ per device-hour")
+    tokens_per_second: float | None = Field(default=None, gt=0)
+    max_count: int | None = Field(default=None, ge=0)
+
+    @field_validator("model")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        try:
+            return get_catalog().get(value).model
+        except HeteroError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class PlanSpec(_Strict):
+    """A whole plan spec; see the module docstring."""
+
+    workload: PlanWorkload
+    slo: PlanSLO
+    devices: list[MenuEntry] = Field(min_length=1)
+    max_utilization: float = Field(default=0.8, gt=0, lt=1)
+    max_price_per_hour: float | None = Field(default=None, gt=0)
+    unit_rate: float = Field(default=DEFAULT_UNIT_RATE, gt=0)
+
+
+def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> PlanSpec:
+    """Read and validate a plan spec file; ``overrides`` are merged over it (nested mappings
+    key by key) before validation, e.g. ``{"workload": {"rate": 80}}``."""
+    path = Path(path)
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([("", f"cannot read plan spec {str(path)!r}: {reason}")]) from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            [("", f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")]
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([("", f"{path}: invalid YAML{where}: {exc}")]) from None
+    if overrides and isinstance(data, dict):
+        data = _merge(data, overrides)
+    return parse_plan(data, source=str(path))
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_plan(data: Any, source: str = "<plan>") -> PlanSpec:
+    """Validate parsed YAML/JSON data; raises ``ConfigError`` listing every problem at once."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [("", f"{source}: expected a mapping with workload, slo and devices; got {show(data)}")]
+        )
+    problems: list[tuple[str, str]] = []
+    spec: PlanSpec | None = None
+    try:
+        spec = PlanSpec.model_validate(data)
+    except ValidationError as exc:
+        problems += _problems(exc)
+    # Checks across fields run on every entry that is valid by itself, so one bad field does not
+    # hide a missing price elsewhere.
+    entries = data.get("devices")
+    if isinstance(entries, list):
+        problems += [p for p in _menu_problems(entries) if p not in problems]
+    if problems:
+        raise ConfigError(problems)
+    assert spec is not None
+    return spec
+
+
+def _menu_problems(entries: list[Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(entries):
+        try:
+            entry = MenuEntry.model_validate(raw)
+        except ValidationError:
+            continue  # reported with the spec's own errors
+        spec = get_catalog().get(entry.model)
+        if entry.price is None and spec.price_per_hour is None:
+            problems.append(
+                (
+                    f"devices[{i}].price",
+                    f"{entry.model} has no price in the catalog; give price: $ per device-hour",
+                )
+            )
+        if entry.model in seen:
+            problems.append(
+                (
+                    f"devices[{i}].model",
+                    f"{entry.model} is already on the menu as devices[{seen[entry.model]}]; "
+                    "list each type once",
+                )
+            )
+        seen.setdefault(entry.model, i)
+    return problems
+
+
+_LENGTHS: dict[str, type[BaseModel]] = {
+    "fixed": FixedSize,
+    "uniform": UniformSize,
+    "lognormal": LognormalSize,
+}
+_NESTED: dict[str, type[BaseModel] | dict[str, type[BaseModel]]] = {
+    "workload": PlanWorkload,
+    "slo": PlanSLO,
+    "devices": MenuEntry,
+    "prompt_tokens": _LENGTHS,
+    "output_tokens": _LENGTHS,
+}
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for err in exc.errors():
+        loc: list[int | str] = []
+        model: type[BaseModel] | dict[str, type[BaseModel]] | None = PlanSpec
+        parent = model
+        for part in err["loc"]:
+            if isinstance(part, int):
+                loc.append(part)
+            elif isinstance(model, dict):  # a length's ``dist`` tag: not part of the path
+                model = model.get(part)
+            else:
+                loc.append(part)
+                parent, model = model, _NESTED.get(part)
+        path = render_path(loc)
+        kind = err["type"]
+        ctx = err.get("ctx") or {}
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            allowed = ", ".join(_LENGTHS)
+            got = f"unknown dist {ctx.get('tag')!r}" if kind == "union_tag_invalid" else "missing"
+            problems.append((f"{path}.dist", f"{got}; allowed: {allowed}"))
+        elif kind == "extra_forbidden":
+            fields = sorted(parent.model_fields) if isinstance(parent, type) else []
+            close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(
+                (
+                    path,
+                    f"unknown key {str(loc[-1])!r}; {hint}allowed keys: "
+                    f"{', '.join(fields) or 'none'}",
+                )
+            )
+        elif kind == "missing":
+            problems.append((path, "required field is missing"))
+        else:
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if "unknown device model" not in message:
+                message += f" (got {show(err.get('input'))})"
+            problems.append((path, message))
+    return list(dict.fromkeys(problems))
