@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.stats import poisson
 
 from hetero.errors import AllocationError
 from hetero.plan.buckets import Bucket, DeviceOption, make_buckets, menu
@@ -151,6 +149,8 @@ def _eligible(
 def _wait_tail(n: FloatArray, rho: FloatArray, wait: FloatArray) -> FloatArray:
     """Erlang C: ``P(W > wait)`` in an M/M/n queue at utilisation ``rho`` (``wait`` in mean
     service times), through the Poisson form of Erlang B, which is stable for large ``n``."""
+    from scipy.stats import poisson  # scipy takes most of a second to import: only when planning
+
     a = n * rho
     log_b = poisson.logpmf(n, a) - poisson.logcdf(n, a)
     b = np.exp(log_b)
@@ -253,6 +253,8 @@ def _solve(
     ``x[t, b]`` (share of bucket ``b`` on ``t``). The capacity of ``n`` devices is not linear
     in ``n`` (pooling helps), so each count is its own binary with its own capacity.
     """
+    from scipy.optimize import Bounds, LinearConstraint, milp  # see _wait_tail
+
     n_t, n_b = p.eligible.shape
     sizes = [len(table) - 1 if allowed[t] else 0 for t, table in enumerate(p.capacity)]
     z_start = np.concatenate(([0], np.cumsum(sizes))).astype(int)
