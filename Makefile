@@ -18,6 +18,8 @@ demo: $(BIN)/hetero
 	$(BIN)/hetero catalog compare --model A100-80GB --model V100-32GB --model H100-SXM-80GB --model T4 --model L4
 	$(BIN)/hetero simulate --config examples/mixed_fleet.yaml --workload examples/workloads/poisson_85.yaml \
 		--policies round_robin,weighted,shortest_expected_delay,adaptive --report demo_report.html
+	$(BIN)/hetero fit llama-3-8b --device A100-80GB --seq 8192 --batch 16
+	$(BIN)/hetero plan examples/plan.yaml --verify
 
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench

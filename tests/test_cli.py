@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -40,6 +41,33 @@ def test_devices_from_example_config_json() -> None:
     assert a100["tflops"]["fp16"] == pytest.approx(312)
     assert a100["speed"] == pytest.approx(2.5 * devices[2]["speed"], rel=0.01)
     assert all(d["state"]["healthy"] for d in devices)
+
+
+def _hetero_json(*args: str) -> Any:
+    """Run ``hetero ARGS --json`` in a real process, as a user runs it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetero", *args, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return json.loads(proc.stdout)
+
+
+def test_planner_commands_in_real_processes() -> None:
+    fit = _hetero_json("fit", "llama-3-8b", "--device", "A100-80GB", "--seq", "8192")
+    assert fit["fits"] is True and fit["breakdown"]["kv_cache"] == 8192 * 128 * 1024
+    ranked = _hetero_json("match", "--fleet", "L4,H100-SXM-80GB", "--memory", "40GB")
+    assert [(m["model"], m["eligible"]) for m in ranked["matches"]] == [
+        ("H100-SXM-80GB", True),
+        ("L4", False),
+    ]
+    topology = _hetero_json("topology", "--fake", "mixed", "--group", "2")
+    assert topology["group"]["ids"] == ["gpu:0", "gpu:1"]  # the NVLinked A100 pair
+    plan = _hetero_json("plan", "examples/plan.yaml", "--verify", "--requests", "2000")
+    assert sum(plan["mix"].values()) == plan["devices"] > 0
+    assert plan["verification"][-1]["meets_slo"] is True
 
 
 def test_devices_table() -> None:
