@@ -11,7 +11,15 @@ from rich.console import Console
 
 from hetero.errors import ConfigError
 
-__all__ = ["JsonOpt", "console", "err_console", "fail", "print_json", "print_problems"]
+__all__ = [
+    "JsonOpt",
+    "ProgressBars",
+    "console",
+    "err_console",
+    "fail",
+    "print_json",
+    "print_problems",
+]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -38,3 +46,52 @@ def print_problems(exc: ConfigError, prefix: str) -> None:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+class ProgressBars:
+    """One rich progress bar per named run on stderr (or none, when not ``enabled``).
+
+    ``with ProgressBars(True) as bars``: ``bars(name)`` adds a bar and returns its
+    ``(done, total)`` callback, the ``Progress`` of the simulator; ``bars`` is ``None`` when
+    disabled."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = (
+            Progress(
+                TextColumn("{task.description:>28}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+            )
+            if enabled
+            else None
+        )
+
+    def __enter__(self) -> Any:
+        if self.progress is None:
+            return None
+        self.progress.start()
+        progress = self.progress
+
+        def for_run(name: str) -> Any:
+            task = progress.add_task(name, total=None)
+
+            def update(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total or None)
+
+            return update
+
+        return for_run
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()

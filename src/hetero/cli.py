@@ -8,7 +8,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
+from hetero._cli_util import (
+    JsonOpt,
+    ProgressBars,
+    console,
+    err_console,
+    fail,
+    print_json,
+    print_problems,
+)
 from hetero._version import __version__
 from hetero.commands import fit, match, plan, topology
 from hetero.config import load_config
@@ -326,7 +334,7 @@ def simulate(
         else:
             assert fleet is not None
             devices_ = devices_from_names(fleet)
-        with _progress_bars(progress and not as_json) as bars:
+        with ProgressBars(progress and not as_json) as bars:
             results = run_simulation(
                 devices_, spec, names, scheduler=scheduler, slots=slots, progress=bars
             )
@@ -351,51 +359,6 @@ def simulate(
     console.print(utilization_table(results))
     if report is not None:
         console.print(f"report: {report}")
-
-
-class _progress_bars:
-    """One rich progress bar per policy run (or none), as a context manager."""
-
-    def __init__(self, enabled: bool) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.progress = (
-            Progress(
-                TextColumn("{task.description:>28}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err_console,
-            )
-            if enabled
-            else None
-        )
-
-    def __enter__(self) -> Any:
-        if self.progress is None:
-            return None
-        self.progress.start()
-        progress = self.progress
-
-        def for_policy(name: str) -> Any:
-            task = progress.add_task(name, total=None)
-
-            def update(done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total or None)
-
-            return update
-
-        return for_policy
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
 
 
 @app.command("policies")

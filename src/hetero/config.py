@@ -12,7 +12,6 @@ import contextlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -23,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from hetero._data_files import read_data_file
 from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
@@ -189,19 +189,7 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
 def load_config(path: str | Path) -> HeteroConfig:
     """Read and validate a fleet config file."""
     path = Path(path)
-    try:
-        text = path.read_text("utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            [("", f"cannot read config {str(path)!r}: {exc.strerror or exc}")]
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([("", f"{path}: invalid YAML{where}: {problem}")]) from None
+    data = read_data_file(path, "config")
     return parse_config(data, source=str(path))
 
 

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
+from hetero._cli_util import (
+    JsonOpt,
+    ProgressBars,
+    console,
+    fail,
+    print_json,
+    print_problems,
+)
 from hetero.errors import ConfigError, HeteroError
 
 if TYPE_CHECKING:
@@ -79,7 +86,7 @@ def plan(
     try:
         spec = load_plan(spec_file, overrides)
         if verify:
-            with _progress(not as_json) as bar:
+            with ProgressBars(not as_json) as bar:
                 result, checks = plan_verified(spec, requests=requests, seed=seed, progress=bar)
         else:
             result, checks = plan_fleet(spec), []
@@ -192,45 +199,6 @@ def _verify_table(checks: list[Verification]) -> Table:
             else "[red]no[/]",
         )
     return table
-
-
-class _progress:
-    """A progress bar per verify round on stderr (or none), as a context manager."""
-
-    def __init__(self, enabled: bool) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        self.bars = (
-            Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                console=err_console,
-                transient=True,
-            )
-            if enabled
-            else None
-        )
-
-    def __enter__(self) -> Any:
-        if self.bars is None:
-            return None
-        bars = self.bars
-        bars.start()
-
-        def for_round(k: int) -> Any:
-            task = bars.add_task(f"simulating plan {k}", total=None)
-
-            def update(done: int, total: int) -> None:
-                bars.update(task, completed=done, total=total or None)
-
-            return update
-
-        return for_round
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bars is not None:
-            self.bars.stop()
 
 
 def register(app: typer.Typer) -> None:

@@ -7,14 +7,13 @@ See ``docs/fleet-sizing.md`` for the file format.
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hetero._data_files import read_data_file
 from hetero._errors_render import render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, HeteroError
@@ -93,21 +92,7 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     """Read and validate a plan spec file; ``overrides`` are merged over it (nested mappings
     key by key) before validation, e.g. ``{"workload": {"rate": 80}}``."""
     path = Path(path)
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError([("", f"cannot read plan spec {str(path)!r}: {reason}")]) from None
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            [("", f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")]
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError([("", f"{path}: invalid YAML{where}: {exc}")]) from None
+    data = read_data_file(path, "plan spec")
     if overrides and isinstance(data, dict):
         data = _merge(data, overrides)
     return parse_plan(data, source=str(path))

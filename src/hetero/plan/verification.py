@@ -131,12 +131,13 @@ def plan_verified(
     requests: int = 20_000,
     seed: int = 0,
     rounds: int = 6,
-    progress: Callable[[int], Progress] | None = None,
+    progress: Callable[[str], Progress] | None = None,
 ) -> tuple[FleetPlan, list[Verification]]:
     """Plan, verify, and while the simulator misses the SLO scale every utilisation cap by
     :data:`TIGHTEN` and re-solve (at most ``rounds`` plans). Returns the last plan and every
     round's verification; the last one says whether the plan finally meets the SLO.
-    ``progress(round)`` gives the progress callback of each round's simulation."""
+    ``progress(name)`` gives the progress callback of each round's simulation, named
+    ``plan 1``, ``plan 2``, ..."""
     checks: list[Verification] = []
     scale = 1.0
     while True:
@@ -146,7 +147,7 @@ def plan_verified(
             spec,
             requests=requests,
             seed=seed,
-            progress=progress(len(checks) + 1) if progress else None,
+            progress=progress(f"plan {len(checks) + 1}") if progress else None,
         )
         checks.append(check)
         if check.meets_slo or len(checks) >= rounds:

@@ -32,7 +32,6 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -45,6 +44,7 @@ from pydantic import (
     model_validator,
 )
 
+from hetero._data_files import read_data_file
 from hetero._errors_render import lookup, render_path, show
 from hetero.errors import ConfigError
 from hetero.sched.item import CostModel, WorkItem
@@ -538,22 +538,7 @@ def _read_trace(path: Path) -> tuple[_Trace | None, list[str]]:
 def load_workload(path: str | Path) -> WorkloadSpec:
     """Read and validate a workload file (YAML or JSON). A trace path is relative to the file."""
     path = Path(path)
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError([("", f"cannot read workload {str(path)!r}: {reason}")]) from None
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            [("", f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")]
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([("", f"{path}: invalid YAML{where}: {problem}")]) from None
+    data = read_data_file(path, "workload")
     return parse_workload(data, source=str(path), base_dir=path.parent)
 
 
