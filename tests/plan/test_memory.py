@@ -104,6 +104,26 @@ def test_inference_breakdown() -> None:
     assert parts["cuda_context"] == GIB
 
 
+def test_chunked_prefill_caps_inference_activations() -> None:
+    model = get_model("llama-3-8b")
+    h = 4096
+    chunked = memory_breakdown(model, resolved(model, seq=8192, batch=16, prefill_chunk=2048))
+    assert chunked["activations"] == 34 * 2048 * h
+    small = memory_breakdown(model, resolved(model, seq=512, batch=2, prefill_chunk=2048))
+    assert small["activations"] == 34 * 512 * 2 * h  # fewer tokens than a chunk: all at once
+    # Serving engines that chunk prefill hold about twice the sequences at 8k on an A100-80GB:
+    # the KV cache, not the prompt's activations, then bounds the batch.
+    plain = fit_memory(model, "A100-80GB", FitRequest(seq=8192, batch=16))
+    served = fit_memory(model, "A100-80GB", FitRequest(seq=8192, batch=16, prefill_chunk=8192))
+    assert served.max_batch > 1.9 * plain.max_batch
+    kv_bound = (served.device_bytes - 2 * model.params - GIB) // (8192 * 128 * KIB)
+    assert kv_bound - 2 <= served.max_batch <= kv_bound
+    with pytest.raises(ConfigError, match="prefill_chunk: must be a positive integer, got 0"):
+        resolved(model, seq=16, prefill_chunk=0)
+    with pytest.raises(ConfigError, match="prefill_chunk: applies to inference"):
+        resolved(model, seq=16, train=True, prefill_chunk=512)
+
+
 def test_sliding_window_caps_the_cache() -> None:
     mistral = get_model("mistral-7b")
 

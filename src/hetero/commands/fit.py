@@ -101,6 +101,15 @@ def fit(
             "e.g. --checkpointing."
         ),
     ] = False,
+    prefill_chunk: Annotated[
+        int | None,
+        typer.Option(
+            help="Inference: tokens one forward pass prefills at most, as with chunked prefill "
+            "in vLLM or SGLang (default: the whole --seq x --batch at once), "
+            "e.g. --prefill-chunk 8192.",
+            show_default=False,
+        ),
+    ] = None,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -158,6 +167,7 @@ def fit(
             zero=zero,
             devices=devices,
             checkpointing=checkpointing,
+            prefill_chunk=prefill_chunk,
             context_bytes=context_bytes,
             fragmentation=fragmentation,
         )
@@ -227,6 +237,7 @@ def _show(result: MemoryFit) -> None:
         + (", checkpointing" if r.checkpointing else "")
         if r.train
         else f"inference, KV cache {r.kv_dtype}"
+        + (f", prefill in chunks of {r.prefill_chunk:,} tokens" if r.prefill_chunk else "")
     )
     console.print(
         f"[bold]{result.model.name}[/] on [bold]{result.device}[/]: seq {r.seq:,} × batch "

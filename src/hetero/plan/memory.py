@@ -70,7 +70,9 @@ class FitRequest:
     """What to run: context length, batch, formats, and for training the ZeRO set-up.
 
     ``dtype``/``kv_dtype`` of ``None`` mean the model's own weight format and its compute format.
-    ``batch`` is per device (the micro-batch when training).
+    ``batch`` is per device (the micro-batch when training). ``prefill_chunk`` (inference) caps
+    the tokens one forward pass holds activations for, as servers that prefill in chunks do
+    (vLLM's and SGLang's chunked prefill); ``None`` runs the whole ``seq × batch`` at once.
     """
 
     seq: int
@@ -81,6 +83,7 @@ class FitRequest:
     zero: int = 0
     devices: int = 1
     checkpointing: bool = False
+    prefill_chunk: int | None = None
     context_bytes: int = DEFAULT_CONTEXT_BYTES
     fragmentation: float = DEFAULT_FRAGMENTATION
 
@@ -115,6 +118,17 @@ class FitRequest:
                     "to training with ZeRO",
                 )
             )
+        if self.prefill_chunk is not None:
+            chunk = self.prefill_chunk
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+                problems.append(("prefill_chunk", f"must be a positive integer, got {chunk!r}"))
+            elif self.train:
+                problems.append(
+                    (
+                        "prefill_chunk",
+                        "applies to inference; training keeps every token's activations",
+                    )
+                )
         if self.context_bytes < 0:
             problems.append(("context_bytes", f"must be >= 0, got {self.context_bytes!r}"))
         if not 0 <= self.fragmentation < 1:
@@ -186,6 +200,8 @@ def memory_breakdown(model: ModelShape, request: FitRequest) -> dict[str, int]:
     compute = dtype if dtype in _FLOAT_DTYPES else "bf16"
     # One layer's activations, scaled from the paper's 16-bit figure to the compute format.
     layer = _bytes(Fraction(_LAYER_ACTIVATION_FACTOR, 2) * s * b * h, compute)
+    # Serving prefills at most a chunk of tokens per forward pass.
+    tokens = s * b if request.prefill_chunk is None else min(s * b, request.prefill_chunk)
     parts: dict[str, int] = {}
     if request.train:
         parts.update(_training_states(model, dtype, request.zero, request.devices))
@@ -199,7 +215,7 @@ def memory_breakdown(model: ModelShape, request: FitRequest) -> dict[str, int]:
         parts["weights"] = weight_bytes(model, dtype)
         parts["kv_cache"] = _kv_cache_bytes(model, s, b, kv_dtype)
         # Nothing is kept for a backward pass, so one layer's working set is live at a time.
-        parts["activations"] = layer
+        parts["activations"] = _bytes(Fraction(_LAYER_ACTIVATION_FACTOR, 2) * tokens * h, compute)
         parts["logits"] = _LOGIT_BYTES * b * model.vocab  # the position being sampled
     temporaries = parts["activations"] + parts["logits"]
     parts["fragmentation"] = math.ceil(temporaries * request.fragmentation)
@@ -272,6 +288,7 @@ class MemoryFit:
             "zero": r.zero,
             "devices": r.devices,
             "checkpointing": r.checkpointing,
+            "prefill_chunk": r.prefill_chunk,
             "breakdown": dict(self.breakdown),
             "total_bytes": self.total_bytes,
             "fits": self.fits,
