@@ -6,7 +6,6 @@ See ``docs/fleet-sizing.md`` for the file format.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hetero._data_files import read_data_file
-from hetero._errors_render import render_path, show
+from hetero._errors_render import Nested, show, validation_problems
 from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, HeteroError
 from hetero.sim.workload import DrawnSize, FixedSize, LognormalSize, UniformSize
@@ -119,7 +118,7 @@ def parse_plan(data: Any, source: str = "<plan>") -> PlanSpec:
     try:
         spec = PlanSpec.model_validate(data)
     except ValidationError as exc:
-        problems += _problems(exc)
+        problems += validation_problems(exc, data, PlanSpec, _NESTED)
     # Checks across fields run on every entry that is valid by itself, so one bad field does not
     # hide a missing price elsewhere.
     entries = data.get("devices")
@@ -164,52 +163,10 @@ _LENGTHS: dict[str, type[BaseModel]] = {
     "uniform": UniformSize,
     "lognormal": LognormalSize,
 }
-_NESTED: dict[str, type[BaseModel] | dict[str, type[BaseModel]]] = {
+_NESTED: Nested = {
     "workload": PlanWorkload,
     "slo": PlanSLO,
     "devices": MenuEntry,
     "prompt_tokens": _LENGTHS,
     "output_tokens": _LENGTHS,
 }
-
-
-def _problems(exc: ValidationError) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    for err in exc.errors():
-        loc: list[int | str] = []
-        model: type[BaseModel] | dict[str, type[BaseModel]] | None = PlanSpec
-        parent = model
-        for part in err["loc"]:
-            if isinstance(part, int):
-                loc.append(part)
-            elif isinstance(model, dict):  # a length's ``dist`` tag: not part of the path
-                model = model.get(part)
-            else:
-                loc.append(part)
-                parent, model = model, _NESTED.get(part)
-        path = render_path(loc)
-        kind = err["type"]
-        ctx = err.get("ctx") or {}
-        if kind in ("union_tag_invalid", "union_tag_not_found"):
-            allowed = ", ".join(_LENGTHS)
-            got = f"unknown dist {ctx.get('tag')!r}" if kind == "union_tag_invalid" else "missing"
-            problems.append((f"{path}.dist", f"{got}; allowed: {allowed}"))
-        elif kind == "extra_forbidden":
-            fields = sorted(parent.model_fields) if isinstance(parent, type) else []
-            close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            problems.append(
-                (
-                    path,
-                    f"unknown key {str(loc[-1])!r}; {hint}allowed keys: "
-                    f"{', '.join(fields) or 'none'}",
-                )
-            )
-        elif kind == "missing":
-            problems.append((path, "required field is missing"))
-        else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            if "unknown device model" not in message:
-                message += f" (got {show(err.get('input'))})"
-            problems.append((path, message))
-    return list(dict.fromkeys(problems))

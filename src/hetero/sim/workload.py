@@ -45,7 +45,7 @@ from pydantic import (
 )
 
 from hetero._data_files import read_data_file
-from hetero._errors_render import lookup, render_path, show
+from hetero._errors_render import Nested, show, validation_problems
 from hetero.errors import ConfigError
 from hetero.sched.item import CostModel, WorkItem
 from hetero.units import parse_size
@@ -565,7 +565,7 @@ def parse_workload(
     try:
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_problems(exc, data)) from None
+        raise ConfigError(validation_problems(exc, data, WorkloadSpec, _NESTED)) from None
     if isinstance(spec.size, TraceSize):
         trace = spec.size.trace()
         if "requests" not in spec.model_fields_set:
@@ -573,7 +573,7 @@ def parse_workload(
     return spec
 
 
-_NESTED: dict[str, type[BaseModel] | dict[str, type[BaseModel]]] = {
+_NESTED: Nested = {
     "arrivals": {"poisson": PoissonArrivals, "bursty": BurstyArrivals, "closed": ClosedArrivals},
     "size": {
         "fixed": FixedSize,
@@ -584,72 +584,6 @@ _NESTED: dict[str, type[BaseModel] | dict[str, type[BaseModel]]] = {
     "slo": SLO,
     "failures": DeviceFailure,
 }
-
-
-def _walk(loc: tuple[int | str, ...]) -> tuple[list[int | str], type[BaseModel] | None]:
-    """Drop pydantic's union tags from ``loc``; also return the model holding the last part."""
-    model: type[BaseModel] | None = WorkloadSpec
-    clean: list[int | str] = []
-    parent: type[BaseModel] | None = None
-    skip_tag: dict[str, type[BaseModel]] | None = None
-    for i, part in enumerate(loc):
-        last = i == len(loc) - 1
-        if skip_tag is not None:
-            tagged = skip_tag
-            skip_tag = None
-            if isinstance(part, str) and part in tagged:
-                model = tagged[part]
-                continue
-        if isinstance(part, int):
-            clean.append(part)
-            continue
-        if model is not None and part not in model.model_fields and not last:
-            continue  # a union member's name (e.g. 'function-before[...]'): noise
-        clean.append(part)
-        parent = model
-        nested = _NESTED.get(part) if model is not None else None
-        if isinstance(nested, dict):
-            skip_tag, model = nested, None
-        else:
-            model = nested
-    return clean, parent
-
-
-def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    for err in exc.errors():
-        kind = err["type"]
-        loc, parent = _walk(tuple(err["loc"]))
-        ctx = err.get("ctx") or {}
-        if kind in ("union_tag_invalid", "union_tag_not_found"):
-            key = str(ctx.get("discriminator", "")).strip("'")
-            tags = _NESTED.get(str(loc[-1])) if loc else None
-            allowed = ", ".join(tags) if isinstance(tags, dict) else str(ctx.get("expected_tags"))
-            path = render_path([*loc, key])
-            if kind == "union_tag_not_found":
-                problems.append((path, f"required field is missing; allowed: {allowed}"))
-            else:
-                problems.append((path, f"unknown {key} {ctx.get('tag')!r}; allowed: {allowed}"))
-            continue
-        path = render_path(loc)
-        if kind == "extra_forbidden":
-            allowed = ", ".join(sorted(parent.model_fields)) if parent else "none"
-            problems.append((path, f"unknown key {str(loc[-1])!r}; allowed keys: {allowed}"))
-            continue
-        if kind == "missing":
-            problems.append((path, "required field is missing"))
-            continue
-        if loc and loc[-1] == "[key]":
-            path = render_path([*loc[:-2], loc[-2]]) if len(loc) >= 2 else path
-            problems.append((path, f"keys must be integers (got {show(loc[-2])})"))
-            continue
-        message = str(err["msg"]).removeprefix("Value error, ")
-        value = lookup(data, loc)
-        if "(got " in message or (value is not None and repr(value) in message):
-            problems.append((path, message))
-        else:
-            problems.append((path, f"{message} (got {show(value)})"))
-    return list(dict.fromkeys(problems))
 
 
 # --- generation -------------------------------------------------------------------------------
