@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
+from collections.abc import Iterable
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
+from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 
 __all__ = [
@@ -17,6 +20,7 @@ __all__ = [
     "console",
     "err_console",
     "fail",
+    "parse_kinds",
     "print_json",
     "print_problems",
 ]
@@ -42,6 +46,18 @@ def print_problems(exc: ConfigError, prefix: str) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+def parse_kinds(names: Iterable[str]) -> set[DeviceKind]:
+    """The device kinds named by a repeatable ``--kind``; ``ValueError`` names the first unknown
+    one, its closest kind and the allowed ones."""
+    allowed = [k.value for k in DeviceKind]
+    for name in names:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f"; closest: {close[0]}" if close else ""
+            raise ValueError(f"unknown kind {name!r}{hint}; allowed: {', '.join(allowed)}")
+    return {DeviceKind(name) for name in names}
 
 
 def print_json(data: Any) -> None:

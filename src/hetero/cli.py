@@ -14,6 +14,7 @@ from hetero._cli_util import (
     console,
     err_console,
     fail,
+    parse_kinds,
     print_json,
     print_problems,
 )
@@ -130,11 +131,10 @@ def _device_table(fleet: list[Device]) -> Table:
 def _kinds(kind: list[str] | None) -> set[DeviceKind] | None:
     if not kind:
         return None
-    allowed = [k.value for k in DeviceKind]
-    bad = [k for k in kind if k not in allowed]
-    if bad:
-        raise typer.BadParameter(f"{bad[0]!r}; allowed: {', '.join(allowed)}", param_hint="--kind")
-    return {DeviceKind(k) for k in kind}
+    try:
+        return parse_kinds(kind)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kind") from None
 
 
 KindOpt = Annotated[list[str] | None, typer.Option("--kind", help="Only this kind (repeatable).")]

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
+from hetero._cli_util import (
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    parse_kinds,
+    print_json,
+    print_problems,
+)
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
-from hetero.devices.spec import DTYPES, Device, DeviceKind
+from hetero.devices.spec import DTYPES, Device
 from hetero.errors import ConfigError, HeteroError
 from hetero.plan.match import (
     CRITERIA,
@@ -68,21 +75,14 @@ def _names(text: str) -> frozenset[str]:
 
 
 def _catalog_devices(kinds: list[str]) -> list[Device]:
-    allowed = [k.value for k in DeviceKind]
-    problems = []
-    for kind in kinds:
-        if kind not in allowed:
-            close = difflib.get_close_matches(kind, allowed, n=1)
-            hint = f"; closest: {close[0]}" if close else ""
-            problems.append(
-                ("--kind", f"unknown kind {kind!r}{hint}; allowed: {', '.join(allowed)}")
-            )
-    if problems:
-        raise ConfigError(problems)
+    try:
+        wanted = parse_kinds(kinds)
+    except ValueError as exc:
+        raise ConfigError([("--kind", str(exc))]) from None
     return [
         Device(id=spec.model.lower(), spec=spec, emulated=True)
         for spec in get_catalog()
-        if not kinds or spec.kind.value in kinds
+        if not wanted or spec.kind in wanted
     ]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -50,16 +50,7 @@ class Bucket:
     design_cost: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "probability": self.probability,
-            "low": self.low,
-            "high": self.high,
-            "mean_cost": self.mean_cost,
-            "mean_square_cost": self.mean_square_cost,
-            "mean_tokens": self.mean_tokens,
-            "design_cost": self.design_cost,
-        }
+        return asdict(self)
 
 
 def _draw(

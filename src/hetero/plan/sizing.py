@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,13 +85,7 @@ class SingleTypeFleet:
     reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "count": self.count,
-            "price_per_hour": self.price_per_hour,
-            "price_per_million_tokens": self.price_per_million_tokens,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -48,17 +48,7 @@ class Verification:
         return self.attainment >= self.target
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "attainment": self.attainment,
-            "target": self.target,
-            "meets_slo": self.meets_slo,
-            "latency_at_percentile": self.latency_at_percentile,
-            "p50": self.p50,
-            "p99": self.p99,
-            "utilization": dict(self.utilization),
-            "seed": self.seed,
-        }
+        return {**asdict(self), "utilization": dict(self.utilization), "meets_slo": self.meets_slo}
 
 
 def _arrivals(spec: PlanSpec, requests: int, seed: int) -> Iterator[tuple[float, WorkItem]]:
