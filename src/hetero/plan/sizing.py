@@ -94,7 +94,6 @@ class FleetPlan:
 
     types: tuple[TypePlan, ...]
     buckets: tuple[Bucket, ...]
-    price_per_hour: float
     tokens_per_hour: float
     load: float  # work units per second the workload brings
     cap_scale: float  # every utilisation cap was multiplied by this (the verify loop lowers it)
@@ -108,6 +107,10 @@ class FleetPlan:
     @property
     def devices(self) -> int:
         return sum(t.count for t in self.types)
+
+    @property
+    def price_per_hour(self) -> float:
+        return sum(t.count * t.price for t in self.types)
 
     @property
     def price_per_million_tokens(self) -> float:
@@ -401,7 +404,6 @@ def plan_fleet(spec: PlanSpec, *, cap_scale: float = 1.0) -> FleetPlan:
     return FleetPlan(
         types=tuple(types),
         buckets=p.buckets,
-        price_per_hour=sum(c * o.price for c, o in zip(counts, p.options, strict=True)),
         tokens_per_hour=tokens,
         load=float(p.bucket_load.sum()),
         cap_scale=cap_scale,
