@@ -1,0 +1,167 @@
+"""``hetero catalog list|show|compare``: the accelerator catalog, its specs, prices and value."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hetero._cli_util import JsonOpt, console, fail, parse_kinds, print_json
+from hetero.devices.catalog import get_catalog
+from hetero.devices.spec import DTYPES, DeviceKind, DeviceSpec
+from hetero.errors import HeteroError
+from hetero.units import format_size
+
+__all__ = ["register"]
+
+catalog_app = typer.Typer(
+    help="The accelerator catalog: specs, prices and value for money.", no_args_is_help=True
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``catalog`` group to ``app``."""
+    app.add_typer(catalog_app, name="catalog")
+
+
+def _kinds(kind: list[str] | None) -> set[DeviceKind] | None:
+    if not kind:
+        return None
+    try:
+        return parse_kinds(kind)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kind") from None
+
+
+KindOpt = Annotated[list[str] | None, typer.Option("--kind", help="Only this kind (repeatable).")]
+
+
+@catalog_app.command("list")
+def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
+    """List every model in the catalog."""
+    kinds = _kinds(kind)
+    specs = [s for s in get_catalog() if not kinds or s.kind in kinds]
+    if as_json:
+        print_json([_spec_dict(s) for s in specs])
+        return
+    table = Table(title=f"{len(specs)} accelerators (prices as of {get_catalog().price_date})")
+    for col in (
+        "model",
+        "kind",
+        "vendor",
+        "memory",
+        "GB/s",
+        "fp32",
+        "bf16/fp16",
+        "fp8",
+        "TDP W",
+        "$/h",
+    ):
+        table.add_column(col, justify="left" if col in ("model", "kind", "vendor") else "right")
+    for s in specs:
+        fp8 = s.tflops.get("fp8")
+        table.add_row(
+            s.model,
+            s.kind.value,
+            s.vendor,
+            format_size(s.memory_bytes),
+            f"{s.memory_bandwidth_gbs:,.0f}",
+            f"{s.peak_tflops('fp32'):.1f}",
+            f"{s.peak_tflops('bf16'):.1f}",
+            f"{fp8:.0f}" if fp8 else "-",
+            f"{s.tdp_w:.0f}",
+            f"{s.price_per_hour:.2f}" if s.price_per_hour is not None else "-",
+        )
+    console.print(table)
+
+
+def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
+    return {
+        "model": spec.model,
+        "kind": spec.kind.value,
+        "vendor": spec.vendor,
+        "aliases": list(spec.aliases),
+        "tflops": dict(spec.tflops),
+        "memory_bytes": spec.memory_bytes,
+        "memory_bandwidth_gbs": spec.memory_bandwidth_gbs,
+        "interconnect": spec.interconnect,
+        "interconnect_gbs": spec.interconnect_gbs,
+        "tdp_w": spec.tdp_w,
+        "price_per_hour": spec.price_per_hour,
+        "capabilities": sorted(spec.capabilities),
+        "source": spec.source,
+        "notes": spec.notes,
+    }
+
+
+@catalog_app.command("show")
+def catalog_show(
+    name: Annotated[str, typer.Argument(help="Canonical name or a driver-reported name.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one model's full spec."""
+    try:
+        spec = get_catalog().get(name)
+    except HeteroError as exc:
+        fail(str(exc))
+    data = _spec_dict(spec)
+    if as_json:
+        print_json(data)
+        return
+    table = Table(title=spec.model, show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in data.items():
+        if key == "memory_bytes":
+            value = format_size(value)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k} {v:g}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(value) or "-"
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+@catalog_app.command("compare")
+def catalog_compare(
+    dtype: Annotated[str, typer.Option(help=f"Number format: {', '.join(DTYPES)}.")] = "bf16",
+    by: Annotated[
+        str, typer.Option(help="Rank by tflops_per_dollar, tflops_per_watt or gb_per_tflops.")
+    ] = "tflops_per_dollar",
+    kind: KindOpt = None,
+    models: Annotated[list[str] | None, typer.Option("--model", help="Only these models.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rank models by TFLOPS per $/hour, TFLOPS per watt and GB of memory per TFLOPS."""
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r}; allowed: {', '.join(DTYPES)}", param_hint="--dtype")
+    catalog = get_catalog()
+    try:
+        wanted = {catalog.get(m).model for m in models} if models else None
+        rows = catalog.compare(dtype=dtype, kinds=_kinds(kind), by=by)
+    except (HeteroError, ValueError) as exc:
+        fail(str(exc))
+    rows = [r for r in rows if wanted is None or r.model in wanted]
+    if as_json:
+        print_json([r.to_dict() for r in rows])
+        return
+    table = Table(title=f"catalog compared on {dtype}, ranked by {by}")
+    for col in ("#", "model", "kind", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS"):
+        table.add_column(col, justify="left" if col in ("model", "kind") else "right")
+
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    for rank, r in enumerate(rows, 1):
+        table.add_row(
+            str(rank),
+            r.model,
+            r.kind,
+            f"{r.tflops:g}",
+            fmt(r.price_per_hour, ".2f"),
+            fmt(r.tflops_per_dollar, ".1f"),
+            fmt(r.tflops_per_watt, ".3f"),
+            fmt(r.gb_per_tflops, ".3f"),
+        )
+    console.print(table)

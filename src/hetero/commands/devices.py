@@ -1,0 +1,76 @@
+"""``hetero devices``: the devices of a fleet config, or the ones found on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from hetero._cli_util import JsonOpt, console, fail, print_json
+from hetero.config import load_config
+from hetero.devices.spec import Device
+from hetero.errors import HeteroError
+from hetero.units import format_size
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``devices`` to ``app``."""
+    app.command("devices")(devices)
+
+
+def devices(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Fleet config; default: this machine's devices."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the devices of a fleet config, or the ones discovered on this machine."""
+    try:
+        if config is None:
+            from hetero.devices.discovery import get_device_list
+
+            fleet = get_device_list()
+        else:
+            from hetero.devices.fleet import build_fleet
+
+            fleet = build_fleet(load_config(config))
+    except HeteroError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json([d.to_dict() for d in fleet])
+        return
+    console.print(_device_table(fleet))
+
+
+def _device_table(fleet: list[Device]) -> Table:
+    table = Table(title=f"{len(fleet)} devices")
+    for col in (
+        "id",
+        "kind",
+        "model",
+        "memory",
+        "fp32 TFLOPS",
+        "fp16 TFLOPS",
+        "speed",
+        "emulated",
+        "health",
+    ):
+        table.add_column(col, justify="right" if "TFLOPS" in col or col == "speed" else "left")
+    for d in fleet:
+        table.add_row(
+            d.id,
+            d.kind.value,
+            d.model,
+            format_size(d.memory_bytes),
+            f"{d.spec.peak_tflops('fp32'):.1f}",
+            f"{d.spec.peak_tflops('fp16'):.1f}",
+            f"{d.speed:.2f}",
+            "yes" if d.emulated else "no",
+            "[green]healthy[/]" if d.state.healthy else "[red]unhealthy[/]",
+        )
+    return table
