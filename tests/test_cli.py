@@ -178,6 +178,7 @@ def test_simulate_compares_policies_and_writes_a_report(tmp_path: Path) -> None:
     assert set(rows) == {"round_robin", "shortest_expected_delay"}
     assert all(r["completed"] == 2000 for r in rows.values())
     assert rows["shortest_expected_delay"]["p99"] <= rows["round_robin"]["p99"]
+    assert all(0 < r["mean"] < r["p99"] for r in rows.values())
     assert "<img" in report.read_text()
 
 

@@ -1,5 +1,5 @@
-"""Per-device and fleet metrics: utilization, queues, completions, latency percentiles,
-throughput, load balance factor and makespan efficiency.
+"""Per-device and fleet metrics: utilization, queues, completions, mean and percentile
+latencies, throughput, load balance factor and makespan efficiency.
 
 The dispatcher feeds ``Metrics`` one call per finished item (cheap appends into arrays); numbers
 are computed only when a report is asked for.
@@ -41,6 +41,7 @@ class FleetMetrics:
     failed: int
     throughput: float
     work_throughput: float
+    mean: float
     p50: float
     p95: float
     p99: float
@@ -137,6 +138,7 @@ class Metrics:
             failed=sum(self.failed),
             throughput=float(completed.sum() / elapsed),
             work_throughput=total_work / elapsed,
+            mean=float(lat.mean()) if lat.size else math.nan,
             p50=p50,
             p95=p95,
             p99=p99,

@@ -61,6 +61,7 @@ class SimResult:
             "rejected": self.rejected,
             "throughput": m.throughput,
             "work_throughput": m.work_throughput,
+            "mean": m.mean,
             "p50": m.p50,
             "p99": m.p99,
             "slo_attainment": self.slo_attainment,
