@@ -105,3 +105,47 @@ def test_time_series_averages_utilization_over_each_interval() -> None:
     np.testing.assert_allclose(series.utilization[:4, 0], 1.0)
     np.testing.assert_allclose(series.utilization[4:8, 0], 0.0)
     assert series.queue_length.max() == 0
+
+
+def test_time_series_stays_bounded_however_long_the_run() -> None:
+    # 2,000 items of 5 s each on one device: 10,000 simulated seconds. Without expected_duration
+    # the first interval is 1/200 s, two million samples before the series was bounded.
+    sim = Simulator(make_devices([1.0]), sed())
+    result = sim.run(arrivals(*[(0.0, 5.0)] * 2000))
+    series = result.series
+    assert result.completed == 2000
+    assert 200 <= series.t.size <= 400
+    assert series.t[-1] > 10_000 - series.interval
+    np.testing.assert_allclose(np.diff(series.t), series.interval)
+    np.testing.assert_allclose(series.utilization[:, 0], 1.0)  # busy throughout
+    assert (np.diff(series.queue_length) <= 0).all() and series.queue_length[0] > 1900
+
+
+def test_merged_time_series_is_the_one_sampled_at_the_final_interval() -> None:
+    # Busy for exactly the first 8 of 16 s, bar a 0.1 s item at the very end.
+    work = ((0.0, 8.0), (15.9, 0.1))
+    merged = Simulator(make_devices([1.0]), sed(), samples=4).run(
+        arrivals(*work), expected_duration=1.0
+    )
+    series = merged.series
+    assert series.interval == pytest.approx(4.0)
+    np.testing.assert_allclose(series.t, [4.0, 8.0, 12.0, 16.0])
+    np.testing.assert_allclose(series.utilization[:, 0], [1.0, 1.0, 0.0, 0.1 / 4])
+    direct = Simulator(make_devices([1.0]), sed(), samples=4).run(
+        arrivals(*work), expected_duration=16.0
+    )
+    np.testing.assert_allclose(series.t, direct.series.t)
+    np.testing.assert_allclose(series.utilization, direct.series.utilization)
+    np.testing.assert_array_equal(series.queue_length, direct.series.queue_length)
+
+
+def test_an_earlier_deadline_replaces_the_pending_expiry_event() -> None:
+    # Each arrival brings a deadline earlier than all before it, and item 0 holds the only device
+    # until every other item has timed out: one expiry event per deadline, not one per arrival
+    # since (those made the run quadratic).
+    n = 300
+    items = [(0.0, WorkItem(cost=100.0, id=0))]
+    items += [(i * 0.01, WorkItem(cost=1.0, id=i, deadline=50.0 - i * 0.1)) for i in range(1, n)]
+    result = Simulator(make_devices([1.0]), sed()).run(iter(items), expected_duration=100.0)
+    assert result.completed == 1 and result.failed == n - 1
+    assert result.events == n + 1 + (n - 1)  # arrivals, item 0's completion, the expiries

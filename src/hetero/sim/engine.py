@@ -45,7 +45,8 @@ class Simulator:
         actual_speed: per device id, the factor by which the device really is faster or slower
             than its catalog speed (the policy does not know it; adaptive policies learn it).
         dispatcher_options: passed to ``Dispatcher`` (max_queue_size, timeout, preemption, ...).
-        samples: about how many time-series samples to take over the run.
+        samples: time-series points to aim for: between ``samples`` and ``2 × samples`` once the
+            run outlasts its first interval (``expected_duration / samples``) that many times.
         keep_finished: keep every item's record (needed for ``validate_state``; costs memory).
     """
 
@@ -123,17 +124,20 @@ class Simulator:
                 seq += 1
         interval = (expected_duration or 1.0) / max(self.samples, 1)
         heap.append((interval, seq, _SAMPLE, None))
-        last_busy, last_t = np.zeros(view.n), 0.0
         seq += 1
+        # The seq of the live _EXPIRE event: one that an earlier deadline replaced is stale.
+        expire_token = -1
         heapq.heapify(heap)
 
         unit_seconds = self._unit_seconds
         run_token: dict[int | str, int] = {}
         reasons: Counter[str] = Counter()
+        # Cumulative busy slot-seconds per sample, not per-interval utilization: dropping every
+        # other sample then leaves each kept interval's exact average (see _series).
         sample_t: list[float] = []
-        sample_util: list[np.ndarray] = []
+        sample_busy: list[np.ndarray] = []
         sample_queue: list[int] = []
-        slots = view.slots
+        max_points = 2 * max(self.samples, 1)
         submitted = rejected = failed = done = events = 0
         expire_at = math.inf
         push, pop = heapq.heappush, heapq.heappop
@@ -166,12 +170,16 @@ class Simulator:
                         del run_token[payload]  # type: ignore[arg-type]
                         out = complete(payload)  # type: ignore[arg-type]
                     elif kind == _SAMPLE:
-                        # Average utilization over the last interval, not the instant's 0 or 1.
-                        busy = d.busy_seconds()
                         sample_t.append(now)
-                        sample_util.append((busy - last_busy) / (slots * max(now - last_t, 1e-12)))
+                        sample_busy.append(d.busy_seconds())
                         sample_queue.append(d.waiting)
-                        last_busy, last_t = busy, now
+                        if len(sample_t) == max_points:
+                            # Bounded however long the run: double the interval, keep the later
+                            # sample of each pair. Its queue length (rather than the pair's max)
+                            # stays an observation at its own time, so the series is exactly
+                            # what sampling at the final interval from the start gives.
+                            del sample_t[::2], sample_busy[::2], sample_queue[::2]
+                            interval *= 2
                         if d.active or next_arrival is not None:
                             push(heap, (now + interval, seq, _SAMPLE, None))
                             seq += 1
@@ -181,6 +189,8 @@ class Simulator:
                     elif kind == _UP:
                         out = d.device_up(str(payload))
                     else:
+                        if token != expire_token:
+                            continue  # replaced: running it would re-arm a duplicate, run after run
                         expire_at = math.inf
                         out = d.expire()
                 else:
@@ -209,6 +219,7 @@ class Simulator:
                     if deadline is not None and deadline < expire_at:
                         expire_at = deadline
                         seq += 1
+                        expire_token = seq
                         push(heap, (deadline, seq, _EXPIRE, None))
                 if progress is not None and events % 20000 == 0:
                     progress(done + failed + rejected, total)
@@ -232,12 +243,7 @@ class Simulator:
         if slo_latency is not None:
             met = int((latencies <= slo_latency).sum())
             attainment = met / submitted if submitted else math.nan
-        series = TimeSeries(
-            interval=interval,
-            t=np.array(sample_t),
-            utilization=np.array(sample_util) if sample_util else np.zeros((0, view.n)),
-            queue_length=np.array(sample_queue, dtype=np.int64),
-        )
+        series = _series(interval, sample_t, sample_busy, sample_queue, view.slots)
         return SimResult(
             policy=self.policy_name,
             device_ids=list(view.ids),
@@ -255,6 +261,27 @@ class Simulator:
             series=series,
             failure_reasons=dict(reasons),
         )
+
+
+def _series(
+    interval: float,
+    t: list[float],
+    busy: list[np.ndarray],
+    queue: list[int],
+    slots: np.ndarray,
+) -> TimeSeries:
+    """Utilization averaged over each interval (not the instant's 0 or 1): the difference of
+    cumulative busy slot-seconds between samples, from 0 busy at time 0."""
+    times = np.array(t)
+    cumulative = np.array(busy) if busy else np.zeros((0, slots.size))
+    spent = np.diff(cumulative, axis=0, prepend=np.zeros((1, slots.size)))
+    lengths = np.diff(times, prepend=0.0)
+    return TimeSeries(
+        interval=interval,
+        t=times,
+        utilization=spent / (slots * np.maximum(lengths, 1e-12)[:, None]),
+        queue_length=np.array(queue, dtype=np.int64),
+    )
 
 
 def _log(

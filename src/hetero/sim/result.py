@@ -16,10 +16,12 @@ __all__ = ["SimResult", "TimeSeries"]
 
 @dataclass(slots=True)
 class TimeSeries:
-    """Samples taken every ``interval`` simulated seconds.
+    """Samples every ``interval`` simulated seconds: the final interval, which doubles each time
+    the series fills (it keeps at most twice the simulator's ``samples``).
 
-    ``utilization[k, d]`` is the fraction of device ``d``'s slots busy at ``t[k]``;
-    ``queue_length[k]`` the items waiting (pending + queued) fleet-wide.
+    ``utilization[k, d]`` is the fraction of device ``d``'s slots busy on average over the
+    interval that ends at ``t[k]``; ``queue_length[k]`` the items waiting (pending + queued)
+    fleet-wide at ``t[k]``.
     """
 
     interval: float
