@@ -1,7 +1,11 @@
-"""Simulator speed: events per second and seconds per run as the fleet grows.
+"""Simulator speed and memory: events per second, seconds and peak memory per run as the fleet
+grows.
 
 The headline run is 1,000,000 requests over 1,000 devices with ``shortest_expected_delay``
-(Poisson arrivals at 85% of fleet capacity, lognormal sizes). Prints JSON; ``--out`` saves it.
+(Poisson arrivals at 85% of fleet capacity, lognormal sizes). The long run is 400,000 such
+requests on one V100 without ``expected_duration``: about 470,000 simulated seconds, which once
+took 94 million samples at the first 1/200 s interval; it shows that memory stays bounded. Each
+run is in a fresh process, so its peak RSS is its own. Prints JSON; ``--out`` saves it.
 
     python bench/bench_sim.py --out bench/results/sim.json
 """
@@ -12,6 +16,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -27,18 +34,38 @@ from hetero.sim.workload import generate, parse_workload
 MODELS = ["T4", "V100-32GB", "A100-80GB", "H100-SXM-80GB"]
 
 
-def fleet(n: int, seed: int = 0) -> list[Device]:
+def fleet(n: int, seed: int = 0, models: Sequence[str] = MODELS) -> list[Device]:
     """``n`` emulated devices, a mix of catalog models."""
     rng = np.random.default_rng(seed)
     catalog = get_catalog()
-    picks = rng.choice(len(MODELS), size=n)
+    picks = rng.choice(len(models), size=n)
     return [
-        Device(id=f"dev{i}", spec=catalog.get(MODELS[k]), emulated=True)
+        Device(id=f"dev{i}", spec=catalog.get(models[k]), emulated=True)
         for i, k in enumerate(picks.tolist())
     ]
 
 
-def run_one(devices: int, requests: int, policy: str, load: float, seed: int) -> dict[str, Any]:
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. ``VmHWM`` rather than ``ru_maxrss``: Linux carries
+    ``ru_maxrss`` over from the parent across ``exec``, so a fresh process would report at least
+    its parent's peak."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return round(kib / 1024, 1)
+
+
+def run_one(
+    devices: int,
+    requests: int,
+    policy: str,
+    load: float,
+    seed: int,
+    *,
+    models: Sequence[str] = MODELS,
+    sized: bool = True,
+) -> dict[str, Any]:
+    """One run; ``sized=False`` leaves out ``expected_duration``, so the series starts at 1/200 s
+    intervals whatever the run's length."""
     workload = parse_workload(
         {
             "requests": requests,
@@ -47,11 +74,12 @@ def run_one(devices: int, requests: int, policy: str, load: float, seed: int) ->
             "seed": seed,
         }
     )
-    sim = Simulator(fleet(devices, seed), make_policy(policy))
+    sim = Simulator(fleet(devices, seed, models), make_policy(policy))
+    rss_before = peak_rss_mib()
     started = time.perf_counter()
     result = sim.run(
         generate(workload, sim.capacity),
-        expected_duration=expected_duration(workload, sim.capacity),
+        expected_duration=expected_duration(workload, sim.capacity) if sized else None,
     )
     wall = time.perf_counter() - started
     assert result.completed == requests, (result.completed, requests)
@@ -67,7 +95,19 @@ def run_one(devices: int, requests: int, policy: str, load: float, seed: int) ->
         "us_per_request": round(wall / requests * 1e6, 2),
         "p99_latency": round(result.metrics.p99, 4),
         "makespan_efficiency": round(result.metrics.makespan_efficiency, 4),
+        "simulated_seconds": round(result.metrics.elapsed, 1),
+        "series_points": int(result.series.t.size),
+        "rss_before_run_mib": rss_before,
+        "peak_rss_mib": peak_rss_mib(),
     }
+
+
+def isolated(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run_one`` in a fresh process, printed to stderr as it finishes."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        row = pool.submit(run_one, *args, **kwargs).result()
+    print(json.dumps(row), file=sys.stderr)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         default=1_000_000,
         help="requests of the 1,000-device headline run; 0 skips it",
     )
+    parser.add_argument(
+        "--long",
+        type=int,
+        default=400_000,
+        help="requests of the one-device run without expected_duration; 0 skips it",
+    )
     parser.add_argument("--policy", default="shortest_expected_delay")
     parser.add_argument("--load", type=float, default=0.85, help="fraction of fleet capacity")
     parser.add_argument("--seed", type=int, default=0)
@@ -98,18 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.devices, args.requests, args.headline = "10,100", 5_000, 0
+        args.devices, args.requests, args.headline, args.long = "10,100", 5_000, 0, 20_000
+    run = (args.policy, args.load, args.seed)
     runs = []
     if args.headline:
-        runs.append(run_one(1000, args.headline, args.policy, args.load, args.seed))
-        print(json.dumps(runs[-1]), file=sys.stderr)
-    for n in (int(x) for x in args.devices.split(",") if x):
-        runs.append(run_one(n, args.requests, args.policy, args.load, args.seed))
-        print(json.dumps(runs[-1]), file=sys.stderr)
-    doc = {
-        "benchmark": "simulator",
-        "runs": runs,
-    }
+        runs.append(isolated(1000, args.headline, *run))
+    runs += [isolated(int(n), args.requests, *run) for n in args.devices.split(",") if n]
+    doc: dict[str, Any] = {"benchmark": "simulator", "runs": runs}
+    if args.long:
+        doc["long_run"] = isolated(1, args.long, *run, models=["V100-32GB"], sized=False)
     return emit(doc, args.out)
 
 

@@ -32,6 +32,7 @@ def _sim_row(r: dict[str, Any], calibration: Any) -> list[Any]:
         f"{r['events_per_second']:,}",
         r["us_per_request"],
         r["p99_latency"],
+        r.get("peak_rss_mib", "-"),  # results from before it was measured lack it
         calibration,
     ]
 
@@ -45,11 +46,24 @@ def simulator(doc: dict[str, Any]) -> str:
         repeat = json.loads(path.read_text())
         calibration = repeat.get("machine", {}).get("calibration_seconds", "-")
         rows.insert(1, _sim_row(repeat["runs"][0], calibration))
+    long = doc.get("long_run")
+    long_note = (
+        f"\n\nMemory stays bounded however long the simulated run: {long['requests']:,} requests "
+        f"on one device without `expected_duration` ({long['simulated_seconds']:,} simulated "
+        f"seconds: {long['simulated_seconds'] * 200 / 1e6:.0f} million samples at the first "
+        f"1/200 s interval, before the series was bounded) peaked at {long['peak_rss_mib']} MiB "
+        f"({long['rss_before_run_mib']} MiB before the run), with {long['series_points']} "
+        f"series points, in {long['wall_seconds']} s."
+        if long
+        else ""
+    )
     return (
         "## Simulator speed\n\n`python bench/bench_sim.py --out bench/results/sim.json` — "
         "`shortest_expected_delay`, Poisson arrivals at 85% of capacity, lognormal sizes; "
         "the first rows are the 1,000,000-request headline run and its repeats "
-        "(`--devices ''`). The calibration column is the seconds a fixed pure-Python loop took "
+        "(`--devices '' --long 0`). Each run is in a fresh process; peak RSS is that process's "
+        "high-water mark, the interpreter, numpy and hetero included (`rss_before_run_mib` in "
+        "the JSON). The calibration column is the seconds a fixed pure-Python loop took "
         "during that run: this shared 2-core machine's speed drifts by tens of percent, so "
         "compare rows by it.\n\n"
         + _table(
@@ -60,10 +74,12 @@ def simulator(doc: dict[str, Any]) -> str:
                 "events/s",
                 "µs/request",
                 "p99 latency s",
+                "peak RSS MiB",
                 "calibration s",
             ],
             rows,
         )
+        + long_note
     )
 
 
