@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 import hetero
 from hetero.cli import app
+from tests.rendering import assert_whole, headers
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "mixed_fleet.yaml"
@@ -74,6 +76,46 @@ def test_devices_table() -> None:
     result = runner.invoke(app, ["devices", "--config", str(EXAMPLE)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "a100-80gb:1" in result.output and "5 devices" in result.output
+
+
+def _hetero_at(columns: int, *args: str) -> str:
+    """What ``hetero ARGS`` prints in a terminal ``columns`` wide (a real process, so that the
+    width is read as it is for a user)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetero", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": str(columns)},
+    )
+    return proc.stdout
+
+
+def test_devices_table_at_80_and_200_columns() -> None:
+    fleet = hetero.build_fleet(hetero.load_config(EXAMPLE))
+    cells = [d.id for d in fleet] + [d.model for d in fleet]
+    columns = ["id", "model", "memory", "speed", "fp16", "fp32", "kind", "emulated", "health"]
+    narrow = _hetero_at(80, "devices", "--config", str(EXAMPLE))
+    assert_whole(narrow, 80, cells)
+    tables = headers(narrow)
+    # How many columns fit beside the ids depends on this machine's CPU model name.
+    assert tables[0][:3] == ["id", "model", "memory"] and len(tables) > 1
+    assert [h for t in tables for h in t if h != "id"] == columns[1:]
+    assert headers(_hetero_at(200, "devices", "--config", str(EXAMPLE))) == [columns]
+
+
+def test_catalog_tables_at_80_columns() -> None:
+    models = [spec.model for spec in hetero.get_catalog()]
+    listed = _hetero_at(80, "catalog", "list")
+    assert_whole(listed, 80, models)
+    assert headers(listed)[0][:2] == ["model", "memory"]
+    compared = _hetero_at(80, "catalog", "compare")
+    assert_whole(compared, 80, [*models, "TFLOPS/$", "GB/TFLOPS"])
+    assert headers(compared)[0][:3] == ["#", "model", "TFLOPS"]
+    shown = _hetero_at(80, "catalog", "show", "A100-80GB")
+    url = hetero.get_catalog().get("A100-80GB").source
+    assert "…" not in shown and url in "".join(shown.replace("│", "").split())  # folded whole
 
 
 def test_devices_without_config_lists_this_machine() -> None:

@@ -4,12 +4,11 @@ import math
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from hetero.sched.metrics import DeviceMetrics, FleetMetrics
 from hetero.sim.report import comparison_table, utilization_table, write_html_report
 from hetero.sim.result import SimResult, TimeSeries
+from tests.rendering import assert_whole, headers, render
 
 
 def _result(
@@ -78,12 +77,6 @@ def _result(
     )
 
 
-def _text(table: Table) -> str:
-    console = Console(record=True, width=200)
-    console.print(table)
-    return console.export_text()
-
-
 def _pair() -> list[SimResult]:
     models = ["A100-80GB", "A100-80GB", "T4"]
     return [
@@ -93,21 +86,55 @@ def _pair() -> list[SimResult]:
 
 
 def test_comparison_table_has_a_row_per_policy() -> None:
-    text = _text(comparison_table(_pair()))
+    text = render(comparison_table(_pair()), 200)
     for fragment in ("round_robin", "adaptive", "95.0%", "100 ms", "500 ms", "90.0%", "3"):
         assert fragment in text
+
+
+POLICIES = ("round_robin", "shortest_expected_delay", "adaptive")
+FLEET = ["A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB", "T4"]
+HEADERS = "policy items/s mean p50 p99 SLO work/s balance efficiency rejected failed".split()
+
+
+def _three() -> list[SimResult]:
+    util = [0.9, 0.85, 0.7, 0.7, 0.3]
+    return [_result(p, FLEET, util, seed=i) for i, p in enumerate(POLICIES)]
+
+
+def test_comparison_at_80_columns_shows_latency_and_slo_first_and_the_rest_below() -> None:
+    text = render(comparison_table(_three()), 80)
+    assert_whole(text, 80, [*POLICIES, "200 ms", "100 ms", "500 ms", "95.0%", "90.0%"])
+    tables = headers(text)
+    assert tables[0] == HEADERS[:6]  # policy, items/s, mean, p50, p99, SLO
+    assert all(t[0] == "policy" for t in tables)
+    assert [h for t in tables for h in t[1:]] == HEADERS[1:]
+    assert text.count("SLO: share of items done within 1 s") == 1
+
+
+def test_comparison_at_200_columns_is_one_table() -> None:
+    text = render(comparison_table(_three()), 200)
+    assert headers(text) == [HEADERS]
+    assert "continued" not in text
+
+
+def test_utilization_at_80_columns_shows_every_device_id_whole() -> None:
+    ids = ["a100-80gb:0", "a100-80gb:1", "v100-32gb:2", "v100-32gb:3", "t4:4"]
+    narrow = render(utilization_table(_three()), 80)
+    assert_whole(narrow, 80, [*POLICIES, *ids])
+    assert [h for t in headers(narrow) for h in t if h != "policy"] == ids
+    assert headers(render(utilization_table(_three()), 200)) == [["policy", *ids]]
 
 
 def test_comparison_table_without_slo_shows_a_dash() -> None:
     result = _result("least_loaded", ["T4"], [0.5], slo=None)
     table = comparison_table([result])
-    assert "least_loaded" in _text(table)
+    assert "least_loaded" in render(table, 200)
     slo_column = next(c for c in table.columns if str(c.header).startswith("SLO"))
     assert list(slo_column.cells) == ["-"]
 
 
 def test_utilization_table_per_device() -> None:
-    text = _text(utilization_table(_pair()))
+    text = render(utilization_table(_pair()), 200)
     for fragment in ("round_robin", "adaptive", "a100-80gb:0", "t4:2", "30.0%", "75.0%"):
         assert fragment in text
 
@@ -118,7 +145,7 @@ def test_utilization_table_groups_large_fleets_by_model() -> None:
     table = utilization_table([_result("p", models, util)])
     headers = [str(c.header) for c in table.columns]
     assert headers == ["policy", "A100-80GB", "T4"]
-    text = _text(table)
+    text = render(table, 200)
     assert "80.0%" in text and "40.0%" in text
 
 
@@ -170,5 +197,5 @@ def test_html_report_for_a_large_fleet_and_empty_runs(tmp_path: Path) -> None:
     assert "big&lt;&amp;&gt;" in page and "idle" in page
     assert "A100-80GB" in page and "V100-32GB" in page
     assert page.count("<img") == 3
-    text = _text(comparison_table([big, empty]))
+    text = render(comparison_table([big, empty]), 200)
     assert "idle" in text and "∞" in text

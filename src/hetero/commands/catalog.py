@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, fail, parse_kinds, print_json
+from hetero._tables import SplitTable
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, DeviceKind, DeviceSpec
 from hetero.errors import HeteroError
@@ -45,33 +46,38 @@ def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([_spec_dict(s) for s in specs])
         return
-    table = Table(title=f"{len(specs)} accelerators (prices as of {get_catalog().price_date})")
+    # Most telling columns first: on a narrow console the last ones move to a table below.
+    table = SplitTable(
+        title=f"{len(specs)} accelerators (prices as of {get_catalog().price_date})",
+        caption="bf16/fp16, fp8, fp32: dense TFLOPS; GB/s: memory bandwidth",
+        caption_justify="left",
+    )
     for col in (
         "model",
-        "kind",
-        "vendor",
         "memory",
         "GB/s",
-        "fp32",
         "bf16/fp16",
         "fp8",
-        "TDP W",
+        "fp32",
         "$/h",
+        "TDP W",
+        "kind",
+        "vendor",
     ):
         table.add_column(col, justify="left" if col in ("model", "kind", "vendor") else "right")
     for s in specs:
         fp8 = s.tflops.get("fp8")
         table.add_row(
             s.model,
-            s.kind.value,
-            s.vendor,
             format_size(s.memory_bytes),
             f"{s.memory_bandwidth_gbs:,.0f}",
-            f"{s.peak_tflops('fp32'):.1f}",
             f"{s.peak_tflops('bf16'):.1f}",
             f"{fp8:.0f}" if fp8 else "-",
-            f"{s.tdp_w:.0f}",
+            f"{s.peak_tflops('fp32'):.1f}",
             f"{s.price_per_hour:.2f}" if s.price_per_hour is not None else "-",
+            f"{s.tdp_w:.0f}",
+            s.kind.value,
+            s.vendor,
         )
     console.print(table)
 
@@ -111,7 +117,7 @@ def catalog_show(
         return
     table = Table(title=spec.model, show_header=False)
     table.add_column("field")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a source URL has no space to wrap at
     for key, value in data.items():
         if key == "memory_bytes":
             value = format_size(value)
@@ -146,8 +152,8 @@ def catalog_compare(
     if as_json:
         print_json([r.to_dict() for r in rows])
         return
-    table = Table(title=f"catalog compared on {dtype}, ranked by {by}")
-    for col in ("#", "model", "kind", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS"):
+    table = SplitTable(title=f"catalog compared on {dtype}, ranked by {by}", key_columns=2)
+    for col in ("#", "model", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS", "kind"):
         table.add_column(col, justify="left" if col in ("model", "kind") else "right")
 
     def fmt(v: float | None, spec: str) -> str:
@@ -157,11 +163,11 @@ def catalog_compare(
         table.add_row(
             str(rank),
             r.model,
-            r.kind,
             f"{r.tflops:g}",
             fmt(r.price_per_hour, ".2f"),
             fmt(r.tflops_per_dollar, ".1f"),
             fmt(r.tflops_per_watt, ".3f"),
             fmt(r.gb_per_tflops, ".3f"),
+            r.kind,
         )
     console.print(table)

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, fail, print_json
+from hetero._tables import SplitTable
 from hetero.config import load_config
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError
@@ -48,28 +49,23 @@ def devices(
 
 
 def _device_table(fleet: list[Device]) -> Table:
-    table = Table(title=f"{len(fleet)} devices")
-    for col in (
-        "id",
-        "kind",
-        "model",
-        "memory",
-        "fp32 TFLOPS",
-        "fp16 TFLOPS",
-        "speed",
-        "emulated",
-        "health",
-    ):
-        table.add_column(col, justify="right" if "TFLOPS" in col or col == "speed" else "left")
+    # Most telling columns first: on a narrow console the last ones move to a table below.
+    table = SplitTable(
+        title=f"{len(fleet)} devices",
+        caption="fp16, fp32: dense TFLOPS; speed: relative to a V100",
+        caption_justify="left",
+    )
+    for col in ("id", "model", "memory", "speed", "fp16", "fp32", "kind", "emulated", "health"):
+        table.add_column(col, justify="right" if col in ("speed", "fp16", "fp32") else "left")
     for d in fleet:
         table.add_row(
             d.id,
-            d.kind.value,
             d.model,
             format_size(d.memory_bytes),
-            f"{d.spec.peak_tflops('fp32'):.1f}",
-            f"{d.spec.peak_tflops('fp16'):.1f}",
             f"{d.speed:.2f}",
+            f"{d.spec.peak_tflops('fp16'):.1f}",
+            f"{d.spec.peak_tflops('fp32'):.1f}",
+            d.kind.value,
             "yes" if d.emulated else "no",
             "[green]healthy[/]" if d.state.healthy else "[red]unhealthy[/]",
         )

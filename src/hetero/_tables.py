@@ -1,0 +1,82 @@
+"""Tables that read at any terminal width: the columns that do not fit move, whole, into a table
+below instead of every column being squeezed and its cells cut to "…"."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.constrain import Constrain
+from rich.measure import Measurement
+from rich.style import Style
+from rich.table import Table
+
+__all__ = ["SplitTable"]
+
+# Wide enough that measuring a table gives its natural width, every cell on one line.
+_UNBOUNDED = 1_000_000
+
+
+class SplitTable(Table):
+    """A rich ``Table`` shown as several stacked tables when it is wider than the console.
+
+    Each table repeats the first ``key_columns`` columns (what names a row: a policy, a device
+    id) and takes as many of the other columns, in order, as fit at their full width; a wide
+    console shows one table. Add the columns most worth seeing first. A part that does not fit
+    even with a single column beside the keys is squeezed to the console, as any rich table is.
+    """
+
+    def __init__(self, *args: Any, key_columns: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.key_columns = key_columns
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        parts = self._parts(console, options)
+        if len(parts) == 1:
+            yield from super().__rich_console__(console, options)
+            return
+        for n, columns in enumerate(parts):
+            part = self._select(columns)
+            if n and self.title:
+                part.title = f"{self.title} (continued)"
+            part.caption = None
+            yield part
+        if self.caption:
+            # Under the last table, but as wide as the widest: a legend for all of them.
+            width = max(self._width(console, options, columns) for columns in parts)
+            caption = (
+                console.render_str(
+                    self.caption,
+                    style=Style.pick_first(self.caption_style, "table.caption"),
+                    justify=self.caption_justify,
+                    highlight=False,
+                )
+                if isinstance(self.caption, str)
+                else self.caption
+            )
+            yield Constrain(caption, min(width, options.max_width))
+
+    def _parts(self, console: Console, options: ConsoleOptions) -> list[list[int]]:
+        """Column positions of each table to show, key columns first in each."""
+        keys = list(range(min(self.key_columns, len(self.columns))))
+        parts: list[list[int]] = [[]]
+        for i in range(len(keys), len(self.columns)):
+            too_wide = self._width(console, options, keys + parts[-1] + [i]) > options.max_width
+            if too_wide and parts[-1]:
+                parts.append([])
+            parts[-1].append(i)
+        return [keys + part for part in parts]
+
+    def _width(self, console: Console, options: ConsoleOptions, columns: list[int]) -> int:
+        """Width of a table of these columns with every cell on one line, borders included."""
+        table = self._select(columns)
+        return Measurement.get(console, options.update_width(_UNBOUNDED), table).maximum
+
+    def _select(self, columns: list[int]) -> SplitTable:
+        """A copy of this table (rows, style, title) with only these columns."""
+        part = copy.copy(self)
+        # A column's _index is its position, which rich reads for edge padding.
+        part.columns = [replace(self.columns[i], _index=n) for n, i in enumerate(columns)]
+        return part

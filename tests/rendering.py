@@ -1,0 +1,28 @@
+"""Reading rich tables back from the text they print, for tests of the terminal output."""
+
+from __future__ import annotations
+
+from rich.console import Console, RenderableType
+
+
+def render(renderable: RenderableType, width: int) -> str:
+    """``renderable`` as a console ``width`` columns wide prints it."""
+    console = Console(record=True, width=width)
+    console.print(renderable)
+    return console.export_text()
+
+
+def headers(text: str) -> list[list[str]]:
+    """The header cells of each table in ``text``."""
+    return [
+        [cell.strip() for cell in line.strip().strip("┃").split("┃")]
+        for line in text.splitlines()
+        if line.startswith("┃")
+    ]
+
+
+def assert_whole(text: str, width: int, cells: list[str]) -> None:
+    """Nothing wider than ``width``, no cell cut to "…", every one of ``cells`` in full."""
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text
+    assert [c for c in cells if c not in text] == []
