@@ -145,6 +145,8 @@ def test_catalog_bad_input_is_a_clear_error() -> None:
     assert bad_kind.exit_code == 2 and "'qpu'" in bad_kind.stderr
     bad_dtype = runner.invoke(app, ["catalog", "compare", "--dtype", "fp12"])
     assert bad_dtype.exit_code == 2 and "'fp12'" in bad_dtype.stderr
+    bad_by = runner.invoke(app, ["catalog", "compare", "--by", "tflops"])
+    assert bad_by.exit_code == 2 and "--by" in bad_by.stderr and "tflops_per_watt" in bad_by.stderr
 
 
 def test_config_validate(tmp_path: Path) -> None:

@@ -146,8 +146,10 @@ def catalog_compare(
     try:
         wanted = {catalog.get(m).model for m in models} if models else None
         rows = catalog.compare(dtype=dtype, kinds=_kinds(kind), by=by)
-    except (HeteroError, ValueError) as exc:
+    except HeteroError as exc:
         fail(str(exc))
+    except ValueError as exc:  # compare's only one: --by names no ranking
+        raise typer.BadParameter(str(exc), param_hint="--by") from None
     rows = [r for r in rows if wanted is None or r.model in wanted]
     if as_json:
         print_json([r.to_dict() for r in rows])
