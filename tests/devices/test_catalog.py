@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
 from hetero import DeviceError, DeviceKind, get_catalog
-from hetero.devices.catalog import Catalog
+from hetero.devices.catalog import Catalog, _normalize
 
 REQUIRED = [
     "A100-40GB", "A100-80GB", "H100-SXM-80GB", "H100-PCIe-80GB", "H200-141GB", "B200", "L40S",
@@ -43,6 +44,92 @@ def test_catalog_has_the_required_rows_with_sources() -> None:
 def test_lookup_by_driver_names(reported: str, model: str) -> None:
     assert get_catalog().get(reported).model == model
     assert get_catalog().resolve(reported).model == model
+
+
+# Names drivers and clouds use that only name one model: nvidia-smi (DGX Station V100s), AMD
+# market names without the vendor (pci.ids, some rocm-smi), GCP/GKE accelerator types and TPU
+# node labels, and the short forms people type (issue #8, point 6).
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("H100-80GB", "H100-SXM-80GB"),
+        ("H100 80GB", "H100-SXM-80GB"),
+        ("H100 SXM5", "H100-SXM-80GB"),
+        ("nvidia-h100-80gb", "H100-SXM-80GB"),
+        ("nvidia-h100-mega-80gb", "H100-SXM-80GB"),
+        ("NVIDIA_H100_80GB", "H100-SXM-80GB"),
+        ("H100 80GB PCIe", "H100-PCIe-80GB"),
+        ("nvidia-tesla-a100", "A100-40GB"),
+        ("nvidia-a100-80gb", "A100-80GB"),
+        ("A100 80GB PCIe", "A100-80GB"),
+        ("nvidia-h200-141gb", "H200-141GB"),
+        ("Tesla V100-DGXS-16GB", "V100-16GB"),
+        ("Tesla V100-DGXS-32GB", "V100-32GB"),
+        ("Instinct MI100", "MI100"),
+        ("Instinct MI210", "MI210"),
+        ("Instinct MI250X/MI250", "MI250X"),
+        ("Instinct MI300X", "MI300X"),
+        ("Instinct MI325X", "MI325X"),
+        ("tpu-v4-podslice", "TPU-v4"),
+        ("tpu-v5-lite-podslice", "TPU-v5e"),
+        ("tpu-v5p-slice", "TPU-v5p"),
+        ("tpu-v6e-slice", "TPU-v6e"),
+    ],
+)
+def test_names_people_type_resolve(name: str, model: str) -> None:
+    assert get_catalog().get(name).model == model
+    assert get_catalog().resolve(name).model == model
+
+
+def test_an_h100_without_form_factor_is_the_sxm_card() -> None:
+    # nvidia-smi names only the SXM card without a form factor ("NVIDIA H100 80GB HBM3").
+    catalog = get_catalog()
+    for name in ("H100", "NVIDIA H100", "H100 80GB", "H100-80GB"):
+        assert catalog.get(name).model == "H100-SXM-80GB", name
+    assert catalog.get("NVIDIA H100 PCIe").model == "H100-PCIe-80GB"
+    assert catalog.get("NVIDIA H100 NVL").model == "H100-NVL-94GB"
+
+
+# Names of more than one card: refused, with every catalog model they could mean listed first.
+@pytest.mark.parametrize(
+    ("name", "candidates"),
+    [
+        ("A100", "A100-40GB, A100-80GB"),
+        ("NVIDIA A100", "A100-40GB, A100-80GB"),
+        ("V100", "V100-16GB, V100-32GB"),
+        ("Tesla V100", "V100-16GB, V100-32GB"),
+        ("nvidia-tesla-v100", "V100-16GB, V100-32GB"),
+        ("nvidia-tesla-p100", "P100-16GB"),
+        ("RTX 6000", "RTX-6000-Ada"),
+        ("Gaudi", "Gaudi2, Gaudi3"),
+    ],
+)
+def test_ambiguous_names_list_their_candidates(name: str, candidates: str) -> None:
+    assert name not in get_catalog()
+    message = re.escape(f"unknown device model {name!r}; closest: {candidates}")
+    with pytest.raises(DeviceError, match=message):
+        get_catalog().get(name)
+
+
+def test_different_cards_never_share_a_name() -> None:
+    catalog = get_catalog()
+    for a, b in [
+        ("H100 80GB", "H100 PCIe"),
+        ("H100 80GB", "H100 NVL"),
+        ("L40", "L40S"),
+        ("A10", "A10G"),
+        ("TPU v5", "TPU v5 lite"),
+    ]:
+        assert catalog.get(a).model != catalog.get(b).model, (a, b)
+    # Cards the catalog has no row for stay unknown rather than borrow a sibling's figures.
+    for name in ("MI250", "MI300", "MI300A", "NVIDIA H200 NVL", "Quadro RTX 6000"):
+        assert name not in catalog
+
+
+def test_every_alias_adds_a_name() -> None:
+    for spec in get_catalog():
+        names = [_normalize(n) for n in (spec.model, *spec.aliases)]
+        assert len(names) == len(set(names)), spec.model
 
 
 def test_unknown_name_falls_back_with_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -34,6 +34,13 @@ def _normalize(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", name.casefold())
 
 
+def _shared_start(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` have in common."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CatalogComparison:
     """Value-for-money figures of one catalog model for one dtype."""
@@ -100,13 +107,32 @@ class Catalog:
         return self._specs[model]
 
     def closest(self, name: str, n: int = 3) -> list[str]:
-        """Canonical names that look most like ``name``."""
-        matches = difflib.get_close_matches(
-            _normalize(name), list(self._index), n=n * 3, cutoff=0.5
+        """Canonical names that look most like ``name``.
+
+        Names that begin with ``name``, or with what is left of it after its first words (the
+        vendor or brand: ``nvidia-tesla-v100`` -> ``v100``), come first, so a name that several
+        models share (``A100``: 40 or 80 GB) lists them all; then names sharing a longer start
+        with it; then nearer spellings.
+        """
+        key = _normalize(name)
+        words = [w for w in re.split(r"[\s_\-]+", name.casefold()) if w]
+        tails = ["".join(words[i:]) for i in range(len(words))]
+
+        def start(k: str) -> tuple[bool, int]:
+            return max(
+                ((k.startswith(t), _shared_start(t, k)) for t in tails),
+                default=(False, 0),
+            )
+
+        similar = set(difflib.get_close_matches(key, list(self._index), n=n * 3, cutoff=0.5))
+        candidates = [k for k in self._index if k in similar or start(k)[0]]
+        candidates.sort(
+            key=lambda k: (start(k), difflib.SequenceMatcher(None, key, k).ratio()),
+            reverse=True,
         )
         seen: list[str] = []
-        for key in matches:
-            model = self._index[key]
+        for candidate in candidates:
+            model = self._index[candidate]
             if model not in seen:
                 seen.append(model)
         return seen[:n]
