@@ -12,11 +12,16 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "DeviceError",
+    "DuplicateItem",
     "HeteroError",
+    "InvalidItem",
     "InvalidTransition",
+    "ItemNotRunning",
     "NoCapableDevice",
     "QueueFull",
     "TaskFailed",
+    "UnknownDevice",
+    "UnknownItem",
 ]
 
 
@@ -48,12 +53,38 @@ class DeviceError(HeteroError):
     """A device is missing, unhealthy or unusable."""
 
 
+class UnknownDevice(DeviceError, KeyError):
+    """A device id that the fleet does not have (also a ``KeyError``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 class AllocationError(HeteroError):
     """Devices could not be allocated as requested."""
 
 
 class NoCapableDevice(HeteroError):
     """No device in the fleet can run a work item (memory, capabilities, tags)."""
+
+
+class InvalidItem(HeteroError, ValueError):
+    """A work item was built with a value it cannot have (negative or non-finite cost, …)."""
+
+
+class UnknownItem(HeteroError, KeyError):
+    """An event named a work item the dispatcher never admitted, or has forgotten."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class DuplicateItem(HeteroError, ValueError):
+    """A work item was submitted while another item with the same id is still in flight."""
+
+
+class ItemNotRunning(HeteroError, ValueError):
+    """``complete`` or ``fail`` named an item that is not running (queued, pending or ended)."""
 
 
 class QueueFull(HeteroError):

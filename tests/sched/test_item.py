@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
-from hetero.errors import InvalidTransition
+from hetero.errors import HeteroError, InvalidItem, InvalidTransition
 from hetero.sched.item import TERMINAL, TRANSITIONS, CostModel, ItemRecord, ItemState, WorkItem
 
 
@@ -35,13 +36,33 @@ def test_llm_cost_model() -> None:
         CostModel(decode=-1)
 
 
-def test_bad_items_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"WorkItem\.cost must be >= 0, got -2"):
-        WorkItem(cost=-2)
-    with pytest.raises(ValueError, match=r"cost must be >= 0, got nan"):
-        WorkItem(cost=float("nan"))
-    with pytest.raises(ValueError, match=r"memory must be >= 0 bytes"):
-        WorkItem(memory=-1)
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cost": -2}, r"WorkItem\.cost must be a number from 0 to 1e\+30 work units, got -2"),
+        ({"cost": float("nan")}, r"cost .* got nan"),
+        ({"cost": float("inf")}, r"cost .* got inf"),
+        ({"cost": 1e31}, r"cost .* got 1e\+31"),
+        ({"cost": "3"}, r"cost .* got '3'"),
+        ({"memory": -1}, r"memory must be an integer >= 0 bytes, got -1"),
+        ({"memory": 1.5}, r"memory .* got 1\.5"),
+        ({"priority": float("inf")}, r"priority must be an integer \(higher runs first\), got inf"),
+        ({"priority": 1.5}, r"priority .* got 1\.5"),
+        ({"deadline": float("inf")}, r"deadline must be a finite number or None, got inf"),
+        ({"deadline": float("nan")}, r"deadline .* got nan"),
+        ({"complexity": float("-inf")}, r"complexity .* got -inf"),
+    ],
+)
+def test_bad_items_are_refused_when_built(fields: dict[str, object], message: str) -> None:
+    # An item with an infinite cost or deadline used to be admitted and stay pending forever.
+    with pytest.raises(InvalidItem, match=message) as info:
+        WorkItem(**fields)  # type: ignore[arg-type]
+    assert isinstance(info.value, HeteroError) and isinstance(info.value, ValueError)
+
+
+def test_numpy_numbers_are_accepted() -> None:
+    item = WorkItem(cost=np.float64(2.0), memory=np.int64(5), priority=np.int32(3), deadline=4)
+    assert (item.cost, item.memory, item.priority) == (2.0, 5, 3)
 
 
 def test_ids_are_unique_by_default_and_tier_key() -> None:

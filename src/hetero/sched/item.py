@@ -16,12 +16,15 @@ with retries left goes running → retrying, never through the terminal ``failed
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 from dataclasses import dataclass, field
 from enum import Enum
 
-from hetero.errors import InvalidTransition
+from hetero.errors import InvalidItem, InvalidTransition
 
 __all__ = [
+    "MAX_COST",
     "TERMINAL",
     "TRANSITIONS",
     "CostModel",
@@ -72,6 +75,19 @@ for _state in ItemState:
 
 _ids = itertools.count()
 
+#: The largest cost an item may have: far above any real job (a 1e12-parameter model trained on
+#: 1e6 tokens is about 6e18 FLOPs), and low enough that sums of costs over speeds stay finite, so
+#: a policy never sees an infinite expected delay on a usable device.
+MAX_COST = 1e30
+
+
+def _integral(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
@@ -111,10 +127,28 @@ class WorkItem:
     id: int | str = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self) -> None:
-        if not self.cost >= 0:
-            raise ValueError(f"WorkItem.cost must be >= 0, got {self.cost!r}")
-        if self.memory < 0:
-            raise ValueError(f"WorkItem.memory must be >= 0 bytes, got {self.memory!r}")
+        # Refused here, not at submit: an infinite cost or deadline would leave the item waiting
+        # forever with no device ever good enough for it.
+        cost = self.cost
+        if not (type(cost) is float or _real(cost)) or not 0 <= cost <= MAX_COST:
+            raise InvalidItem(
+                f"WorkItem.cost must be a number from 0 to {MAX_COST:g} work units, "
+                f"got {self.cost!r}"
+            )
+        memory, priority = self.memory, self.priority
+        if not (type(memory) is int or _integral(memory)) or memory < 0:
+            raise InvalidItem(f"WorkItem.memory must be an integer >= 0 bytes, got {memory!r}")
+        if not (type(priority) is int or _integral(priority)):
+            raise InvalidItem(
+                f"WorkItem.priority must be an integer (higher runs first), got {priority!r}"
+            )
+        if self.complexity is not None or self.deadline is not None:
+            for name in ("complexity", "deadline"):
+                value = getattr(self, name)
+                if value is not None and not (_real(value) and math.isfinite(value)):
+                    raise InvalidItem(
+                        f"WorkItem.{name} must be a finite number or None, got {value!r}"
+                    )
 
     @classmethod
     def llm(
@@ -126,7 +160,7 @@ class WorkItem:
     ) -> WorkItem:
         """An LLM request, costed by ``cost_model`` (default: prompt × 0.5 + new tokens × 1.0)."""
         if prompt_tokens < 0 or max_new_tokens < 0:
-            raise ValueError(
+            raise InvalidItem(
                 f"token counts must be >= 0, got prompt_tokens={prompt_tokens}, "
                 f"max_new_tokens={max_new_tokens}"
             )
@@ -152,6 +186,7 @@ class ItemRecord:
     finished: float = 0.0
     reason: str = ""
     excluded: set[int] | None = None
+    size_class: int = -1  # the item's class in size-ordered queues, once it has been queued
     history: list[ItemState] = field(default_factory=lambda: [ItemState.PENDING])
 
     def move(self, finish: ItemState) -> None:
