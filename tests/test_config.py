@@ -225,3 +225,24 @@ def test_custom_strategy_by_import_path() -> None:
         }
     )
     assert config.scheduler.options == {"offset": 1}
+
+
+def test_scheduler_defaults_are_the_measured_best() -> None:
+    scheduler = parse_config({"devices": [{"type": "cpu"}]}).scheduler
+    assert scheduler.strategy == "shortest_expected_delay"
+    assert (scheduler.queue_order, scheduler.aging, scheduler.max_bypass) == ("size", 10.0, None)
+
+
+def test_queue_order_fields_are_checked() -> None:
+    found = problems(
+        {
+            "devices": [{"type": "cpu"}],
+            "scheduler": {"queue_order": "lifo", "aging": -1, "max_bypass": float("inf")},
+        }
+    )
+    assert [path for path, _ in found] == [
+        "scheduler.queue_order",
+        "scheduler.aging",
+        "scheduler.max_bypass",
+    ]
+    assert "'size' or 'fifo'" in found[0][1]

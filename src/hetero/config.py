@@ -92,13 +92,25 @@ class DeviceConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    strategy: str = "weighted_least_connections"
+    strategy: str = "shortest_expected_delay"
     max_queue_size: int = Field(default=1000, ge=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
     max_retries: int = Field(default=2, ge=0, description="failed attempts retried elsewhere")
     preemption: bool = False
     stealing: bool = True
+    queue_order: Literal["size", "fifo"] = Field(
+        default="size", description="within a priority: small items first (with aging), or FIFO"
+    )
+    aging: float = Field(
+        default=10.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="an item is passed over only by items arriving within aging × its service time",
+    )
+    max_bypass: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="seconds: a cap on that window"
+    )
     batch_sizes: dict[str, int] = Field(
         default_factory=dict, description="static per-device batch size by device id or model"
     )

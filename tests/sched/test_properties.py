@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero.errors import QueueFull
+from hetero.errors import NoCapableDevice, QueueFull
 from hetero.sched import Dispatcher, Finish, ItemState, ManualClock, Run, Stop, WorkItem
 from hetero.sched.registry import make_policy, policy_names
 from tests.sched.conftest import make_devices
@@ -26,7 +26,7 @@ ops = st.lists(
             st.just("submit"),
             st.floats(0.1, 5.0),
             st.integers(0, 3),
-            st.integers(0, 8 * 2**30),
+            st.integers(0, 20 * 2**30),  # the devices hold 16 GiB: some never fit
             st.booleans(),
         ),
         st.tuples(st.just("complete"), st.integers(0, 10**6)),
@@ -40,6 +40,22 @@ ops = st.lists(
 )
 
 
+def assert_not_in_limbo(d: Dispatcher, item: WorkItem) -> None:
+    """Just after ``submit``: queued, running or ended, or pending only while no usable device
+    with the memory free would take it."""
+    rec = d.records[item.id]
+    if rec.state is not ItemState.PENDING:
+        return
+    view = d.view
+    free = view.mem_total - view.mem_used
+    takers = [
+        i
+        for i in range(view.n)
+        if view.usable[i] and free[i] >= item.memory and d.policy.admits(item, view, i)
+    ]
+    assert not takers, f"item {item.id} pending while {[view.ids[i] for i in takers]} could run it"
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     policy=st.sampled_from(sorted(policy_names())),
@@ -47,6 +63,7 @@ ops = st.lists(
     slots=st.integers(1, 3),
     preemption=st.booleans(),
     stealing=st.booleans(),
+    queue_order=st.sampled_from(["size", "fifo"]),
     timeout=st.one_of(st.none(), st.floats(0.5, 10.0)),
     max_queue=st.integers(1, 40),
     steps=ops,
@@ -57,6 +74,7 @@ def test_every_item_ends_exactly_once(
     slots: int,
     preemption: bool,
     stealing: bool,
+    queue_order: str,
     timeout: float | None,
     max_queue: int,
     steps: list[tuple],
@@ -71,6 +89,7 @@ def test_every_item_ends_exactly_once(
         timeout=timeout,
         preemption=preemption,
         stealing=stealing,
+        queue_order=queue_order,
         max_retries=1,
     )
     finishes: Counter[int | str] = Counter()
@@ -110,6 +129,12 @@ def test_every_item_ends_exactly_once(
                 admitted.add(item.id)
             except QueueFull:
                 pass
+            except NoCapableDevice:
+                assert memory > d.view.mem_total.max(), "refused an item that fits a device"
+                continue
+            assert memory <= d.view.mem_total.max(), "admitted an item no device can hold"
+            if item.id in admitted:
+                assert_not_in_limbo(d, item)
         elif kind in ("complete", "fail") and running:
             item_id = sorted(running)[step[1] % len(running)]
             running.discard(item_id)  # this attempt has ended, whatever comes next
@@ -140,6 +165,7 @@ def test_every_item_ends_exactly_once(
     d.validate_state()
 
     assert set(finishes) == admitted, "an admitted item never ended"
+    assert all(d.records[i].reason for i in admitted if d.state_of(i) is not ItemState.DONE)
     assert all(n == 1 for n in finishes.values()), "an item ended twice"
     assert all(n == 1 for n in done.values()), "an item finished twice"
     assert d.active == 0

@@ -6,9 +6,16 @@ Events go in (``submit``, ``complete``, ``fail``, ``cancel``, ``device_down``, `
 the simulator, the local engine, the Ray backend and the router all drive the same code.
 
 Queues: a central priority queue holds items the policy left waiting (``pending``); each device
-has its own priority queue of items placed on it (``queued``) in front of its ``slots``.
-Capacity is bounded by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises
-``QueueFull``.
+has its own priority queue of items placed on it (``queued``) in front of its ``slots``. Higher
+priority runs first; within a priority, ``queue_order="size"`` (the default) runs the item with
+the earliest *aged size key* first: arrival time plus ``aging`` times its service time on the
+device (capped at ``max_bypass`` seconds), so small items pass large ones, but only those that
+arrive within that window after them. ``"fifo"`` runs them in arrival order. Capacity is bounded
+by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises ``QueueFull``.
+
+Memory is a hard limit whatever the policy: an item goes only to a device whose free memory
+(total minus what placed items hold) fits its ``memory``; one that no device of the fleet could
+ever hold is refused at ``submit``.
 """
 
 from __future__ import annotations
@@ -23,15 +30,27 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.devices.spec import Device
-from hetero.errors import NoCapableDevice, QueueFull
+from hetero.errors import (
+    ConfigError,
+    DuplicateItem,
+    ItemNotRunning,
+    NoCapableDevice,
+    QueueFull,
+    UnknownDevice,
+    UnknownItem,
+)
 from hetero.sched.clock import Clock
 from hetero.sched.item import TERMINAL, ItemRecord, ItemState, WorkItem
 from hetero.sched.metrics import Metrics
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Policy
 from hetero.sched.view import FleetView
+from hetero.units import format_size
 
-__all__ = ["Dispatcher", "Finish", "Instruction", "Run", "Stop"]
+__all__ = ["QUEUE_ORDERS", "Dispatcher", "Finish", "Instruction", "Run", "Stop"]
+
+#: How a device queue orders items of one priority: aged size (small first) or arrival.
+QUEUE_ORDERS = ("size", "fifo")
 
 PENDING, QUEUED, RUNNING = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
 DONE, FAILED, CANCELLED = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
@@ -70,7 +89,9 @@ if TYPE_CHECKING:
     from hetero.config import HeteroConfig
 
 BoolArray = npt.NDArray[np.bool_]
-_Entry = tuple[int, int, ItemRecord]  # (-priority, seq, record): heap order = priority, then FIFO
+# (-priority, order key, seq, record): heap order is priority, then the key (the aged size key, or
+# 0 for FIFO), then arrival; seq also tells a live entry from a stale one.
+_Entry = tuple[int, float, int, ItemRecord]
 
 
 class Dispatcher:
@@ -90,6 +111,12 @@ class Dispatcher:
             slot is free; the stopped item is re-queued, never lost.
         stealing: let an idle device take queued work from the most-loaded device when it would
             finish it sooner.
+        queue_order: ``"size"`` (small items first within a priority, with aging) or ``"fifo"``.
+        aging: with size order, an item can be passed over only by items that arrive within
+            ``aging`` × its own service time on the device after it (its key is arrival time plus
+            that window); 0 is FIFO, large values approach shortest-first.
+        max_bypass: seconds that cap the window for every item (``None``: no cap), bounding how
+            long even the largest item can be passed over.
         keep_finished: keep records of finished items (for inspection and ``validate_state``);
             long simulations turn this off to bound memory.
     """
@@ -108,13 +135,30 @@ class Dispatcher:
         preemption: bool = False,
         stealing: bool = True,
         keep_finished: bool = True,
+        queue_order: str = "size",
+        aging: float = 10.0,
+        max_bypass: float | None = None,
     ) -> None:
+        problems = []
         if max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be >= 1, got {max_queue_size}")
+            problems.append(("max_queue_size", f"must be >= 1, got {max_queue_size}"))
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+            problems.append(("timeout", f"must be > 0 seconds or None, got {timeout!r}"))
         if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+            problems.append(("max_retries", f"must be >= 0, got {max_retries}"))
+        if queue_order not in QUEUE_ORDERS:
+            problems.append(
+                (
+                    "queue_order",
+                    f"unknown order {queue_order!r}; allowed: {', '.join(QUEUE_ORDERS)}",
+                )
+            )
+        if not 0 <= aging < float("inf"):
+            problems.append(("aging", f"must be a finite number >= 0, got {aging!r}"))
+        if max_bypass is not None and not 0 < max_bypass < float("inf"):
+            problems.append(("max_bypass", f"must be > 0 seconds or None, got {max_bypass!r}"))
+        if problems:
+            raise ConfigError(problems)
         self.clock = clock
         self.perf = perf if perf is not None else PerfModel(devices)
         self.view = FleetView(devices, self.perf, clock, slots)
@@ -125,6 +169,12 @@ class Dispatcher:
         self.preemption = preemption
         self.stealing = stealing
         self.keep_finished = keep_finished
+        self.queue_order = queue_order
+        self.aging = aging
+        self.max_bypass = max_bypass
+        self._size_order = queue_order == "size"
+        self.view.size_order = self._size_order
+        self._largest_memory = int(self.view.mem_total.max())
         self.metrics = Metrics(self.view.n, clock.now())
         self.records: dict[int | str, ItemRecord] = {}
         self._seq = itertools.count()
@@ -132,7 +182,8 @@ class Dispatcher:
         self._queues: list[list[_Entry]] = [[] for _ in range(self.view.n)]
         self._tails: list[list[_Entry]] = [[] for _ in range(self.view.n)]
         self._running: list[set[ItemRecord]] = [set() for _ in range(self.view.n)]
-        self._running_heap: list[_Entry] = []  # (priority, seq, rec), only kept with preemption
+        # (priority, seq, rec) of running items, only kept with preemption
+        self._running_heap: list[tuple[int, int, ItemRecord]] = []
         self._deadlines: list[tuple[float, int, ItemRecord]] = []
         self.waiting = 0  # pending + queued
         self.queued_total = 0
@@ -160,7 +211,8 @@ class Dispatcher:
         **overrides: Any,
     ) -> Dispatcher:
         """A dispatcher for a fleet config: its devices (built if not given), its strategy with
-        options, queue bound, timeout, retries, preemption, stealing and batch table."""
+        options, queue bound, timeout, retries, preemption, stealing, queue order and batch
+        table."""
         from hetero.devices.fleet import build_fleet
         from hetero.sched.clock import MonotonicClock
         from hetero.sched.registry import make_policy
@@ -174,6 +226,9 @@ class Dispatcher:
             "max_retries": sched.max_retries,
             "preemption": sched.preemption,
             "stealing": sched.stealing,
+            "queue_order": sched.queue_order,
+            "aging": sched.aging,
+            "max_bypass": sched.max_bypass,
             **overrides,
         }
         policy = make_policy(sched.strategy, sched.options)
@@ -182,7 +237,14 @@ class Dispatcher:
     # ----------------------------------------------------------------------------- events in
 
     def submit(self, item: WorkItem) -> list[Instruction]:
-        """Admit ``item``. Raises ``QueueFull`` when ``max_queue_size`` items are waiting."""
+        """Admit ``item``. Raises ``QueueFull`` when ``max_queue_size`` items are waiting and
+        ``NoCapableDevice`` when its ``memory`` exceeds every device's."""
+        if item.memory > self._largest_memory:
+            biggest = int(self.view.mem_total.argmax())
+            raise NoCapableDevice(
+                f"work item {item.id!r} needs {format_size(item.memory)} of memory; the largest "
+                f"device, {self.view.ids[biggest]}, has {format_size(self._largest_memory)}"
+            )
         if self.waiting >= self.max_queue_size:
             raise QueueFull(
                 f"queue full: {self.waiting} items waiting (max_queue_size={self.max_queue_size}); "
@@ -190,7 +252,10 @@ class Dispatcher:
             )
         old = self.records.get(item.id)
         if old is not None and old.state not in TERMINAL:
-            raise ValueError(f"work item id {item.id!r} is already in flight ({old.state.value})")
+            raise DuplicateItem(
+                f"work item id {item.id!r} is already in flight ({old.state.value}); "
+                "give each item a unique id"
+            )
         now = self.clock.now()
         rec = ItemRecord(item, now, history=[PENDING])
         self.records[item.id] = rec
@@ -239,9 +304,12 @@ class Dispatcher:
         return out
 
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
-        """Cancel an item wherever it is; a running one gets a ``Stop``."""
+        """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
+        already ended is left as it is."""
         rec = self.records.get(item_id)
-        if rec is None or rec.state in TERMINAL:
+        if rec is None:
+            raise self._unknown(item_id, "cancel")
+        if rec.state in TERMINAL:
             return []
         out: list[Instruction] = []
         i = rec.device
@@ -261,7 +329,7 @@ class Dispatcher:
 
     def device_down(self, device_id: str, reason: str = "device unhealthy") -> list[Instruction]:
         """Mark a device unhealthy: it gets nothing more; its items move elsewhere."""
-        i = self.view.index[device_id]
+        i = self._device(device_id)
         out: list[Instruction] = []
         if not self.view.usable[i]:
             return out
@@ -271,7 +339,7 @@ class Dispatcher:
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, why))
             self._attempt_failed(rec, why, True, out)
-        for _, seq, rec in sorted(self._queues[i]):
+        for _, _, seq, rec in sorted(self._queues[i]):
             if rec.seq == seq and rec.state is QUEUED and rec.device == i:
                 self._release(rec, running=False)
                 rec.move(RETRYING)
@@ -283,7 +351,7 @@ class Dispatcher:
 
     def device_up(self, device_id: str) -> list[Instruction]:
         """A device is healthy again: it may take pending and stolen work."""
-        i = self.view.index[device_id]
+        i = self._device(device_id)
         out: list[Instruction] = []
         if self.view.usable[i]:
             return out
@@ -338,22 +406,52 @@ class Dispatcher:
     def _running_record(self, item_id: int | str, what: str) -> ItemRecord:
         rec = self.records.get(item_id)
         if rec is None:
-            raise KeyError(f"cannot {what} unknown work item {item_id!r}")
+            raise self._unknown(item_id, what)
         if rec.state is not RUNNING:
-            raise ValueError(
+            raise ItemNotRunning(
                 f"cannot {what} work item {item_id!r}: it is {rec.state.value}, not running"
             )
         return rec
 
+    def _unknown(self, item_id: int | str, what: str) -> UnknownItem:
+        live = [rec.item.id for rec in self.records.values() if rec.state not in TERMINAL]
+        shown = ", ".join(repr(i) for i in live[:5]) + (", …" if len(live) > 5 else "")
+        forgotten = "" if self.keep_finished else "; finished items are not kept (keep_finished)"
+        return UnknownItem(
+            f"cannot {what} unknown work item {item_id!r}: {len(live)} items in flight"
+            f"{': ' + shown if live else ''}{forgotten} (Dispatcher.records holds them all)"
+        )
+
+    def _device(self, device_id: str) -> int:
+        i = self.view.index.get(device_id)
+        if i is None:
+            ids = self.view.ids
+            shown = ", ".join(ids[:8]) + (f", … ({len(ids)} in all)" if len(ids) > 8 else "")
+            raise UnknownDevice(f"unknown device {device_id!r}; the fleet has: {shown}")
+        return i
+
+    def _allowed(self, rec: ItemRecord) -> BoolArray | None:
+        """The devices ``rec`` may go to now, as a mask (``None``: every usable device): not one
+        its attempts failed on (unless all have) and, for an item that holds memory, only those
+        with that much free. An empty mask means it must wait."""
+        view = self.view
+        item = rec.item
+        if not rec.excluded and not item.memory:
+            return None
+        mask = view.usable.copy()
+        if rec.excluded:
+            mask[list(rec.excluded)] = False
+            if not mask.any():
+                mask = view.usable.copy()  # every device failed it: try any again
+        if item.memory:
+            mask &= view.mem_total - view.mem_used >= item.memory
+        return mask
+
     def _place(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """Ask the policy for a device; queue the item there, or keep it pending."""
         view = self.view
-        allowed = None
-        if rec.excluded:
-            mask = view.usable.copy()
-            mask[list(rec.excluded)] = False
-            allowed = mask if mask.any() else None  # every device failed it: try any again
-        i = self._try_pick(rec, out, allowed)
+        allowed = self._allowed(rec) if rec.excluded or rec.item.memory else None
+        i = None if allowed is not None and not allowed.any() else self._try_pick(rec, out, allowed)
         if i is not None and i < 0:
             return
         if i is None:
@@ -361,7 +459,7 @@ class Dispatcher:
                 rec.move(PENDING)
             rec.device = -1
             rec.seq = seq = next(self._seq)
-            heapq.heappush(self._pending, (-rec.item.priority, seq, rec))
+            heapq.heappush(self._pending, (-rec.item.priority, self._key(rec, -1), seq, rec))
             return
         if view.running[i] < self._slots[i] and view.in_flight[i] == view.running[i]:
             self._run_now(rec, i, out)  # a free slot and nothing queued
@@ -383,6 +481,20 @@ class Dispatcher:
             if idle[thief] < np.inf:
                 self._steal(thief, out)
 
+    def _key(self, rec: ItemRecord, i: int) -> float:
+        """The order of ``rec`` within its priority on device ``i`` (-1: in the central queue,
+        timed on the fastest usable device): 0 for FIFO, else its aged size key."""
+        if not self._size_order:
+            return 0.0
+        item = rec.item
+        if not item.cost:
+            return rec.submitted
+        inv = self.perf.inv_speed(item.kind)
+        window = self.aging * item.cost * float(inv[i] if i >= 0 else inv.min())
+        if self.max_bypass is not None and not window <= self.max_bypass:
+            window = self.max_bypass  # also when no device is usable (an infinite window)
+        return rec.submitted + window
+
     def _enqueue(self, rec: ItemRecord, i: int) -> None:
         """Place ``rec`` in device ``i``'s queue."""
         view = self.view
@@ -390,14 +502,19 @@ class Dispatcher:
         rec.move(QUEUED)
         rec.device = i
         rec.seq = seq = next(self._seq)
-        heapq.heappush(self._queues[i], (-item.priority, seq, rec))
+        key = self._key(rec, i)
+        heapq.heappush(self._queues[i], (-item.priority, key, seq, rec))
         # The same entry, last-to-start first, so a thief finds its item in O(log n).
         tail = self._tails[i]
-        heapq.heappush(tail, (item.priority, -seq, rec))
+        heapq.heappush(tail, (item.priority, -key, -seq, rec))
         if len(tail) > 64 + 2 * len(self._queues[i]):
             # Items that started normally leave stale tail entries: drop them now and then.
-            self._tails[i] = [(-p, -q, r) for p, q, r in self._queues[i] if r.seq == q]
+            self._tails[i] = [(-p, -k, -q, r) for p, k, q, r in self._queues[i] if r.seq == q]
             heapq.heapify(self._tails[i])
+        if self._size_order:
+            if rec.size_class < 0:
+                rec.size_class = view.size_class(item.cost)
+            view.note_queued(i, rec.size_class, item.cost, 1)
         self._enqueues += 1
         view.in_flight[i] += 1
         view.outstanding[i] += item.cost
@@ -421,6 +538,7 @@ class Dispatcher:
         view.in_flight[i] += 1
         view.running[i] += 1
         view.outstanding[i] += item.cost
+        view.running_work[i] += item.cost
         if item.memory:
             view.mem_used[i] += item.memory
         self._free_slots -= 1
@@ -436,7 +554,7 @@ class Dispatcher:
         queue = self._queues[i]
         slots = self._slots[i]
         while queue and view.running[i] < slots:
-            _, seq, rec = heapq.heappop(queue)
+            _, _, seq, rec = heapq.heappop(queue)
             if rec.seq != seq or rec.state is not QUEUED or rec.device != i:
                 continue  # stale entry: the item moved or ended
             self._start(rec, i, out)
@@ -448,6 +566,9 @@ class Dispatcher:
         rec.attempts += 1
         view.running[i] += 1
         view.queued_work[i] -= rec.item.cost
+        view.running_work[i] += rec.item.cost
+        if self._size_order:
+            view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
         self.queued_total -= 1
         self.waiting -= 1
@@ -467,16 +588,22 @@ class Dispatcher:
             view.mem_used[i] -= item.memory
         if running:
             view.running[i] -= 1
+            view.running_work[i] -= item.cost
             if view.usable[i]:
                 self._free_slots += 1
             self._running[i].discard(rec)
         else:
             view.queued_work[i] -= item.cost
             self.queued_total -= 1
+            if self._size_order:
+                view.note_queued(i, rec.size_class, item.cost, -1)
             if view.in_flight[i] == view.running[i]:
                 view.queued_work[i] = 0.0  # drop float drift once the queue is empty
+                if self._size_order:
+                    view.clear_queue(i)
         if view.in_flight[i] == 0:
             view.outstanding[i] = 0.0
+            view.running_work[i] = 0.0
 
     def _end(
         self,
@@ -532,11 +659,14 @@ class Dispatcher:
         # Strict priority order: stop at the first item the policy still leaves waiting.
         pending = self._pending
         while pending:
-            _, seq, rec = pending[0]
+            _, _, seq, rec = pending[0]
             if rec.seq != seq or rec.state is not PENDING:
                 heapq.heappop(pending)
                 continue
-            i = self._try_pick(rec, out, None)
+            allowed = self._allowed(rec)
+            if allowed is not None and not allowed.any():
+                return
+            i = self._try_pick(rec, out, allowed)
             if i is None:
                 return
             heapq.heappop(pending)
@@ -574,8 +704,10 @@ class Dispatcher:
             if entry is None:
                 self._miss(thief_speed)
                 return
-            rec = entry[2]
+            rec = entry[3]
             item = rec.item
+            if item.memory > view.mem_total[thief] - view.mem_used[thief]:
+                return
             inv = self.perf.inv_speed(item.kind)
             here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
             there = float(view.outstanding[victim]) * float(inv[victim])
@@ -631,9 +763,9 @@ class Dispatcher:
         """The queued item on ``i`` that would start last (lowest priority, newest)."""
         tail = self._tails[i]
         while tail:
-            priority, neg_seq, rec = tail[0]
+            priority, neg_key, neg_seq, rec = tail[0]
             if rec.seq == -neg_seq and rec.state is QUEUED and rec.device == i:
-                return (-priority, -neg_seq, rec)
+                return (-priority, -neg_key, -neg_seq, rec)
             heapq.heappop(tail)  # stale: the item started, moved or ended
         return None
 
@@ -647,10 +779,15 @@ class Dispatcher:
             heapq.heappop(heap)
         if not heap or heap[0][0] >= rec.item.priority:
             return
-        _, _, victim = heapq.heappop(heap)
+        victim = heap[0][2]
         j = victim.device
-        if rec.device != j:  # the newcomer takes the victim's slot
+        if rec.device != j:
+            # The newcomer takes the victim's slot, if its memory fits there beside the victim's
+            # (the victim stays queued on that device, holding its memory).
+            if rec.item.memory > self.view.mem_total[j] - self.view.mem_used[j]:
+                return
             self._move(rec, j)
+        heapq.heappop(heap)
         self._release(victim, running=True)
         victim.move(PREEMPTED)
         out.append(Stop(victim.item, j, f"preempted by higher-priority item {rec.item.id!r}"))
@@ -676,7 +813,10 @@ class Dispatcher:
         return busy
 
     def state_of(self, item_id: int | str) -> ItemState:
-        return self.records[item_id].state
+        rec = self.records.get(item_id)
+        if rec is None:
+            raise self._unknown(item_id, "look up")
+        return rec.state
 
     def validate_state(self) -> None:
         """Check every invariant between records, queues and the view (``AssertionError``)."""
@@ -707,7 +847,7 @@ class Dispatcher:
             else:
                 queued[i] += 1
                 queued_work[i] += rec.item.cost
-                assert any(e[2] is rec and e[1] == rec.seq for e in self._queues[i]), (
+                assert any(e[3] is rec and e[2] == rec.seq for e in self._queues[i]), (
                     f"{rec.item.id}: queued on {i} but not in its queue"
                 )
         if self.keep_finished:
@@ -720,9 +860,18 @@ class Dispatcher:
                 "queued_work drifted"
             )
             assert np.array_equal(mem, view.mem_used), "mem_used drifted"
+            assert np.allclose(outstanding - queued_work, view.running_work, atol=1e-6), (
+                "running_work drifted"
+            )
+            if self._size_order:
+                assert np.allclose(queued_work, view.queued_below[-1], atol=1e-6), (
+                    "queued_below drifted"
+                )
+                assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
         running_now = np.array(view.running)
         free = int((view.slots - running_now)[view.usable].sum())
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
         assert (running_now <= view.slots).all(), "a device runs more than its slots"
+        assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
         assert (running_now[~view.usable] == 0).all(), "an unhealthy device is running items"

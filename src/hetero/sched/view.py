@@ -7,6 +7,7 @@ so a policy ranks every device with a handful of vector operations instead of a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,7 +17,10 @@ from hetero.devices.spec import Device
 from hetero.sched.clock import Clock
 from hetero.sched.perf import PerfModel
 
-__all__ = ["FleetView"]
+__all__ = ["SIZE_CLASSES", "FleetView"]
+
+#: Size classes of the per-device queue histograms: half-octaves of cost, 32 octaves wide.
+SIZE_CLASSES = 64
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -34,6 +38,11 @@ class FleetView:
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``usable``: healthy and accepting work.
+
+    When the dispatcher orders device queues by size (``size_order``), it also keeps, per device,
+    how many queued items and how much queued work fall below each size class (``queued_below``),
+    so that a policy can tell how much of a queue a new item would wait behind and how many
+    items it would pass (``wait_ahead``) in a few vector operations.
     """
 
     def __init__(
@@ -67,6 +76,15 @@ class FleetView:
         self.mem_total: IntArray = np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
+        self.size_order = False
+        # For size-ordered queues (kept by the dispatcher only then): the work of running items;
+        # row k of ``queued_below`` the queued work in size classes below k and row k of
+        # ``queued_from`` the number of queued items in classes k and up, per device. Rows, not
+        # columns, so that reading one class for every device is a contiguous slice.
+        self.running_work: FloatArray = np.zeros(n)
+        self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
+        self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
+        self._class_base: float | None = None
         for i in np.flatnonzero(~self.usable):
             perf.set_usable(int(i), False)
 
@@ -89,6 +107,42 @@ class FleetView:
         self.devices[index].state.healthy = usable
         self.perf.set_usable(index, usable)
 
+    def size_class(self, cost: float) -> int:
+        """The half-octave class of ``cost``, centred on the first positive cost seen (costs are
+        in the user's units: tokens, FLOPs, seconds; classes beyond either end are clipped)."""
+        if cost <= 0:
+            return 0
+        level = 2.0 * math.log2(cost)
+        if self._class_base is None:
+            self._class_base = math.floor(level) - SIZE_CLASSES // 2
+        return min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
+
+    def note_queued(self, index: int, size_class: int, cost: float, sign: int) -> None:
+        """An item of ``cost`` in ``size_class`` joined (``sign=1``) or left (``-1``) device
+        ``index``'s queue."""
+        k = size_class + 1
+        self.queued_below[k:, index] += sign * cost
+        self.queued_from[:k, index] += sign
+
+    def clear_queue(self, index: int) -> None:
+        """Device ``index``'s queue is empty: drop the float drift of its sums."""
+        self.queued_below[:, index] = 0.0
+        self.queued_from[:, index] = 0.0
+
+    def wait_ahead(self, cost: float) -> tuple[FloatArray, FloatArray]:
+        """Per device: the work an item of ``cost`` placed now would wait for (running items,
+        and the queued items that start before it), and how many queued items it would pass.
+
+        With FIFO queues that is everything placed and nothing passed; with size order, the
+        queued items of its size class or smaller are ahead and the larger ones behind (aging
+        is not modelled: it only moves old items forward)."""
+        if not self.size_order:
+            return self.outstanding, np.zeros(self.n)
+        k = self.size_class(cost) + 1
+        return self.running_work + self.queued_below[k], self.queued_from[k]
+
     def expected_delay(self, kind: str, cost: float) -> FloatArray:
-        """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``)."""
-        return (self.outstanding + cost) * self.inv_speed(kind)
+        """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``),
+        given the order of the device queues."""
+        ahead, _ = self.wait_ahead(cost)
+        return (ahead + cost) * self.inv_speed(kind)

@@ -91,6 +91,9 @@ def simulate(
             max_retries=scheduler.max_retries,
             preemption=scheduler.preemption,
             stealing=scheduler.stealing,
+            queue_order=scheduler.queue_order,
+            aging=scheduler.aging,
+            max_bypass=scheduler.max_bypass,
         )
     options.update(dispatcher_options or {})
     for name in policies:

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.sched.item import WorkItem
+from hetero.sched.policies.load import check_overtake_weight, delay_score
 from hetero.sched.policy import BoolArray, Completed, Policy, masked_argmin
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
@@ -17,7 +18,8 @@ __all__ = ["Adaptive"]
 
 @register
 class Adaptive(Policy):
-    """Shortest expected delay with speeds measured over a sliding window of completions.
+    """Shortest expected delay (``overtake_weight`` as there) with speeds measured over a
+    sliding window of completions.
 
     Starts from the catalog speeds and re-weights every ``every_completions`` completions or
     ``every_seconds`` (clock time), whichever comes first, from each device's last ``window``
@@ -29,7 +31,12 @@ class Adaptive(Policy):
     places_by_delay = True
 
     def __init__(
-        self, *, every_completions: int = 100, every_seconds: float = 5.0, window: int = 200
+        self,
+        *,
+        every_completions: int = 100,
+        every_seconds: float = 5.0,
+        window: int = 200,
+        overtake_weight: float = 2.0,
     ) -> None:
         if every_completions < 1:
             raise ValueError(f"option every_completions={every_completions!r}; allowed: >= 1")
@@ -37,6 +44,8 @@ class Adaptive(Policy):
             raise ValueError(f"option every_seconds={every_seconds!r}; allowed: > 0")
         if window < 1:
             raise ValueError(f"option window={window!r}; allowed: >= 1")
+        check_overtake_weight(overtake_weight)
+        self.overtake_weight = overtake_weight
         self.every_completions = every_completions
         self.every_seconds = every_seconds
         self.window = window
@@ -83,4 +92,4 @@ class Adaptive(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         mask = view.usable if allowed is None else allowed
-        return masked_argmin((view.outstanding + item.cost) * self._inv, mask)
+        return masked_argmin(delay_score(view, item.cost, self._inv, self.overtake_weight), mask)

@@ -7,7 +7,7 @@ import bisect
 import numpy as np
 
 from hetero.sched.item import WorkItem
-from hetero.sched.policy import BoolArray, Policy, masked_argmin
+from hetero.sched.policy import BoolArray, FloatArray, Policy, masked_argmin
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
 
@@ -55,20 +55,65 @@ class LeastWork(Policy):
         return masked_argmin(view.outstanding, mask)
 
 
+def delay_score(
+    view: FleetView, cost: float, inv: FloatArray, overtake_weight: float
+) -> FloatArray:
+    """Expected finish time of an item of ``cost`` on each device (``inv``: 1/speed), plus the
+    delay it would add to the queued items it passes, times ``overtake_weight``.
+
+    FIFO queues: ``(outstanding + cost) / speed``. Size-ordered queues: the item waits only for
+    the running items and the queued ones no larger, and pushes each larger one back by its own
+    service time; counting that keeps small items from crowding the fast devices that the large
+    ones need (weight 1 is the total latency the placement adds; more favours the large)."""
+    if not view.size_order:
+        return (view.outstanding + cost) * inv
+    # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this runs
+    # for every item placed.
+    k = view.size_class(cost) + 1
+    score: FloatArray = view.queued_from[k] * (cost * overtake_weight)
+    score += view.running_work
+    score += view.queued_below[k]
+    score += cost
+    score *= inv
+    return score
+
+
+def delay_at(view: FleetView, index: int, cost: float, inv: float, overtake_weight: float) -> float:
+    """``delay_score`` on one device, for policies that compare a few sampled devices."""
+    if not view.size_order:
+        return (float(view.outstanding[index]) + cost) * inv
+    k = view.size_class(cost) + 1
+    ahead = float(view.running_work[index]) + float(view.queued_below[k, index])
+    passed = float(view.queued_from[k, index])
+    return (ahead + cost * (1.0 + overtake_weight * passed)) * inv
+
+
+def check_overtake_weight(overtake_weight: float) -> None:
+    if not 0 <= overtake_weight < float("inf"):
+        raise ValueError(f"option overtake_weight={overtake_weight!r}; allowed: a number >= 0")
+
+
 @register
 class ShortestExpectedDelay(Policy):
-    """The device that would finish the item soonest: ``(outstanding + cost) / speed``.
+    """The device that would finish the item soonest: ``(work ahead of it + cost) / speed``.
 
     The best general choice on a mixed fleet when item costs are known (tokens, FLOPs): it
-    sends work to fast devices until their queues make a slower one quicker.
+    sends work to fast devices until their queues make a slower one quicker. With size-ordered
+    queues it counts only the work the item would really wait for, plus the delay it adds to
+    the larger items it passes (``overtake_weight``). The default strategy.
     """
 
     name = "shortest_expected_delay"
     places_by_delay = True
 
+    def __init__(self, *, overtake_weight: float = 2.0) -> None:
+        check_overtake_weight(overtake_weight)
+        self.overtake_weight = overtake_weight
+
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        inv = view.perf.inv_speed(item.kind)
+        score = delay_score(view, item.cost, inv, self.overtake_weight)
         # inv_speed is inf on unusable devices, so without a mask no extra pass is needed.
-        score = (view.outstanding + item.cost) * view.perf.inv_speed(item.kind)
         if allowed is not None:
             return masked_argmin(score, allowed)
         i = int(score.argmin())  # the hot path of every simulation: no helper call
@@ -77,7 +122,8 @@ class ShortestExpectedDelay(Policy):
 
 @register
 class PowerOfTwo(Policy):
-    """Two devices sampled in proportion to speed; the one with the lower expected delay wins.
+    """Two devices sampled in proportion to speed; the one with the lower expected delay wins
+    (counted as ``shortest_expected_delay`` does, ``overtake_weight`` included).
 
     Near shortest_expected_delay's quality at O(log n) per decision, and without herding when
     many routers decide at once on slightly stale load: use it for very large fleets.
@@ -85,7 +131,9 @@ class PowerOfTwo(Policy):
 
     name = "power_of_two"
 
-    def __init__(self, *, seed: int | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, overtake_weight: float = 2.0) -> None:
+        check_overtake_weight(overtake_weight)
+        self.overtake_weight = overtake_weight
         self._rng = np.random.default_rng(seed)
         self._cumulative: list[float] = []
 
@@ -105,11 +153,11 @@ class PowerOfTwo(Policy):
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         mask = view.usable if allowed is None else allowed
         a, b = self._sample(mask), self._sample(mask)
+        inv = view.inv_speed(item.kind)
+        cost, weight = item.cost, self.overtake_weight
         if a is None or b is None:
             # Few devices allowed: sampling keeps missing, so rank them all.
-            return masked_argmin(view.expected_delay(item.kind, item.cost), mask)
-        inv = view.inv_speed(item.kind)
-        cost = item.cost
-        delay_a = (float(view.outstanding[a]) + cost) * float(inv[a])
-        delay_b = (float(view.outstanding[b]) + cost) * float(inv[b])
+            return masked_argmin(delay_score(view, cost, inv, weight), mask)
+        delay_a = delay_at(view, a, cost, float(inv[a]), weight)
+        delay_b = delay_at(view, b, cost, float(inv[b]), weight)
         return a if delay_a <= delay_b else b
