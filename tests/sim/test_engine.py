@@ -38,6 +38,13 @@ def test_exact_log_on_a_two_device_fleet() -> None:
     ]
     assert result.completed == 4 and result.failed == 0
     assert result.metrics.p50 == pytest.approx(1.0)
+    # Each latency comes with its item's cost, in completion order (for latency by size).
+    assert list(zip(result.costs, result.latencies, strict=True)) == [
+        (2.0, 1.0),
+        (1.0, 1.0),
+        (2.0, 1.5),
+        (1.0, 0.5),
+    ]
 
 
 def test_failure_and_recovery_move_work_and_lose_nothing() -> None:

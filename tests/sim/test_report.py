@@ -68,6 +68,7 @@ def _result(
         events=1000,
         wall_seconds=0.5,
         latencies=rng.lognormal(-2, 1, 100 * n),
+        costs=rng.lognormal(0, 1, 100 * n),
         series=TimeSeries(
             interval=0.2,
             t=t,

@@ -71,8 +71,10 @@ class Metrics:
         self.failed = [0] * n_devices
         self.busy = [0.0] * n_devices  # slot-seconds spent running items
         self.work = [0.0] * n_devices
+        # One entry per completed item, in completion order: latency, device and cost.
         self.latency = array("d")
         self.latency_device = array("l")
+        self.latency_cost = array("d")
 
     def record(self, index: int, latency: float, busy: float, cost: float, now: float) -> None:
         """One item finished successfully on device ``index``."""
@@ -81,6 +83,7 @@ class Metrics:
         self.work[index] += cost
         self.latency.append(latency)
         self.latency_device.append(index)
+        self.latency_cost.append(cost)
         if now > self.last:
             self.last = now
 

@@ -236,8 +236,13 @@ class Simulator:
         if progress is not None:
             progress(done + failed + rejected, total)
         metrics = d.metrics.report(view)
-        latencies = (
-            np.frombuffer(d.metrics.latency, dtype=np.float64).copy() if done else np.zeros(0)
+        latencies, costs = (
+            (
+                np.frombuffer(d.metrics.latency, dtype=np.float64).copy(),
+                np.frombuffer(d.metrics.latency_cost, dtype=np.float64).copy(),
+            )
+            if done
+            else (np.zeros(0), np.zeros(0))
         )
         attainment = None
         if slo_latency is not None:
@@ -258,6 +263,7 @@ class Simulator:
             events=events,
             wall_seconds=wall,
             latencies=latencies,
+            costs=costs,
             series=series,
             failure_reasons=dict(reasons),
         )

@@ -44,7 +44,8 @@ class SimResult:
     slo_attainment: float | None  # completed within the SLO / submitted (rejected count as misses)
     events: int
     wall_seconds: float
-    latencies: npt.NDArray[np.float64]
+    latencies: npt.NDArray[np.float64]  # of completed items, in completion order
+    costs: npt.NDArray[np.float64]  # of the same items, in the same order
     series: TimeSeries
     failure_reasons: dict[str, int] = field(default_factory=dict)
 
