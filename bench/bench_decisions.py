@@ -1,7 +1,8 @@
 """Decision cost: microseconds per ``pick`` for every policy as the fleet grows.
 
-Each device count gets a fleet of mixed catalog models with random load in the view, and items
-of random cost; the figure is the median over repeats of the mean time per decision.
+Each device count gets a fleet of mixed catalog models with random load in the view (queues
+ordered by size, as the dispatcher keeps them by default), and items of random cost; the figure
+is the median over repeats of the mean time per decision.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_decisions.py --out bench/results/decisions.json
@@ -38,8 +39,17 @@ def make_view(n: int, rng: np.random.Generator) -> FleetView:
         Device(id=f"dev{i}", spec=catalog.get(m), emulated=True) for i, m in enumerate(models)
     ]
     view = FleetView(devices, PerfModel(devices), ManualClock())
-    view.in_flight[:] = rng.integers(0, 8, n)
-    view.outstanding[:] = rng.random(n) * 10
+    # Size-ordered queues, as the dispatcher keeps them by default: one running item and up to
+    # seven queued ones per device, lognormal costs.
+    view.size_order = True
+    queued = rng.integers(0, 8, n)
+    view.in_flight[:] = queued + 1
+    view.running_work[:] = rng.lognormal(0, 1, n)
+    view.outstanding[:] = view.running_work
+    for i, count in enumerate(queued.tolist()):
+        for cost in rng.lognormal(0, 1, count).tolist():
+            view.note_queued(i, view.size_class(cost), cost, 1)
+            view.outstanding[i] += cost
     view.mem_used[:] = (view.mem_total * rng.random(n) * 0.5).astype(np.int64)
     return view
 

@@ -1,4 +1,5 @@
-"""Policy quality on a heterogeneous fleet: latency at 85% load and throughput at saturation.
+"""Policy quality on a heterogeneous fleet: latency at 85% load and throughput at saturation, and
+the default against round robin at several loads and on the demo fleet.
 
 Fleet: relative speeds 1 : 2.5 : 6 (T4-, V100- and A100-like), ``--per-class`` devices of each.
 Open run: Poisson arrivals at ``--load`` of total capacity, lognormal sizes → p50/p99 latency.
@@ -6,6 +7,15 @@ Saturated run: a closed batch (every item queued at t=0) → work throughput / t
 Both are run with work stealing off, so each policy is measured alone (round robin is then the
 speed-blind baseline other tools give you); the open run is repeated with stealing on, which
 is the dispatcher's default and rescues even round robin.
+
+Default against round robin: the default scheduler (``SchedulerConfig()``: its strategy and
+queue order, stealing on) beside round robin under the same dispatcher settings, round robin
+with FIFO queues (the order the dispatcher used before size order), and the former best,
+shortest_expected_delay with FIFO queues. Scenarios: Poisson arrivals at 50%, 85% and 95% load
+and bursty arrivals on the fleet above (SLO ``--slo`` seconds), and the demo
+(``examples/mixed_fleet.yaml`` with ``examples/workloads/poisson_85.yaml``, its own SLO and
+scheduler settings). Each run reports mean, p50, p99, SLO attainment, and what the largest 1% of
+items (by cost) pay: their mean and worst latency.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_quality.py --out bench/results/quality.json
@@ -16,15 +26,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import emit
 
+from hetero.config import SchedulerConfig, load_config
 from hetero.devices.catalog import get_catalog
+from hetero.devices.fleet import build_fleet
 from hetero.devices.spec import Device
 from hetero.sched.registry import policy_names
+from hetero.sim.result import SimResult
 from hetero.sim.run import simulate
-from hetero.sim.workload import parse_workload
+from hetero.sim.workload import WorkloadSpec, load_workload, parse_workload
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 CLASSES = [("T4", 1.0), ("V100-32GB", 2.5), ("A100-80GB", 6.0)]
 # Policies that need options of their own are left out of the sweep.
@@ -42,6 +59,106 @@ def fleet(per_class: int) -> list[Device]:
     ]
 
 
+def latency_row(result: SimResult) -> dict[str, Any]:
+    """Mean, p50, p99 and SLO attainment of one run, and what its largest 1% of items paid."""
+    m = result.metrics
+    costs, latencies = result.costs, result.latencies
+    largest = latencies[costs >= np.quantile(costs, 0.99)] if costs.size else latencies
+    return {
+        "mean": round(m.mean, 4),
+        "p50": round(m.p50, 4),
+        "p99": round(m.p99, 4),
+        "slo_attainment": round(result.slo_attainment or 0.0, 4),
+        "failed": result.failed,
+        "largest_1pct_mean": round(float(largest.mean()), 4) if largest.size else None,
+        "largest_1pct_worst": round(float(largest.max()), 4) if largest.size else None,
+    }
+
+
+def versus_round_robin(
+    name: str, devices: list[Device], workload: WorkloadSpec, scheduler: SchedulerConfig
+) -> dict[str, Any]:
+    """The default beside round robin (same settings, and FIFO) and the former best."""
+    fifo = {"queue_order": "fifo"}
+    runs = {
+        "default": simulate(devices, workload, [scheduler.strategy], scheduler=scheduler)[0],
+        "round_robin": simulate(devices, workload, ["round_robin"], scheduler=scheduler)[0],
+        "round_robin_fifo": simulate(
+            devices, workload, ["round_robin"], scheduler=scheduler, dispatcher_options=fifo
+        )[0],
+        "shortest_expected_delay_fifo": simulate(
+            devices,
+            workload,
+            ["shortest_expected_delay"],
+            scheduler=scheduler,
+            dispatcher_options=fifo,
+        )[0],
+    }
+    rows = {label: latency_row(r) for label, r in runs.items()}
+    default = rows["default"]
+    beats = {
+        baseline: {
+            "mean": default["mean"] < rows[baseline]["mean"],
+            "p50": default["p50"] < rows[baseline]["p50"],
+            "p99": default["p99"] < rows[baseline]["p99"],
+            "slo_attainment": default["slo_attainment"] > rows[baseline]["slo_attainment"],
+        }
+        for baseline in ("round_robin", "round_robin_fifo")
+    }
+    doc = {
+        "scenario": name,
+        "requests": workload.requests,
+        "slo": workload.slo.latency if workload.slo else None,
+        "runs": rows,
+        "default_beats": beats,
+        "p99_vs_round_robin": round(default["p99"] / rows["round_robin"]["p99"], 4),
+        "p99_vs_round_robin_fifo": round(default["p99"] / rows["round_robin_fifo"]["p99"], 4),
+    }
+    print(json.dumps(doc), file=sys.stderr)
+    return doc
+
+
+def scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
+    devices = fleet(args.per_class)
+    size = {"dist": "lognormal", "mean": 1.0, "sigma": args.sigma}
+    common = {"requests": args.requests, "seed": args.seed, "size": size}
+    slo = {"latency": args.slo}
+    arrivals = {
+        "50% load": {"process": "poisson", "load": 0.5},
+        "85% load": {"process": "poisson", "load": 0.85},
+        "95% load": {"process": "poisson", "load": 0.95},
+        "bursty, 70% mean load": {
+            "process": "bursty",
+            "load": 0.7,
+            "burst_factor": 3,
+            "burst_seconds": 5,
+            "calm_seconds": 20,
+        },
+    }
+    docs = [
+        versus_round_robin(
+            name,
+            devices,
+            parse_workload({**common, "arrivals": process, "slo": slo}),
+            SchedulerConfig(max_queue_size=1_000_000_000),
+        )
+        for name, process in arrivals.items()
+    ]
+    demo = load_config(EXAMPLES / "mixed_fleet.yaml")
+    demo_workload = load_workload(EXAMPLES / "workloads" / "poisson_85.yaml")
+    if args.quick:
+        demo_workload = demo_workload.model_copy(update={"requests": args.requests})
+    docs.append(
+        versus_round_robin(
+            "demo: mixed_fleet.yaml, poisson_85.yaml",
+            build_fleet(demo),
+            demo_workload,
+            demo.scheduler,
+        )
+    )
+    return docs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -53,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--policies", default=",".join(p for p in policy_names() if p not in NEEDS_OPTIONS)
+    )
+    parser.add_argument(
+        "--slo", type=float, default=3.0, help="latency SLO in seconds of the fleet scenarios"
     )
     parser.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
     parser.add_argument("--out", help="also write the JSON here")
@@ -122,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         "best_p99_vs_round_robin": best["p99_vs_round_robin"],
         "best_saturated_vs_capacity": best["saturated_vs_capacity"],
         "policies": rows,
+        "default": SchedulerConfig().model_dump(include={"strategy", "queue_order", "aging"}),
+        "default_vs_round_robin": scenarios(args),
     }
     return emit(doc, args.out)
 
