@@ -15,7 +15,8 @@ shortest_expected_delay with FIFO queues. Scenarios: Poisson arrivals at 50%, 85
 and bursty arrivals on the fleet above (SLO ``--slo`` seconds), and the demo
 (``examples/mixed_fleet.yaml`` with ``examples/workloads/poisson_85.yaml``, its own SLO and
 scheduler settings). Each run reports mean, p50, p99, SLO attainment, and what the largest 1% of
-items (by cost) pay: their mean and worst latency.
+items (by cost) pay: their mean and worst latency. Last, the default strategy at ``--load`` with
+``overtake_weight`` 0 to 3 and with FIFO queues.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_quality.py --out bench/results/quality.json
@@ -159,6 +160,38 @@ def scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
     return docs
 
 
+def overtake_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The default strategy at ``--load`` with overtake_weight 0 to 3, and with FIFO queues: the
+    line between the median and the tail that the weight moves along."""
+    devices = fleet(args.per_class)
+    workload = parse_workload(
+        {
+            "requests": args.requests,
+            "seed": args.seed,
+            "size": {"dist": "lognormal", "mean": 1.0, "sigma": args.sigma},
+            "arrivals": {"process": "poisson", "load": args.load},
+            "slo": {"latency": args.slo},
+        }
+    )
+    rows = []
+    for order, weight in [
+        ("fifo", None),
+        ("size", 0.0),
+        ("size", 1.0),
+        ("size", 2.0),
+        ("size", 3.0),
+    ]:
+        scheduler = SchedulerConfig(
+            max_queue_size=1_000_000_000,
+            queue_order=order,
+            options={} if weight is None else {"overtake_weight": weight},
+        )
+        (result,) = simulate(devices, workload, [scheduler.strategy], scheduler=scheduler)
+        rows.append({"queue_order": order, "overtake_weight": weight, **latency_row(result)})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -244,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "policies": rows,
         "default": SchedulerConfig().model_dump(include={"strategy", "queue_order", "aging"}),
         "default_vs_round_robin": scenarios(args),
+        "overtake_weight": overtake_sweep(args),
     }
     return emit(doc, args.out)
 

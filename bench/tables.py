@@ -200,6 +200,41 @@ def versus_round_robin(doc: dict[str, Any]) -> str:
         )
         + "\n\n"
         + verdicts
+        + ("\n\n" + overtake(doc) if "overtake_weight" in doc else "")
+    )
+
+
+def overtake(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["queue_order"],
+            "-" if r["overtake_weight"] is None else r["overtake_weight"],
+            r["mean"],
+            r["p50"],
+            r["p99"],
+            f"{r['slo_attainment']:.2%}",
+            r["largest_1pct_mean"],
+            r["largest_1pct_worst"],
+        ]
+        for r in doc["overtake_weight"]
+    ]
+    return (
+        f"### `overtake_weight`\n\n`{doc['default']['strategy']}` on the benchmark fleet at "
+        f"{doc['workload']['load']:.0%} load with FIFO queues and with size order at weights 0 "
+        "to 3 (the default is 2):\n\n"
+        + _table(
+            [
+                "queue order",
+                "overtake_weight",
+                "mean",
+                "p50",
+                "p99",
+                "SLO",
+                "largest 1% mean",
+                "largest 1% worst",
+            ],
+            rows,
+        )
     )
 
 
