@@ -450,7 +450,7 @@ class Dispatcher:
     def _place(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """Ask the policy for a device; queue the item there, or keep it pending."""
         view = self.view
-        allowed = self._allowed(rec) if rec.excluded or rec.item.memory else None
+        allowed = self._allowed(rec)
         i = None if allowed is not None and not allowed.any() else self._try_pick(rec, out, allowed)
         if i is not None and i < 0:
             return
