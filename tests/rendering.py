@@ -26,3 +26,9 @@ def assert_whole(text: str, width: int, cells: list[str]) -> None:
     assert max(len(line) for line in text.splitlines()) <= width
     assert "…" not in text
     assert [c for c in cells if c not in text] == []
+
+
+def flat(text: str) -> str:
+    """``text`` without borders, line breaks or runs of spaces: a cell wrapped over several lines
+    reads as one line when the cells beside it are empty on the lines it runs on to."""
+    return " ".join(text.replace("│", " ").split())

@@ -12,10 +12,13 @@ from typer.testing import CliRunner
 
 import hetero
 from hetero.cli import app
-from tests.rendering import assert_whole, headers
+from hetero.plan import load_plan, plan_fleet
+from hetero.plan.match import CRITERIA
+from tests.rendering import assert_whole, flat, headers
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "mixed_fleet.yaml"
+PLAN = ROOT / "examples" / "plan.yaml"
 runner = CliRunner()
 
 
@@ -116,6 +119,57 @@ def test_catalog_tables_at_80_columns() -> None:
     shown = _hetero_at(80, "catalog", "show", "A100-80GB")
     url = hetero.get_catalog().get("A100-80GB").source
     assert "…" not in shown and url in "".join(shown.replace("│", "").split())  # folded whole
+
+
+def test_plan_tables_at_80_and_200_columns() -> None:
+    result = plan_fleet(load_plan(PLAN))
+    types = [t.model for t in result.types]
+    reasons = [s.reason for s in result.single_type if s.reason]
+    args = ("plan", str(PLAN), "--verify", "--requests", "2000")
+    buckets = ["bucket", "requests", "work units", "mean tokens", "design request"]
+    mix = ["type", "count", "$/h each", "units/s", "util", "cap", "buckets"]
+    single = ["type", "count", "$/hour", "$/M tokens", "vs mix"]
+    check = ["round", "in SLO", "target", "meets SLO", "at target", "p50", "p99"]
+    narrow = _hetero_at(80, *args)
+    assert_whole(narrow, 80, [*types, "1–9, 10 (41%)"])
+    assert [r for r in reasons if r not in flat(narrow)] == []  # wrapped, not cut
+    assert headers(narrow) == [
+        buckets,
+        mix,
+        single,
+        ["type", "why not"],
+        check,
+        ["round", "util", "requests"],
+    ]
+    wide = _hetero_at(200, *args)
+    assert_whole(wide, 200, types)
+    assert [r for r in reasons if r not in flat(wide)] == []
+    assert headers(wide) == [buckets, mix, [*single, "why not"], [*check, "util", "requests"]]
+
+
+def test_match_table_at_80_and_200_columns() -> None:
+    models = ["H100-SXM-80GB", "A100-80GB", "L4", "T4"]
+    ids = [f"{m.lower()}:0" for m in models]
+    args = (
+        "match",
+        "--fleet",
+        ",".join(models),
+        "--model",
+        "llama-3-8b",
+        "--seq",
+        "8192",
+        "--batch",
+        "4",
+    )
+    first = ["#", "device", "model", "eligible", "total"]
+    narrow = _hetero_at(80, *args)
+    assert_whole(narrow, 80, [*models, *ids])
+    assert headers(narrow) == [[*first, *CRITERIA[:2]], ["#", "device", *CRITERIA[2:]]]
+    wide = _hetero_at(200, *args)
+    assert_whole(wide, 200, [*models, *ids])
+    assert headers(wide) == [[*first, *CRITERIA]]
+    catalog = [spec.model for spec in hetero.get_catalog()]
+    assert_whole(_hetero_at(80, "match", "--catalog"), 80, catalog)
 
 
 def test_devices_without_config_lists_this_machine() -> None:

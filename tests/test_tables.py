@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from hetero._tables import SplitTable
-from tests.rendering import assert_whole, headers, render
+from tests.rendering import assert_whole, flat, headers, render
 
 
 def _fleet(key_columns: int = 1) -> SplitTable:
@@ -42,3 +42,41 @@ def test_a_console_too_narrow_for_one_column_beside_the_keys_squeezes_it() -> No
     text = render(_fleet(), 24)
     assert [h[0] for h in headers(text)] == ["id"] * 4
     assert max(len(line) for line in text.splitlines()) <= 24
+
+
+REASON = (
+    "bucket 10 (1,365–66,120 work units, mean 4,187 tokens) takes 1.64 s for its "
+    "4,275-work-unit design request, above half the 1.5 s SLO"
+)
+
+
+def _reasons(width: int) -> SplitTable:
+    table = SplitTable(title="why not")
+    table.add_column("model")
+    table.add_column("count", justify="right")
+    table.add_wrapping_column("reason", width=width)
+    table.add_row("Intel(R) Xeon(R) Processor", "-", REASON)
+    table.add_row("A100-80GB", "16", "")
+    return table
+
+
+def test_a_wrapping_column_wraps_beside_the_others_which_stay_whole() -> None:
+    # Once the reason is down to the width of the model, rich alone would wrap both alike.
+    text = render(_reasons(width=20), 64)
+    assert headers(text) == [["model", "count", "reason"]]
+    assert_whole(text, 64, ["Intel(R) Xeon(R) Processor", "A100-80GB", "16"])
+    assert REASON in flat(text)
+    assert len(text.splitlines()) > 6  # the reason over several lines
+
+
+def test_a_wrapping_column_that_does_not_fit_at_its_width_moves_below() -> None:
+    text = render(_reasons(width=30), 64)
+    assert headers(text) == [["model", "count"], ["model", "reason"]]
+    assert_whole(text, 64, ["Intel(R) Xeon(R) Processor", "A100-80GB", "16"])
+    assert REASON in flat(text)
+
+
+def test_a_wide_console_shows_a_wrapping_column_on_one_line() -> None:
+    text = render(_reasons(width=20), 200)
+    assert headers(text) == [["model", "count", "reason"]]
+    assert REASON in text

@@ -1,5 +1,5 @@
 """Tables that read at any terminal width: the columns that do not fit move, whole, into a table
-below instead of every column being squeezed and its cells cut to "…"."""
+below instead of every column being squeezed and its cells cut to "…"; columns of free text wrap."""
 
 from __future__ import annotations
 
@@ -26,16 +26,30 @@ class SplitTable(Table):
     id) and takes as many of the other columns, in order, as fit at their full width; a wide
     console shows one table. Add the columns most worth seeing first. A part that does not fit
     even with a single column beside the keys is squeezed to the console, as any rich table is.
+
+    A column of free text (reasons, lists) added with ``add_wrapping_column`` wraps instead: it
+    counts as its ``width`` when deciding what fits and takes the room the other columns leave,
+    which keep their cells on one line.
     """
 
     def __init__(self, *args: Any, key_columns: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.key_columns = key_columns
+        # Column position -> the width it counts as when deciding what fits.
+        self._wrap_widths: dict[int, int] = {}
+
+    def add_wrapping_column(self, header: str, *, width: int, **kwargs: Any) -> None:
+        """Add a column whose cells wrap (and fold a word longer than the column) rather than
+        move below: it counts as ``width`` columns, or its text on one line if narrower."""
+        self._wrap_widths[len(self.columns)] = width
+        self.add_column(header, overflow="fold", **kwargs)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         parts = self._parts(console, options)
         if len(parts) == 1:
-            yield from super().__rich_console__(console, options)
+            # Only the wrapping columns give way, unless even they cannot make the table fit.
+            fits = self._width(console, options, parts[0], wrap=True) <= options.max_width
+            yield from Table.__rich_console__(self._select(parts[0], hold=fits), console, options)
             return
         for n, columns in enumerate(parts):
             part = self._select(columns)
@@ -45,7 +59,7 @@ class SplitTable(Table):
             yield part
         if self.caption:
             # Under the last table, but as wide as the widest: a legend for all of them.
-            width = max(self._width(console, options, columns) for columns in parts)
+            width = max(self._width(console, options, columns, wrap=False) for columns in parts)
             caption = (
                 console.render_str(
                     self.caption,
@@ -63,20 +77,41 @@ class SplitTable(Table):
         keys = list(range(min(self.key_columns, len(self.columns))))
         parts: list[list[int]] = [[]]
         for i in range(len(keys), len(self.columns)):
-            too_wide = self._width(console, options, keys + parts[-1] + [i]) > options.max_width
+            too_wide = (
+                self._width(console, options, keys + parts[-1] + [i], wrap=True) > options.max_width
+            )
             if too_wide and parts[-1]:
                 parts.append([])
             parts[-1].append(i)
         return [keys + part for part in parts]
 
-    def _width(self, console: Console, options: ConsoleOptions, columns: list[int]) -> int:
-        """Width of a table of these columns with every cell on one line, borders included."""
+    def _width(
+        self, console: Console, options: ConsoleOptions, columns: list[int], *, wrap: bool
+    ) -> int:
+        """Width of a table of these columns with every cell on one line, or with the wrapping
+        columns at their ``width`` if ``wrap``, borders included."""
         table = self._select(columns)
+        if wrap:
+            table.columns = [
+                replace(column, max_width=self._wrap_widths.get(i, column.max_width))
+                for i, column in zip(columns, table.columns, strict=True)
+            ]
         return Measurement.get(console, options.update_width(_UNBOUNDED), table).maximum
 
-    def _select(self, columns: list[int]) -> SplitTable:
-        """A copy of this table (rows, style, title) with only these columns."""
+    def _select(self, columns: list[int], *, hold: bool = False) -> SplitTable:
+        """A copy of this table (rows, style, title) with only these columns; with ``hold``, the
+        cells of the columns that do not wrap stay on one line."""
         part = copy.copy(self)
         # A column's _index is its position, which rich reads for edge padding.
-        part.columns = [replace(self.columns[i], _index=n) for n, i in enumerate(columns)]
+        part.columns = [
+            replace(
+                self.columns[i],
+                _index=n,
+                no_wrap=self.columns[i].no_wrap or (hold and i not in self._wrap_widths),
+            )
+            for n, i in enumerate(columns)
+        ]
+        part._wrap_widths = {
+            n: self._wrap_widths[i] for n, i in enumerate(columns) if i in self._wrap_widths
+        }
         return part

@@ -17,6 +17,7 @@ from hetero._cli_util import (
     print_json,
     print_problems,
 )
+from hetero._tables import SplitTable
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, Device
@@ -138,8 +139,11 @@ def _needed_memory(memory: str | None, model: str | None, seq: int, batch: int) 
 def _table(matches: list[Match], weights: dict[str, float]) -> Table:
     eligible = sum(m.eligible for m in matches)
     caption = "weights: " + ", ".join(f"{name} {weights[name]:.2f}" for name in CRITERIA)
-    table = Table(title=f"{len(matches)} devices, {eligible} eligible", caption=caption)
-    for col in ("#", "device", "model", "eligible", *CRITERIA, "total"):
+    # The rank, the id and the total first: on a narrow console the scores move to a table below.
+    table = SplitTable(
+        title=f"{len(matches)} devices, {eligible} eligible", caption=caption, key_columns=2
+    )
+    for col in ("#", "device", "model", "eligible", "total", *CRITERIA):
         table.add_column(col, justify="left" if col in ("device", "model", "eligible") else "right")
     for rank, m in enumerate(matches, 1):
         table.add_row(
@@ -147,8 +151,8 @@ def _table(matches: list[Match], weights: dict[str, float]) -> Table:
             m.device.id,
             m.device.model,
             "[green]yes[/]" if m.eligible else "[red]no[/]",
-            *(f"{m.scores[name]:.2f}" for name in CRITERIA),
             f"{m.total:.3f}",
+            *(f"{m.scores[name]:.2f}" for name in CRITERIA),
         )
     return table
 

@@ -3,6 +3,7 @@ simulator (see ``docs/fleet-sizing.md``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,6 +18,7 @@ from hetero._cli_util import (
     print_json,
     print_problems,
 )
+from hetero._tables import SplitTable
 from hetero.errors import ConfigError, HeteroError
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ _EPILOG = (
     "  hetero plan examples/plan.yaml --verify --requests 20000\n\n"
     "  hetero plan examples/plan.yaml --rate 60 --slo 2 --devices A100-80GB,L4,T4 --json"
 )
+
+# A share of a bucket above this is the whole bucket (the solver's shares are floats).
+_WHOLE = 0.999
 
 
 def plan(
@@ -113,7 +118,7 @@ def plan(
 
 
 def _bucket_table(result: FleetPlan) -> Table:
-    table = Table(
+    table = SplitTable(
         title=f"length buckets: {result.load:,.0f} work units/s "
         f"({result.tokens_per_hour / 3600:,.0f} tokens/s)"
     )
@@ -130,35 +135,53 @@ def _bucket_table(result: FleetPlan) -> Table:
     return table
 
 
+def _served(buckets: Mapping[int, float]) -> str:
+    """The buckets a type serves, with its share of those it splits; consecutive buckets it
+    serves whole as a range: "1–9, 10 (41%)"."""
+    runs: list[tuple[int, int, float]] = []  # (first, last, share)
+    for b, share in buckets.items():
+        if runs and share > _WHOLE and runs[-1][2] > _WHOLE and runs[-1][1] == b - 1:
+            runs[-1] = (runs[-1][0], b, share)
+        else:
+            runs.append((b, b, share))
+    cells: list[str] = []
+    for first, last, share in runs:
+        cell = f"{first}–{last}" if last > first else f"{first}"
+        cells.append(cell if share > _WHOLE else f"{cell} ({share:.0%})")
+    return ", ".join(cells)
+
+
 def _mix_table(result: FleetPlan) -> Table:
-    table = Table(
+    table = SplitTable(
         title=f"cheapest mix: ${result.price_per_hour:,.2f}/hour, "
         f"${result.price_per_million_tokens:,.4f} per million tokens "
-        f"(solved in {result.solve_seconds * 1000:,.0f} ms)"
+        f"(solved in {result.solve_seconds * 1000:,.0f} ms)",
+        caption="units/s: work units per second of one, * where measured (else the catalog's); "
+        "util: planned utilisation, at most cap; buckets: the length buckets it serves (its "
+        "share of one it splits)",
+        caption_justify="left",
     )
-    for name in ("type", "count", "$/hour each", "work units/s", "source", "utilisation", "cap"):
-        table.add_column(name, justify="left" if name in ("type", "source") else "right")
-    table.add_column("buckets (share)")
+    for name in ("type", "count", "$/h each", "units/s", "util", "cap"):
+        table.add_column(name, justify="left" if name == "type" else "right")
+    table.add_wrapping_column("buckets", width=16)
     for t in result.types:
         table.add_row(
             t.model,
             str(t.count),
             f"{t.price:,.2f}",
-            f"{t.throughput:,.0f}",
-            "measured" if t.measured else "catalog",
+            f"{t.throughput:,.0f}" + ("*" if t.measured else ""),
             f"{t.utilization:.0%}" if t.count else "-",
             f"{t.utilization_cap:.0%}" if t.count else "-",
-            ", ".join(f"{b}" if s > 0.999 else f"{b} ({s:.0%})" for b, s in t.buckets.items())
-            or "-",
+            _served(t.buckets) or "-",
         )
     return table
 
 
 def _single_table(result: FleetPlan) -> Table:
-    table = Table(title="each type alone")
+    table = SplitTable(title="each type alone")
     for name in ("type", "count", "$/hour", "$/M tokens", "vs mix"):
         table.add_column(name, justify="left" if name == "type" else "right")
-    table.add_column("why not", overflow="fold")
+    table.add_wrapping_column("why not", width=30)
     for s in result.single_type:
         if s.count is None:
             table.add_row(s.model, "-", "-", "-", "-", s.reason)
@@ -177,26 +200,32 @@ def _single_table(result: FleetPlan) -> Table:
 
 
 def _verify_table(checks: list[Verification]) -> Table:
-    table = Table(title="simulator check (shortest_expected_delay)")
-    for name in ("round", "requests", "within SLO", "target", "latency at target", "p50", "p99"):
-        table.add_column(name, justify="right")
-    table.add_column("utilisation")
-    table.add_column("meets SLO")
+    resolved = "re-solved: caps tightened and the plan solved again; " if len(checks) > 1 else ""
+    table = SplitTable(
+        title="simulator check (shortest_expected_delay)",
+        caption="in SLO: share of requests within the SLO latency; at target: latency at the "
+        f"SLO percentile; {resolved}util: mean utilisation of each type",
+        caption_justify="left",
+    )
+    for name in ("round", "in SLO", "target", "meets SLO", "at target", "p50", "p99"):
+        table.add_column(name, justify="left" if name == "meets SLO" else "right")
+    table.add_wrapping_column("util", width=20)
+    table.add_column("requests", justify="right")
     for k, c in enumerate(checks, start=1):
         table.add_row(
             str(k),
-            f"{c.requests:,}",
             f"{c.attainment:.2%}",
             f"{c.target:.0%}",
+            "[green]yes[/]"
+            if c.meets_slo
+            else "[red]no[/], re-solved"
+            if k < len(checks)
+            else "[red]no[/]",
             f"{c.latency_at_percentile:.3f} s",
             f"{c.p50:.3f} s",
             f"{c.p99:.3f} s",
             ", ".join(f"{m} {u:.0%}" for m, u in c.utilization.items()),
-            "[green]yes[/]"
-            if c.meets_slo
-            else "[red]no[/] (caps tightened, re-solved)"
-            if k < len(checks)
-            else "[red]no[/]",
+            f"{c.requests:,}",
         )
     return table
 
