@@ -146,6 +146,21 @@ _CONFIGS = {
 }
 
 
+_LATENCY = ["mean", "p50", "p99", "SLO", "largest 1% mean", "largest 1% worst"]
+
+
+def _latency_cells(r: dict[str, Any]) -> list[Any]:
+    """The cells under ``_LATENCY`` for one run of bench_quality's ``latency_row``."""
+    return [
+        r["mean"],
+        r["p50"],
+        r["p99"],
+        f"{r['slo_attainment']:.2%}",
+        r["largest_1pct_mean"],
+        r["largest_1pct_worst"],
+    ]
+
+
 def _wins(beats: dict[str, bool]) -> str:
     return ", ".join(name for name, won in beats.items() if won) or "none"
 
@@ -159,12 +174,7 @@ def versus_round_robin(doc: dict[str, Any]) -> str:
                 [
                     scenario["scenario"] if label == "default" else "",
                     _CONFIGS[label],
-                    r["mean"],
-                    r["p50"],
-                    r["p99"],
-                    f"{r['slo_attainment']:.2%}",
-                    r["largest_1pct_mean"],
-                    r["largest_1pct_worst"],
+                    *_latency_cells(r),
                     r["failed"],
                 ]
             )
@@ -184,20 +194,7 @@ def versus_round_robin(doc: dict[str, Any]) -> str:
         "the share of items done within the scenario's SLO (3 s on the benchmark fleet, the "
         "workload's 5 s on the demo, whose config also sets a 30 s timeout); *largest 1%* is "
         "the mean and worst latency of the 1% of items with the highest cost.\n\n"
-        + _table(
-            [
-                "scenario",
-                "scheduler",
-                "mean",
-                "p50",
-                "p99",
-                "SLO",
-                "largest 1% mean",
-                "largest 1% worst",
-                "failed",
-            ],
-            rows,
-        )
+        + _table(["scenario", "scheduler", *_LATENCY, "failed"], rows)
         + "\n\n"
         + verdicts
         + ("\n\n" + overtake(doc) if "overtake_weight" in doc else "")
@@ -209,32 +206,14 @@ def overtake(doc: dict[str, Any]) -> str:
         [
             r["queue_order"],
             "-" if r["overtake_weight"] is None else r["overtake_weight"],
-            r["mean"],
-            r["p50"],
-            r["p99"],
-            f"{r['slo_attainment']:.2%}",
-            r["largest_1pct_mean"],
-            r["largest_1pct_worst"],
+            *_latency_cells(r),
         ]
         for r in doc["overtake_weight"]
     ]
     return (
         f"### `overtake_weight`\n\n`{doc['default']['strategy']}` on the benchmark fleet at "
         f"{doc['workload']['load']:.0%} load with FIFO queues and with size order at weights 0 "
-        "to 3 (the default is 2):\n\n"
-        + _table(
-            [
-                "queue order",
-                "overtake_weight",
-                "mean",
-                "p50",
-                "p99",
-                "SLO",
-                "largest 1% mean",
-                "largest 1% worst",
-            ],
-            rows,
-        )
+        "to 3 (the default is 2):\n\n" + _table(["queue order", "overtake_weight", *_LATENCY], rows)
     )
 
 
