@@ -77,10 +77,11 @@ class FleetView:
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
         self.size_order = False
-        # For size-ordered queues (kept by the dispatcher only then): the work of running items;
-        # row k of ``queued_below`` the queued work in size classes below k and row k of
-        # ``queued_from`` the number of queued items in classes k and up, per device. Rows, not
-        # columns, so that reading one class for every device is a contiguous slice.
+        # The work of running items (``outstanding`` less ``queued_work``, kept as an array so a
+        # policy reads it in one vector operation). For size-ordered queues only: row k of
+        # ``queued_below`` the queued work in size classes below k and row k of ``queued_from``
+        # the number of queued items in classes k and up, per device. Rows, not columns, so
+        # that reading one class for every device is a contiguous slice.
         self.running_work: FloatArray = np.zeros(n)
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
