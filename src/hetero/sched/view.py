@@ -42,7 +42,7 @@ class FleetView:
     When the dispatcher orders device queues by size (``size_order``), it also keeps, per device,
     how many queued items and how much queued work fall below each size class (``queued_below``),
     so that a policy can tell how much of a queue a new item would wait behind and how many
-    items it would pass (``wait_ahead``) in a few vector operations.
+    items it would pass (``delay_score``) in a few vector operations.
     """
 
     def __init__(
@@ -77,11 +77,11 @@ class FleetView:
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
         self.size_order = False
-        # The work of running items (``outstanding`` less ``queued_work``, kept as an array so a
-        # policy reads it in one vector operation). For size-ordered queues only: row k of
-        # ``queued_below`` the queued work in size classes below k and row k of ``queued_from``
-        # the number of queued items in classes k and up, per device. Rows, not columns, so
-        # that reading one class for every device is a contiguous slice.
+        # Kept by the dispatcher for size-ordered queues only: the work of running items
+        # (``outstanding`` less ``queued_work``, as an array so a policy reads it in one vector
+        # operation); row k of ``queued_below`` the queued work in size classes below k and row k
+        # of ``queued_from`` the number of queued items in classes k and up, per device. Rows,
+        # not columns, so that reading one class for every device is a contiguous slice.
         self.running_work: FloatArray = np.zeros(n)
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
@@ -130,20 +130,39 @@ class FleetView:
         self.queued_below[:, index] = 0.0
         self.queued_from[:, index] = 0.0
 
-    def wait_ahead(self, cost: float) -> tuple[FloatArray, FloatArray]:
-        """Per device: the work an item of ``cost`` placed now would wait for (running items,
-        and the queued items that start before it), and how many queued items it would pass.
+    def delay_score(self, cost: float, inv: FloatArray, overtake_weight: float) -> FloatArray:
+        """Per device (``inv``: 1/speed, ``inf`` where unusable): when an item of ``cost`` placed
+        now would finish, plus ``overtake_weight`` times the delay it adds to the queued items it
+        passes.
 
-        With FIFO queues that is everything placed and nothing passed; with size order, the
-        queued items of its size class or smaller are ahead and the larger ones behind (aging
-        is not modelled: it only moves old items forward)."""
+        FIFO queues: ``(outstanding + cost) / speed``. Size-ordered queues: the item waits only
+        for the running items and the queued ones of its size class or smaller (aging is not
+        modelled: it only moves old items forward), and pushes each larger one back by its own
+        service time; counting that keeps small items from crowding the fast devices that the
+        large ones need (weight 1 is the total latency the placement adds; more favours the
+        large)."""
         if not self.size_order:
-            return self.outstanding, np.zeros(self.n)
+            return (self.outstanding + cost) * inv
+        # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this
+        # runs for every item placed.
         k = self.size_class(cost) + 1
-        return self.running_work + self.queued_below[k], self.queued_from[k]
+        score: FloatArray = self.queued_from[k] * (cost * overtake_weight)
+        score += self.running_work
+        score += self.queued_below[k]
+        score += cost
+        score *= inv
+        return score
+
+    def delay_at(self, index: int, cost: float, inv: float, overtake_weight: float) -> float:
+        """``delay_score`` on one device, for policies that compare a few sampled devices."""
+        if not self.size_order:
+            return (float(self.outstanding[index]) + cost) * inv
+        k = self.size_class(cost) + 1
+        ahead = float(self.running_work[index]) + float(self.queued_below[k, index])
+        passed = float(self.queued_from[k, index])
+        return (ahead + cost * (1.0 + overtake_weight * passed)) * inv
 
     def expected_delay(self, kind: str, cost: float) -> FloatArray:
         """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``),
         given the order of the device queues."""
-        ahead, _ = self.wait_ahead(cost)
-        return (ahead + cost) * self.inv_speed(kind)
+        return self.delay_score(cost, self.inv_speed(kind), 0.0)

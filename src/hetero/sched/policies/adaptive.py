@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.sched.item import WorkItem
-from hetero.sched.policies.load import check_overtake_weight, delay_score
+from hetero.sched.policies.load import check_overtake_weight
 from hetero.sched.policy import BoolArray, Completed, Policy, masked_argmin
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
@@ -92,4 +92,4 @@ class Adaptive(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         mask = view.usable if allowed is None else allowed
-        return masked_argmin(delay_score(view, item.cost, self._inv, self.overtake_weight), mask)
+        return masked_argmin(view.delay_score(item.cost, self._inv, self.overtake_weight), mask)

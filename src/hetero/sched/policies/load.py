@@ -7,7 +7,7 @@ import bisect
 import numpy as np
 
 from hetero.sched.item import WorkItem
-from hetero.sched.policy import BoolArray, FloatArray, Policy, masked_argmin
+from hetero.sched.policy import BoolArray, Policy, masked_argmin
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
 
@@ -55,39 +55,6 @@ class LeastWork(Policy):
         return masked_argmin(view.outstanding, mask)
 
 
-def delay_score(
-    view: FleetView, cost: float, inv: FloatArray, overtake_weight: float
-) -> FloatArray:
-    """Expected finish time of an item of ``cost`` on each device (``inv``: 1/speed), plus the
-    delay it would add to the queued items it passes, times ``overtake_weight``.
-
-    FIFO queues: ``(outstanding + cost) / speed``. Size-ordered queues: the item waits only for
-    the running items and the queued ones no larger, and pushes each larger one back by its own
-    service time; counting that keeps small items from crowding the fast devices that the large
-    ones need (weight 1 is the total latency the placement adds; more favours the large)."""
-    if not view.size_order:
-        return (view.outstanding + cost) * inv
-    # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this runs
-    # for every item placed.
-    k = view.size_class(cost) + 1
-    score: FloatArray = view.queued_from[k] * (cost * overtake_weight)
-    score += view.running_work
-    score += view.queued_below[k]
-    score += cost
-    score *= inv
-    return score
-
-
-def delay_at(view: FleetView, index: int, cost: float, inv: float, overtake_weight: float) -> float:
-    """``delay_score`` on one device, for policies that compare a few sampled devices."""
-    if not view.size_order:
-        return (float(view.outstanding[index]) + cost) * inv
-    k = view.size_class(cost) + 1
-    ahead = float(view.running_work[index]) + float(view.queued_below[k, index])
-    passed = float(view.queued_from[k, index])
-    return (ahead + cost * (1.0 + overtake_weight * passed)) * inv
-
-
 def check_overtake_weight(overtake_weight: float) -> None:
     if not 0 <= overtake_weight < float("inf"):
         raise ValueError(f"option overtake_weight={overtake_weight!r}; allowed: a number >= 0")
@@ -112,7 +79,7 @@ class ShortestExpectedDelay(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         inv = view.perf.inv_speed(item.kind)
-        score = delay_score(view, item.cost, inv, self.overtake_weight)
+        score = view.delay_score(item.cost, inv, self.overtake_weight)
         # inv_speed is inf on unusable devices, so without a mask no extra pass is needed.
         if allowed is not None:
             return masked_argmin(score, allowed)
@@ -157,7 +124,7 @@ class PowerOfTwo(Policy):
         cost, weight = item.cost, self.overtake_weight
         if a is None or b is None:
             # Few devices allowed: sampling keeps missing, so rank them all.
-            return masked_argmin(delay_score(view, cost, inv, weight), mask)
-        delay_a = delay_at(view, a, cost, float(inv[a]), weight)
-        delay_b = delay_at(view, b, cost, float(inv[b]), weight)
+            return masked_argmin(view.delay_score(cost, inv, weight), mask)
+        delay_a = view.delay_at(a, cost, float(inv[a]), weight)
+        delay_b = view.delay_at(b, cost, float(inv[b]), weight)
         return a if delay_a <= delay_b else b
