@@ -19,6 +19,7 @@ from hetero.commands import (
     match,
     plan,
     policies,
+    profile,
     simulate,
     topology,
 )
@@ -71,5 +72,5 @@ def run() -> None:
 
 # --help lists commands in registration order, then the groups: the core commands first, then
 # the planner's, then the catalog and config groups.
-for _command in (devices, simulate, policies, fit, match, plan, topology, catalog, config):
+for _command in (devices, simulate, profile, policies, fit, match, plan, topology, catalog, config):
     _command.register(app)

@@ -1,0 +1,309 @@
+"""The profile as one self-contained HTML file: headline numbers, a per-device timeline, a table
+and a utilization chart, drawn as inline SVG so the file needs no network, script or plotting
+library. Every string from the run (task names, device ids and models) is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from hetero.units import format_size
+
+if TYPE_CHECKING:
+    from hetero.telemetry.profile import DeviceSummary, Profile, ProfileSummary
+    from hetero.telemetry.trace import DeviceInfo, TaskTrace
+
+__all__ = ["render_html"]
+
+# Size caps, so that a run of 100k attempts renders fast and stays small. Within a device row,
+# an attempt joins the rect of same-status attempts before it when it starts within MERGE_PX of
+# that rect's start, or when it touches the rect (a gap under MERGE_PX) while it or the attempt
+# before it is narrower than MERGE_PX: attempts too small to see merge, wide ones keep their own
+# rect and tooltip. Rect starts are then at least MERGE_PX apart, so a row holds at most
+# PLOT_W / MERGE_PX + 1 rects per status however many attempts it ran. The timeline and the
+# utilization chart draw the first MAX_ROWS devices; the table lists every device.
+MERGE_PX = 1.0
+MAX_ROWS = 200
+
+LABEL_W = 190  # left gutter for the device labels
+PLOT_W = 800
+ROW_H = 18
+BAR_H = 12
+TOP = 18  # room above the rows for the "ideal" and "end" labels
+AXIS_H = 22
+UTIL_W = 400
+
+_COLOURS = {"done": "#4e79a7", "cancelled": "#a0a0a0", "retried": "#f28e2b", "failed": "#e15759"}
+_OTHER_COLOUR = "#76b7b2"
+# Drawn in this order, so failures lie on top of the work around them.
+_DRAW_ORDER = {"done": 0, "cancelled": 1, "retried": 2, "failed": 3}
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f3f3f3; }
+svg { display: block; margin: 1em 0; font-size: 11px; }
+.note { color: #666; }
+.key { display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.3em 0 1em;
+       vertical-align: middle; }
+"""
+
+
+def render_html(profile: Profile, summary: ProfileSummary) -> str:
+    """The whole report for ``profile`` (whose ``summary()`` is ``summary``)."""
+    title = f"hetero profile: {profile.name}"
+    rows = profile.rows()
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{_esc(title)}</h1>",
+        _table(None, _headline(summary)),
+        "<h2>Timeline</h2>",
+        _legend([t for _, traces in rows for t in traces]),
+        _timeline(profile, summary, rows[:MAX_ROWS]),
+    ]
+    if len(rows) > MAX_ROWS:
+        parts.append(
+            f'<p class="note">The charts show the first {MAX_ROWS} of {len(rows)} devices; '
+            "the table lists all of them.</p>"
+        )
+    parts += [
+        "<h2>Devices</h2>",
+        _table(
+            [
+                "device",
+                "model",
+                "speed (units/s)",
+                "tasks",
+                "attempts",
+                "busy",
+                "utilization",
+                "compute",
+                "transfer",
+                "mean wait",
+                "bytes in",
+                "bytes out",
+            ],
+            [_device_row(d) for d in summary.devices],
+        ),
+        '<p class="note">busy: time running at least one attempt; compute: the sum of the '
+        "attempts' run times; transfer: packing and unpacking arguments and results; mean wait: "
+        "from hand-off to the engine to start, per attempt.</p>",
+        "<h2>Utilization</h2>",
+        _utilization(summary.devices[:MAX_ROWS]),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def _headline(s: ProfileSummary) -> list[list[str]]:
+    return [
+        ["makespan", _seconds(s.makespan)],
+        ["ideal makespan (work / total speed)", _seconds(s.ideal_makespan)],
+        ["efficiency (ideal / makespan)", _percent(s.efficiency)],
+        ["load balance (mean busy / largest busy)", _ratio(s.load_balance)],
+        ["work done (cost units)", f"{s.work:,.6g}"],
+        ["tasks done", f"{s.done:,}"],
+        ["tasks failed", f"{s.failed:,}"],
+        ["attempts retried", f"{s.retried:,}"],
+        ["attempts cancelled", f"{s.cancelled:,}"],
+        ["devices", f"{len(s.devices):,}"],
+    ]
+
+
+def _device_row(d: DeviceSummary) -> list[str]:
+    return [
+        d.id,
+        d.model,
+        f"{d.speed:,.4g}",
+        f"{d.tasks:,}",
+        f"{d.attempts:,}",
+        _seconds(d.busy),
+        _percent(d.utilization),
+        _seconds(d.compute),
+        _seconds(d.transfer),
+        _seconds(d.wait),
+        format_size(d.bytes_in),
+        format_size(d.bytes_out),
+    ]
+
+
+def _legend(traces: list[TaskTrace]) -> str:
+    counts = Counter(t.status for t in traces)
+    keys = "".join(
+        f'<span class="key" style="background:{_colour(status)}"></span>{_esc(status)} ({n:,})'
+        for status, n in sorted(counts.items(), key=lambda kv: _order(kv[0]))
+    )
+    return f'<p class="note">One row per device, one bar per attempt:{keys}</p>'
+
+
+def _timeline(
+    profile: Profile, s: ProfileSummary, rows: list[tuple[DeviceInfo, list[TaskTrace]]]
+) -> str:
+    origin, _ = profile.window()
+    last = max((t.ended - origin for t in profile.traces), default=0.0)
+    span = max(s.makespan, s.ideal_makespan or 0.0, last)
+    span = span if span > 0 else 1.0
+
+    def x(t: float) -> float:
+        return LABEL_W + (t - origin) / span * PLOT_W
+
+    height = TOP + len(rows) * ROW_H + AXIS_H
+    out = [_svg_open(LABEL_W + PLOT_W + 40, height)]
+    for i, (info, traces) in enumerate(rows):
+        y = TOP + i * ROW_H
+        if i % 2:
+            out.append(
+                f'<rect x="{LABEL_W}" y="{y}" width="{PLOT_W}" height="{ROW_H}" fill="#f6f6f6"/>'
+            )
+        out.append(
+            f'<text x="{LABEL_W - 6}" y="{y + ROW_H - 5}" text-anchor="end">'
+            f"{_esc(info.id)} {_esc(info.model)}</text>"
+        )
+        out += _rects(traces, x, y + (ROW_H - BAR_H) / 2)
+    bottom = TOP + len(rows) * ROW_H
+    for i in range(5):
+        tx = LABEL_W + PLOT_W * i / 4
+        out.append(
+            f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}" stroke="#444"/>'
+        )
+        out.append(
+            f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle">'
+            f"{_seconds(span * i / 4)}</text>"
+        )
+    out.append(
+        f'<line x1="{LABEL_W}" x2="{LABEL_W + PLOT_W}" y1="{bottom}" y2="{bottom}" stroke="#444"/>'
+    )
+    # "ideal" to the left of its line and "end" to the right of its own, so both stay legible
+    # when the two nearly coincide.
+    if s.ideal_makespan is not None:
+        out.append(_marker(x(origin + s.ideal_makespan), bottom, "ideal", "end", "#2a9d3f"))
+    out.append(_marker(x(origin + s.makespan), bottom, "end", "start", "#222"))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _rects(traces: list[TaskTrace], x: Callable[[float], float], y: float) -> list[str]:
+    """The rects of one device row, attempts merged as the ``MERGE_PX`` comment says."""
+    by_status: dict[str, list[TaskTrace]] = {}
+    for t in traces:
+        by_status.setdefault(t.status, []).append(t)
+    out: list[str] = []
+    for status in sorted(by_status, key=_order):
+        run: list[TaskTrace] = []
+        x0 = x1 = last_width = 0.0
+        for t in sorted(by_status[status], key=lambda t: t.started):
+            left, right = x(t.started), x(max(t.ended, t.started))
+            small = min(right - left, last_width) < MERGE_PX
+            if run and (left - x0 < MERGE_PX or (left - x1 < MERGE_PX and small)):
+                run.append(t)
+                x1, last_width = max(x1, right), right - left
+                continue
+            if run:
+                out.append(_rect(run, x0, x1, y))
+            run, x0, x1, last_width = [t], left, right, right - left
+        if run:
+            out.append(_rect(run, x0, x1, y))
+    return out
+
+
+def _rect(run: list[TaskTrace], x0: float, x1: float, y: float) -> str:
+    first = run[0]
+    if len(run) == 1:
+        tip = (
+            f"{first.name} (task {first.task_id}, attempt {first.attempt}, {first.status}): "
+            f"{_seconds(first.ended - first.started)}"
+            + (f" — {first.error}" if first.error else "")
+        )
+    else:
+        tip = f"{len(run):,} {first.status} attempts"
+    return (
+        f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1.0):.1f}" height="{BAR_H}" '
+        f'fill="{_colour(first.status)}"><title>{_esc(tip)}</title></rect>'
+    )
+
+
+def _marker(at: float, bottom: float, label: str, anchor: str, colour: str) -> str:
+    dx = -3 if anchor == "end" else 3
+    return (
+        f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{TOP - 4}" y2="{bottom}" stroke="{colour}" '
+        f'stroke-dasharray="4 3"/>'
+        f'<text x="{at + dx:.1f}" y="{TOP - 6}" text-anchor="{anchor}" fill="{colour}">'
+        f"{label}</text>"
+    )
+
+
+def _utilization(devices: Sequence[DeviceSummary]) -> str:
+    out = [_svg_open(LABEL_W + UTIL_W + 60, len(devices) * ROW_H + 4)]
+    for i, d in enumerate(devices):
+        y = i * ROW_H
+        width = max(0.0, min(d.utilization, 1.0)) * UTIL_W
+        out += [
+            f'<text x="{LABEL_W - 6}" y="{y + ROW_H - 5}" text-anchor="end">'
+            f"{_esc(d.id)} {_esc(d.model)}</text>",
+            f'<rect x="{LABEL_W}" y="{y + 3}" width="{UTIL_W}" height="{BAR_H}" fill="#eee"/>',
+            f'<rect x="{LABEL_W}" y="{y + 3}" width="{width:.1f}" height="{BAR_H}" '
+            f'fill="{_COLOURS["done"]}"/>',
+            f'<text x="{LABEL_W + UTIL_W + 6}" y="{y + ROW_H - 5}">'
+            f"{_percent(d.utilization)}</text>",
+        ]
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _svg_open(width: float, height: float) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">'
+    )
+
+
+def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
+    head = (
+        "<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in header) + "</tr></thead>"
+        if header
+        else ""
+    )
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_esc(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table>{head}<tbody>{body}</tbody></table>"
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _order(status: str) -> float:
+    return _DRAW_ORDER.get(status, 1.5)
+
+
+def _colour(status: str) -> str:
+    return _COLOURS.get(status, _OTHER_COLOUR)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    if value == 0:
+        return "0 s"
+    if abs(value) < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    if abs(value) < 1:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
