@@ -114,6 +114,9 @@ class SchedulerConfig(_Strict):
     batch_sizes: dict[str, int] = Field(
         default_factory=dict, description="static per-device batch size by device id or model"
     )
+    monitoring_interval: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="seconds between device polls"
+    )
 
     @field_validator("batch_sizes")
     @classmethod
