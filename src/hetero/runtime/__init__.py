@@ -1,0 +1,3 @@
+"""The execution engine: the local backend (one worker process per device)."""
+
+from __future__ import annotations

@@ -1,0 +1,167 @@
+"""How a running Context is seen from another process (``hetero top``): a JSON status file.
+
+Each process running a Context writes ``<pid>.json`` into the status directory, replacing it
+whole on every update, and removes it on exit. Readers drop the files of processes that are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypedDict, cast
+
+import psutil
+
+__all__ = [
+    "DeviceStatus",
+    "StatusSnapshot",
+    "StatusWriter",
+    "TaskCounts",
+    "read_statuses",
+    "status_dir",
+]
+
+# A file is stale when its pid now belongs to a process started after the file's last update;
+# the slack absorbs the rounding of process start times.
+_PID_REUSE_SLACK_S = 1.0
+
+
+class TaskCounts(TypedDict):
+    """Tasks of a Context by state; ``waiting`` counts those not yet on a device."""
+
+    submitted: int
+    done: int
+    failed: int
+    running: int
+    waiting: int
+
+
+class DeviceStatus(TypedDict):
+    """One device of a running Context. Speeds are in work units per second."""
+
+    id: str
+    model: str
+    kind: str
+    emulated: bool
+    healthy: bool
+    speed: float | None  # learned from completed tasks; None before the first
+    prior_speed: float  # from the catalog or the config, before any task ran
+    running: int
+    queued: int
+    done: int
+    failed: int
+    utilization: float | None  # percent
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+    temperature: float | None  # °C
+
+
+class StatusSnapshot(TypedDict):
+    """What a Context publishes: ``started`` and ``updated`` are unix times, ``config`` the
+    absolute path of its fleet config (``None`` when built without a file)."""
+
+    pid: int
+    started: float
+    updated: float
+    config: str | None
+    tasks: TaskCounts
+    devices: list[DeviceStatus]
+
+
+_KEYS = StatusSnapshot.__required_keys__
+
+
+def status_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$HETERO_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/hetero``, else ``/tmp/hetero-<uid>``."""
+    env = os.environ if environ is None else environ
+    if env.get("HETERO_STATUS_DIR"):
+        return Path(env["HETERO_STATUS_DIR"])
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "hetero"
+    return Path("/tmp") / f"hetero-{os.getuid()}"
+
+
+class StatusWriter:
+    """Publishes one process's snapshots at ``path`` (default: ``<status dir>/<pid>.json``)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else status_dir() / f"{os.getpid()}.json"
+
+    def write(self, snapshot: StatusSnapshot) -> None:
+        """Replace the file with ``snapshot``; a reader sees the old file or the new, whole."""
+        # Private to this user: the snapshot names config paths and device load.
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The temporary name does not end in .json, so readers never pick it up.
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                json.dump(snapshot, file)
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def close(self) -> None:
+        """Remove the file: the Context is no longer running."""
+        self.path.unlink(missing_ok=True)
+
+
+def read_statuses(directory: str | Path | None = None) -> list[StatusSnapshot]:
+    """The snapshots of the Contexts running now, oldest ``started`` first.
+
+    Files of processes that have exited are deleted; unreadable or invalid ones are skipped.
+    """
+    folder = Path(directory) if directory is not None else status_dir()
+    found: list[StatusSnapshot] = []
+    for path in folder.glob("*.json"):
+        if not path.stem.isdigit():
+            continue
+        pid = int(path.stem)
+        if not _alive(pid):
+            _remove(path)
+            continue
+        snapshot = _load(path)
+        if snapshot is None:
+            continue
+        if _started_after(pid, snapshot["updated"]):  # the pid was reused
+            _remove(path)
+            continue
+        found.append(snapshot)
+    return sorted(found, key=lambda s: s["started"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process exists
+        return True
+
+
+def _started_after(pid: int, when: float) -> bool:
+    try:
+        return psutil.Process(pid).create_time() > when + _PID_REUSE_SLACK_S
+    except psutil.Error:
+        return False
+
+
+def _load(path: Path) -> StatusSnapshot | None:
+    try:
+        data: Any = json.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):  # gone meanwhile, or not JSON
+        return None
+    if not isinstance(data, dict) or not data.keys() >= _KEYS:
+        return None
+    if not all(isinstance(data[key], (int, float)) for key in ("pid", "started", "updated")):
+        return None
+    return cast(StatusSnapshot, data)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not ours to delete: its owner's reader will
+        path.unlink(missing_ok=True)
