@@ -21,6 +21,7 @@ from hetero.commands import (
     policies,
     profile,
     simulate,
+    top,
     topology,
 )
 from hetero.log import LOG_LEVELS, set_log_level
@@ -72,5 +73,17 @@ def run() -> None:
 
 # --help lists commands in registration order, then the groups: the core commands first, then
 # the planner's, then the catalog and config groups.
-for _command in (devices, simulate, profile, policies, fit, match, plan, topology, catalog, config):
+for _command in (
+    devices,
+    top,
+    simulate,
+    profile,
+    policies,
+    fit,
+    match,
+    plan,
+    topology,
+    catalog,
+    config,
+):
     _command.register(app)

@@ -1,0 +1,264 @@
+"""``hetero top``: the devices of a running Context, live; or a snapshot of a fleet's devices."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from hetero._cli_util import console, fail
+from hetero._tables import SplitTable
+from hetero.config import load_config
+from hetero.devices.spec import Device, DeviceKind
+from hetero.errors import HeteroError
+
+if TYPE_CHECKING:  # the runtime package is imported when the command runs, not for --help
+    from hetero.runtime.monitor import DeviceSample
+    from hetero.runtime.status import DeviceStatus, StatusSnapshot
+
+__all__ = ["register"]
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+# Most telling columns first: on a narrow console the last ones move to a table below.
+_TEXT_COLUMNS = ("id", "model", "health")
+_STATUS_COLUMNS = (
+    *_TEXT_COLUMNS,
+    "speed",
+    "run",
+    "queue",
+    "done",
+    "fail",
+    "util",
+    "memory",
+    "temp",
+)
+_SNAPSHOT_COLUMNS = (*_TEXT_COLUMNS, "speed", "util", "memory", "temp")
+
+# psutil's system CPU share is measured between two calls; the first one sets the start.
+_CPU_WINDOW_S = 0.1
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``top`` to ``app``."""
+    app.command("top")(top)
+
+
+def top(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Fleet config: watch the Context running it, or, when none is, show a snapshot "
+            "of its devices. Default: the newest Context, else this machine's devices.",
+            show_default=False,
+        ),
+    ] = None,
+    pid: Annotated[
+        int | None,
+        typer.Option("--pid", help="Watch the Context of this process id.", show_default=False),
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one view and exit.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")
+    ] = 1.0,
+) -> None:
+    """Watch the devices of a running hetero Context, refreshed until Ctrl-C.
+
+    Per device: health, learned and prior speed, tasks, utilization, memory and temperature.
+
+    With --once, or when the output is not a terminal, it prints one view and exits.
+
+    Examples: `hetero top`, `hetero top --pid 4242 --once`, `hetero top -c fleet.yaml`.
+    """
+    from hetero.runtime.status import read_statuses
+
+    if not (interval > 0 and math.isfinite(interval)):
+        fail(f"--interval must be a positive number of seconds, got {interval:g}", code=2)
+    statuses = read_statuses()
+    if pid is not None:
+        chosen = _find(statuses, pid)
+        if chosen is None:
+            running = ", ".join(str(s["pid"]) for s in statuses) or "none"
+            fail(f"--pid {pid}: no running hetero Context has that pid; running: {running}", 2)
+    else:
+        mine = (
+            statuses if config is None else [s for s in statuses if _same_file(s["config"], config)]
+        )
+        chosen = mine[-1] if mine else None  # the newest
+    if chosen is None:
+        _snapshot(config, statuses)
+    elif once or not console.is_terminal:
+        console.print(_status_view(chosen, time.time()))
+    else:
+        _watch(console, chosen["pid"], interval)
+
+
+def _find(statuses: list[StatusSnapshot], pid: int) -> StatusSnapshot | None:
+    return next((s for s in statuses if s["pid"] == pid), None)
+
+
+def _same_file(published: str | None, given: Path) -> bool:
+    return published is not None and Path(published).resolve() == given.resolve()
+
+
+def _watch(out: Console, pid: int, interval: float) -> None:
+    """Redraw the view of Context ``pid`` every ``interval`` seconds until it ends or Ctrl-C."""
+    from hetero.runtime.status import read_statuses
+
+    try:
+        with Live(console=out, auto_refresh=False) as live:
+            while (status := _find(read_statuses(), pid)) is not None:
+                live.update(_status_view(status, time.time()), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:  # the way to leave; not an error
+        return
+    out.print(f"hetero Context {pid} has ended", highlight=False)
+
+
+def _snapshot(config: Path | None, others: list[StatusSnapshot]) -> None:
+    """A one-off view of ``config``'s devices (this machine's without one); ``others`` are the
+    running Contexts of other configs, named so that one can be picked with --pid."""
+    from hetero.runtime.monitor import sample_devices
+
+    try:
+        if config is None:
+            from hetero.devices.discovery import get_device_list
+
+            fleet = get_device_list()
+        else:
+            from hetero.devices.fleet import build_fleet
+
+            fleet = build_fleet(load_config(config))
+    except HeteroError as exc:
+        fail(str(exc), code=2)
+    if any(d.kind is DeviceKind.CPU and not d.emulated for d in fleet):
+        time.sleep(_CPU_WINDOW_S)  # discovery started psutil's CPU window; let it measure
+    samples = sample_devices((d, None) for d in fleet)
+    where = str(config) if config is not None else "this machine"
+    console.print(Text(f"no running hetero Context found; showing a snapshot of {where}"))
+    if others:
+        running = ", ".join(f"{s['pid']} ({s['config'] or 'no config file'})" for s in others)
+        console.print(Text(f"other Contexts are running (watch one with --pid): {running}"))
+    console.print(_snapshot_table(fleet, samples))
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _status_view(status: StatusSnapshot, now: float) -> RenderableType:
+    tasks = status["tasks"]
+    head = Text(
+        f"hetero Context {status['pid']} · up {_duration(now - status['started'])}"
+        f" · updated {_duration(now - status['updated'])} ago\n"
+        f"config: {status['config'] or 'none (built in code)'}"
+    )
+    totals = Text(
+        f"tasks: {tasks['submitted']:,} submitted, {tasks['done']:,} done, "
+        f"{tasks['failed']:,} failed, {tasks['running']:,} running, {tasks['waiting']:,} waiting"
+    )
+    return Group(head, totals, _status_table(status["devices"]))
+
+
+def _status_table(devices: list[DeviceStatus]) -> Table:
+    table = SplitTable(
+        caption="speed: learned / prior, work units/s; util: % busy; —: not measured",
+        caption_justify="left",
+    )
+    _add_columns(table, _STATUS_COLUMNS)
+    for d in devices:
+        # Ids and models come from config files: text, never rich markup.
+        table.add_row(
+            Text(d["id"]),
+            Text(d["model"]),
+            _health(d["healthy"]),
+            f"{_speed(d['speed'])} / {_speed(d['prior_speed'])}",
+            f"{d['running']:,}",
+            f"{d['queued']:,}",
+            f"{d['done']:,}",
+            f"{d['failed']:,}",
+            _percent(d["utilization"]),
+            _memory(d["memory_used"], d["memory_total"]),
+            _celsius(d["temperature"]),
+        )
+    return table
+
+
+def _snapshot_table(fleet: list[Device], samples: list[DeviceSample]) -> Table:
+    table = SplitTable(
+        title=f"{len(fleet)} device{'' if len(fleet) == 1 else 's'}",
+        caption="speed: relative to a V100; util: % busy; —: not measured",
+        caption_justify="left",
+    )
+    _add_columns(table, _SNAPSHOT_COLUMNS)
+    for device, sample in zip(fleet, samples, strict=True):
+        table.add_row(
+            Text(device.id),
+            Text(device.model),
+            _health(sample.healthy),
+            f"{device.speed:.2f}",
+            _percent(sample.utilization),
+            _memory(sample.memory_used, sample.memory_total),
+            _celsius(sample.temperature),
+        )
+    return table
+
+
+def _add_columns(table: Table, headers: tuple[str, ...]) -> None:
+    for header in headers:
+        table.add_column(header, justify="left" if header in _TEXT_COLUMNS else "right")
+
+
+def _health(healthy: bool) -> str:
+    return "[green]healthy[/]" if healthy else "[red]unhealthy[/]"
+
+
+def _speed(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.2g}"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}%"
+
+
+def _celsius(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}°C"
+
+
+def _memory(used: int | None, total: int | None) -> str:
+    """``12.5 / 80 GiB``: both in the unit of the larger, so the cell stays narrow."""
+    if used is None and total is None:
+        return "—"
+    power, largest = 0, max(used or 0, total or 0)
+    while largest >= 1024 ** (power + 1) and power < len(_BINARY_UNITS) - 1:
+        power += 1
+    shown = ["—" if v is None else _short(v / 1024**power) for v in (used, total)]
+    return f"{shown[0]} / {shown[1]} {_BINARY_UNITS[power]}"
+
+
+def _short(value: float) -> str:
+    """A few digits, no exponent, no trailing zeros: ``0.49``, ``23.5``, ``80``, ``1023``."""
+    text = f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``5m12s``, ``3h05m``: a clock skew below zero reads as ``0s``."""
+    whole = max(0, round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
