@@ -236,14 +236,37 @@ class Dispatcher:
 
     # ----------------------------------------------------------------------------- events in
 
-    def submit(self, item: WorkItem) -> list[Instruction]:
+    def submit(
+        self,
+        item: WorkItem,
+        *,
+        only: Sequence[str] | None = None,
+        retries: int | None = None,
+    ) -> list[Instruction]:
         """Admit ``item``. Raises ``QueueFull`` when ``max_queue_size`` items are waiting and
-        ``NoCapableDevice`` when its ``memory`` exceeds every device's."""
-        if item.memory > self._largest_memory:
-            biggest = int(self.view.mem_total.argmax())
+        ``NoCapableDevice`` when its ``memory`` exceeds every device's.
+
+        ``only`` restricts it to these device ids (a hard constraint, e.g. the device kinds a
+        task has code for); ``retries`` overrides ``max_retries`` for this item.
+        """
+        mask = None
+        if only is not None:
+            mask = np.zeros(self.view.n, dtype=bool)
+            mask[[self._device(d) for d in only]] = True
+            if not mask.any():
+                raise NoCapableDevice(f"work item {item.id!r} may run on no device (only=[])")
+        if retries is not None and not (isinstance(retries, int) and retries >= 0):
+            raise ConfigError([("retries", f"must be an integer >= 0, got {retries!r}")])
+        largest = self._largest_memory if mask is None else int(self.view.mem_total[mask].max())
+        if item.memory > largest:
+            totals = (
+                self.view.mem_total if mask is None else np.where(mask, self.view.mem_total, -1)
+            )
+            biggest = int(totals.argmax())
             raise NoCapableDevice(
                 f"work item {item.id!r} needs {format_size(item.memory)} of memory; the largest "
-                f"device, {self.view.ids[biggest]}, has {format_size(self._largest_memory)}"
+                f"device{'' if mask is None else ' it may use'}, {self.view.ids[biggest]}, has "
+                f"{format_size(largest)}"
             )
         if self.waiting >= self.max_queue_size:
             raise QueueFull(
@@ -258,6 +281,10 @@ class Dispatcher:
             )
         now = self.clock.now()
         rec = ItemRecord(item, now, history=[PENDING])
+        if mask is not None:
+            rec.only = mask
+        if retries is not None:
+            rec.retries = retries
         self.records[item.id] = rec
         self.active += 1
         deadline = (
@@ -272,8 +299,13 @@ class Dispatcher:
         self._place(rec, out)
         return out
 
-    def complete(self, item_id: int | str) -> list[Instruction]:
-        """The executor reports that ``item_id`` finished successfully."""
+    def complete(self, item_id: int | str, service_time: float | None = None) -> list[Instruction]:
+        """The executor reports that ``item_id`` finished successfully.
+
+        ``service_time`` is how long the device itself worked on it, when the executor knows
+        (a worker that runs one item at a time while the next waits in its inbox); by default,
+        the time since the item started.
+        """
         rec = self.records.get(item_id)
         if rec is None or rec.state is not RUNNING:
             rec = self._running_record(item_id, "complete")  # raises the right error
@@ -281,13 +313,16 @@ class Dispatcher:
         i = rec.device
         now = self.clock.now()
         busy = now - rec.started
+        concurrency = self._slots[i]
+        if service_time is not None:
+            busy, concurrency = service_time, 1
         self._release(rec, running=True)
         rec.move(DONE)
         latency = now - rec.submitted
         item = rec.item
         self.metrics.record(i, latency, busy, item.cost, now)
         if busy > 0:
-            self.perf.observe(i, item.kind, item.cost, busy, self._slots[i])
+            self.perf.observe(i, item.kind, item.cost, busy, concurrency)
         if self._policy_learns:
             self.policy.observe(Completed(i, item.kind, item.cost, busy, latency))
         self._end(rec, out, DONE, "", now)
@@ -436,13 +471,15 @@ class Dispatcher:
         with that much free. An empty mask means it must wait."""
         view = self.view
         item = rec.item
-        if not rec.excluded and not item.memory:
+        only = rec.only
+        if not rec.excluded and not item.memory and only is None:
             return None
-        mask = view.usable.copy()
+        usable = view.usable if only is None else view.usable & only
+        mask = usable.copy()
         if rec.excluded:
             mask[list(rec.excluded)] = False
             if not mask.any():
-                mask = view.usable.copy()  # every device failed it: try any again
+                mask = usable.copy()  # every device failed it: try any again
         if item.memory:
             mask &= view.mem_total - view.mem_used >= item.memory
         return mask
@@ -635,7 +672,7 @@ class Dispatcher:
         self._release(rec, running=True)
         self.metrics.record_failure(i, now - rec.started, now)
         rec.failures += 1
-        if retryable and rec.failures <= self.max_retries:
+        if retryable and rec.failures <= (rec.retries if rec.retries >= 0 else self.max_retries):
             rec.move(RETRYING)
             rec.reason = reason
             self._exclude(rec, i)
@@ -708,7 +745,9 @@ class Dispatcher:
                 return
             rec = entry[3]
             item = rec.item
-            if item.memory > view.mem_total[thief] - view.mem_used[thief]:
+            if item.memory > view.mem_total[thief] - view.mem_used[thief] or (
+                rec.only is not None and not rec.only[thief]
+            ):
                 return
             inv = self.perf.inv_speed(item.kind)
             here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
@@ -786,7 +825,9 @@ class Dispatcher:
         if rec.device != j:
             # The newcomer takes the victim's slot, if its memory fits there beside the victim's
             # (the victim stays queued on that device, holding its memory).
-            if rec.item.memory > self.view.mem_total[j] - self.view.mem_used[j]:
+            if rec.item.memory > self.view.mem_total[j] - self.view.mem_used[j] or (
+                rec.only is not None and not rec.only[j]
+            ):
                 return
             self._move(rec, j)
         heapq.heappop(heap)
@@ -877,3 +918,6 @@ class Dispatcher:
         assert (running_now <= view.slots).all(), "a device runs more than its slots"
         assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
         assert (running_now[~view.usable] == 0).all(), "an unhealthy device is running items"
+        for rec in self.records.values():
+            if rec.only is not None and rec.state in (QUEUED, RUNNING):
+                assert rec.only[rec.device], f"{rec.item.id}: placed outside its only= devices"

@@ -20,8 +20,13 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from hetero.errors import InvalidItem, InvalidTransition
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "MAX_COST",
@@ -186,6 +191,10 @@ class ItemRecord:
     finished: float = 0.0
     reason: str = ""
     excluded: set[int] | None = None
+    only: npt.NDArray[np.bool_] | None = (
+        None  # bool mask of the devices the item may use (None: any), from submit
+    )
+    retries: int = -1  # failed attempts retried before the item fails (-1: the dispatcher's)
     size_class: int = -1  # the item's class in size-ordered queues, once it has been queued
     history: list[ItemState] = field(default_factory=lambda: [ItemState.PENDING])
 

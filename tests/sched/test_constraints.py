@@ -1,0 +1,80 @@
+"""Per-item placement constraints (``only``), retry budgets and executor-measured service time:
+what the execution engine needs from the dispatcher."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero.errors import ConfigError, NoCapableDevice, UnknownDevice
+from hetero.sched import Dispatcher, ItemState, ManualClock, Run, WorkItem
+from hetero.sched.dispatcher import Finish
+from hetero.sched.registry import make_policy, policy_names
+from tests.sched.conftest import make_devices
+from tests.sched.test_properties import OPTIONS
+
+GB = 2**30
+
+
+def dispatcher(policy: str = "shortest_expected_delay", **options: object) -> Dispatcher:
+    return Dispatcher(
+        make_devices([4.0, 1.0, 1.0], memory=[4 * GB, 16 * GB, 16 * GB]),
+        make_policy(policy, OPTIONS.get(policy, {})),
+        ManualClock(),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_only_keeps_an_item_on_its_devices_whatever_the_policy(policy: str) -> None:
+    d = dispatcher(policy)
+    placed = set()
+    for k in range(12):
+        for ins in d.submit(WorkItem(cost=1, id=k), only=["d1", "d2"]):
+            if isinstance(ins, Run):
+                placed.add(ins.device_id)
+    d.validate_state()
+    assert placed <= {"d1", "d2"}
+    # d0, the fastest, is idle but may neither take nor steal them.
+    for k in range(12):
+        if d.state_of(k) is ItemState.RUNNING:
+            d.complete(k)
+            d.validate_state()
+    assert all(d.records[k].device in (1, 2) for k in range(12))
+
+
+def test_only_with_unknown_or_no_devices_is_refused() -> None:
+    d = dispatcher()
+    with pytest.raises(UnknownDevice, match="'gpu9'"):
+        d.submit(WorkItem(id="a"), only=["gpu9"])
+    with pytest.raises(NoCapableDevice, match="may run on no device"):
+        d.submit(WorkItem(id="b"), only=[])
+    assert d.active == 0
+
+
+def test_memory_is_checked_against_the_allowed_devices_only() -> None:
+    d = dispatcher()
+    with pytest.raises(NoCapableDevice, match="largest device it may use, d0, has 4 GiB"):
+        d.submit(WorkItem(memory=8 * GB, id="big"), only=["d0"])
+
+
+def test_a_retry_budget_per_item_overrides_max_retries() -> None:
+    d = dispatcher(max_retries=5)
+    (run,) = d.submit(WorkItem(id="x"), retries=0)
+    assert isinstance(run, Run)
+    out = d.fail("x", "boom")
+    assert [type(i) for i in out] == [Finish]
+    assert d.state_of("x") is ItemState.FAILED
+    with pytest.raises(ConfigError, match="retries"):
+        d.submit(WorkItem(id="y"), retries=-1)
+
+
+def test_service_time_from_the_executor_feeds_the_speed_model() -> None:
+    clock = ManualClock()
+    d = Dispatcher(make_devices([1.0]), make_policy("round_robin"), clock, slots=[2])
+    d.submit(WorkItem(cost=2.0, id="a"))
+    d.submit(WorkItem(cost=2.0, id="b"))
+    clock.advance(4.0)  # both held for 4 s, but the worker ran "a" alone for 0.5 s
+    d.complete("a", service_time=0.5)
+    assert d.perf.speed()[0] == pytest.approx(1.0 + 0.2 * (4.0 - 1.0))
+    d.complete("b")  # by default: cost × slots / time held = 2 × 2 / 4
+    assert d.perf.speed()[0] == pytest.approx(1.6 + 0.2 * (1.0 - 1.6))
