@@ -22,6 +22,7 @@ from hetero.devices import (
     DeviceKind,
     DeviceSpec,
     DeviceState,
+    DeviceType,
     Topology,
     build_fleet,
     get_catalog,
@@ -65,6 +66,18 @@ from hetero.plan import (
     load_plan,
     plan_fleet,
 )
+from hetero.runtime import (
+    Backend,
+    Context,
+    TaskFunction,
+    TaskFuture,
+    TaskOptions,
+    checkpoint,
+    get_current_device,
+    get_memory_usage,
+    restore,
+    task,
+)
 from hetero.sched import (
     CostModel,
     Dispatcher,
@@ -79,6 +92,7 @@ from hetero.sched import (
     policy_names,
 )
 from hetero.sim import SimResult, Simulator, WorkloadSpec, load_workload, simulate
+from hetero.telemetry import Profile, ProfileSummary, TaskTrace
 from hetero.units import format_size, parse_size
 
 __all__ = [
@@ -87,11 +101,13 @@ __all__ = [
     "AllocationError",
     "AllocationRequest",
     "AntiAffinity",
+    "Backend",
     "BackendError",
     "Catalog",
     "CatalogComparison",
     "CommunicationConfig",
     "ConfigError",
+    "Context",
     "CostModel",
     "Device",
     "DeviceConfig",
@@ -100,6 +116,7 @@ __all__ = [
     "DevicePool",
     "DeviceSpec",
     "DeviceState",
+    "DeviceType",
     "Dispatcher",
     "DuplicateItem",
     "FitRequest",
@@ -121,6 +138,8 @@ __all__ = [
     "PerfModel",
     "PlanSpec",
     "Policy",
+    "Profile",
+    "ProfileSummary",
     "QueueFull",
     "Requirements",
     "SchedulerConfig",
@@ -128,6 +147,10 @@ __all__ = [
     "SimResult",
     "Simulator",
     "TaskFailed",
+    "TaskFunction",
+    "TaskFuture",
+    "TaskOptions",
+    "TaskTrace",
     "Topology",
     "UnknownDevice",
     "UnknownItem",
@@ -135,10 +158,13 @@ __all__ = [
     "WorkloadSpec",
     "__version__",
     "build_fleet",
+    "checkpoint",
     "fit_memory",
     "format_size",
     "get_catalog",
+    "get_current_device",
     "get_device_list",
+    "get_memory_usage",
     "get_model",
     "load_config",
     "load_hf_config",
@@ -150,6 +176,8 @@ __all__ = [
     "plan_fleet",
     "policy_names",
     "read_topology",
+    "restore",
     "set_log_level",
     "simulate",
+    "task",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hetero.devices.catalog import Catalog, CatalogComparison, get_catalog
 from hetero.devices.discovery import get_device_list
 from hetero.devices.fleet import build_fleet
-from hetero.devices.spec import DTYPES, Device, DeviceKind, DeviceSpec, DeviceState
+from hetero.devices.spec import DTYPES, Device, DeviceKind, DeviceSpec, DeviceState, DeviceType
 from hetero.devices.topology import DeviceGroup, Link, LinkKind, Topology, read_topology
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DeviceKind",
     "DeviceSpec",
     "DeviceState",
+    "DeviceType",
     "Link",
     "LinkKind",
     "Topology",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from types import MappingProxyType
+from typing import Any
 
 __all__ = [
     "DTYPES",
@@ -14,6 +15,7 @@ __all__ = [
     "DeviceKind",
     "DeviceSpec",
     "DeviceState",
+    "DeviceType",
 ]
 
 #: Numeric formats the catalog records throughput for (int8/int4 in TOPS).
@@ -72,6 +74,12 @@ class DeviceSpec:
         # Freeze the mapping so a shared catalog spec cannot be edited through one device.
         object.__setattr__(self, "tflops", MappingProxyType(dict(self.tflops)))
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # A mapping proxy does not pickle; workers receive their device's spec.
+        values = [getattr(self, f.name) for f in fields(self)]
+        values[3] = dict(self.tflops)
+        return (DeviceSpec, tuple(values))
+
     def peak_tflops(self, dtype: str = "fp16") -> float:
         """Dense peak for ``dtype``, falling back to the closest published format (0.0 if none)."""
         if dtype not in _DTYPE_FALLBACK:
@@ -84,6 +92,21 @@ class DeviceSpec:
             if value:
                 return value
         return 0.0
+
+
+class DeviceType(str):
+    """A device's kind as text that compares without regard to case (``"GPU" == "gpu"``)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and self.casefold() == other.casefold()
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self.casefold())
 
 
 @dataclass(slots=True)
@@ -132,6 +155,11 @@ class Device:
     @property
     def kind(self) -> DeviceKind:
         return self.spec.kind
+
+    @property
+    def type(self) -> DeviceType:
+        """The kind as text, compared case-insensitively: ``device.type == "GPU"``."""
+        return DeviceType(self.spec.kind.value)
 
     @property
     def model(self) -> str:

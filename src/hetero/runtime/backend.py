@@ -1,0 +1,65 @@
+"""The boundary between the engine and what runs tasks: worker processes here, Ray actors later.
+
+The engine owns placement (through ``hetero.sched.Dispatcher``), futures, retries and
+checkpoints; a backend only starts one worker per device, delivers ``TaskOrder``s to them and
+reports back through ``BackendEvents``, from a thread of its own. Nothing about placement lives
+behind this boundary, so a second backend reuses all of it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from hetero.devices.spec import Device
+from hetero.runtime.worker import TaskOrder
+
+__all__ = ["Backend", "BackendEvents"]
+
+
+class BackendEvents(Protocol):
+    """What a backend tells the engine (called from the backend's own thread)."""
+
+    def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
+        """Messages from the worker of ``device``, as they arrived together: ``("done",
+        TaskReply)``, ``("error", TaskReply)``, ``("dropped", task_id)`` (a cancelled order
+        that never started), ``("warn", text)``, ``("ready", pid)``."""
+
+    def worker_lost(self, device: int, reason: str) -> None:
+        """The worker of ``device`` is gone; every order it held is lost."""
+
+
+class Backend(ABC):
+    """One worker per device; orders in, events out."""
+
+    @abstractmethod
+    def start(self, devices: Sequence[Device], events: BackendEvents) -> None:
+        """Get ready to run on ``devices`` (workers may start lazily, on their first order)."""
+
+    @abstractmethod
+    def send(self, device: int, order: TaskOrder, function: tuple[str, bytes]) -> None:
+        """Deliver ``order`` to the worker of ``device`` without blocking; ``function`` is the
+        task's ``(key, cloudpickled bytes)``, shipped once per worker."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Send the orders queued by ``send`` (the engine calls it after each burst, outside its
+        lock, so a burst of orders travels as one message per worker)."""
+
+    @abstractmethod
+    def cancel(self, device: int, task_id: int) -> None:
+        """Stop ``task_id`` on ``device``: dropped if not started, else its worker is ended
+        (then ``worker_lost`` follows and the engine restarts it)."""
+
+    @abstractmethod
+    def restart(self, device: int) -> None:
+        """End the worker of ``device`` (if any); the next order starts a fresh one."""
+
+    @abstractmethod
+    def pids(self) -> list[int | None]:
+        """The worker process of each device, where one runs (for monitoring)."""
+
+    @abstractmethod
+    def close(self, timeout: float = 5.0) -> None:
+        """End every worker and release what the backend holds; idempotent."""

@@ -1,0 +1,987 @@
+"""``hetero.Context``: run Python functions on a mixed fleet, placed by ``hetero.sched``.
+
+The context turns calls into work items and drives a ``Dispatcher`` with a ``MonotonicClock``:
+``submit`` when a task's arguments are ready, ``complete``/``fail`` when a worker reports,
+``device_down`` when a device keeps failing, ``expire`` from a timer at ``next_deadline()``. It
+carries out the ``Run``/``Stop``/``Finish`` instructions through a ``Backend`` and turns
+``Finish`` into the task's future. It writes no balancing logic of its own: which device runs
+what, in which order, stolen by whom, is the dispatcher's answer.
+
+One lock guards the dispatcher and the task table; futures are completed after it is released,
+so callbacks may submit more work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import itertools
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cloudpickle
+
+from hetero.config import HeteroConfig, SchedulerConfig, load_config
+from hetero.devices.spec import Device
+from hetero.errors import (
+    ConfigError,
+    HeteroError,
+    NoCapableDevice,
+    QueueFull,
+    TaskFailed,
+)
+from hetero.runtime.backend import Backend
+from hetero.runtime.monitor import DeviceSample, MemoryPressure, Monitor, memory_usage
+from hetero.runtime.serialize import Packed, pack, remove_segments, unpack
+from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter
+from hetero.runtime.task import TaskFunction, TaskOptions, as_task
+from hetero.runtime.worker import TaskOrder, TaskReply
+from hetero.sched.clock import MonotonicClock
+from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.item import ItemState, WorkItem
+from hetero.telemetry.trace import DeviceInfo, TaskTrace
+from hetero.units import parse_size
+
+__all__ = ["Context", "TaskFuture", "get_memory_usage"]
+
+log = logging.getLogger("hetero.runtime")
+R = TypeVar("R")
+
+#: Consecutive worker losses after which a device is marked unhealthy and its work moves.
+UNHEALTHY_AFTER = 3
+
+_open: list[Context] = []  # open contexts, oldest first (get_memory_usage takes the newest)
+_ids = itertools.count(1)
+
+
+class TaskFuture(Future):  # type: ignore[type-arg]
+    """A ``concurrent.futures.Future`` for one task (``as_completed`` and ``wait`` work), with
+    its ``task_id`` and, once it has run, the ``device`` id it ran on."""
+
+    def __init__(self, task_id: int, name: str) -> None:
+        super().__init__()
+        self.task_id = task_id
+        self.name = name
+        self.device: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<TaskFuture {self.task_id} {self.name} {self._state.lower()}>"
+
+
+@dataclass(slots=True, eq=False)
+class _Task:
+    id: int
+    name: str
+    function: tuple[str, bytes]
+    options: TaskOptions
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    future: TaskFuture
+    only: list[str] | None
+    submitted: float
+    waiting_on: int = 0
+    packed: Packed | None = None
+    cost: float = 1.0
+    declared: bool = False
+    attempt: int = 0
+    device: int = -1
+    sent: float = 0.0
+    result: Any = None
+    reply: TaskReply | None = None
+    checkpoint_dir: str | None = None
+    wrote_checkpoint: bool = False
+    item: WorkItem | None = None
+
+
+@dataclass(slots=True)
+class _Ending:
+    """A future to complete once the lock is released."""
+
+    future: TaskFuture
+    result: Any = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class _Profiling:
+    name: str
+    directory: Path
+    started: float
+    traces: list[TaskTrace] = field(default_factory=list)
+
+
+class Context:
+    """Run tasks on a fleet of devices, each kept busy in proportion to its speed.
+
+    Args:
+        config: a fleet config (path or ``HeteroConfig``); ``None``: this machine's devices.
+        devices: the devices to use instead of building them from ``config``.
+        strategy: the placement policy (default: the config's ``scheduler.strategy``).
+        time_scale: emulated durations are multiplied by it (a 0.1 runs emulation 10× faster).
+        memory_pool_size: bytes (or "2GB") each device's worker may use, enforced where the
+            framework can (torch and CuPy pool limits, RSS watch on the CPU) and used by
+            placement.
+        checkpoint_dir: where ``hetero.checkpoint`` writes (default: a temporary directory
+            removed at close); ``False`` disables checkpoints.
+        prefetch: orders sent ahead to each worker, so it never waits for a round trip.
+        max_retries: retries after a lost worker (default: the config's); per task: ``retries``.
+        timeout: seconds a task may take from submission (default: the config's).
+        backend: ``"local"`` (one process per device) or a ``Backend`` instance.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike[str] | HeteroConfig | None = None,
+        *,
+        devices: Sequence[Device] | None = None,
+        strategy: str | None = None,
+        time_scale: float = 1.0,
+        memory_pool_size: int | str | None = None,
+        checkpoint_dir: str | os.PathLike[str] | bool | None = None,
+        prefetch: int = 1,
+        max_retries: int | None = None,
+        timeout: float | None = None,
+        backend: str | Backend = "local",
+    ) -> None:
+        problems: list[tuple[str, str]] = []
+        if not (isinstance(time_scale, (int, float)) and 0 < time_scale < math.inf):
+            problems.append(("time_scale", f"must be a number > 0, got {time_scale!r}"))
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            problems.append(("prefetch", f"must be an integer >= 0, got {prefetch!r}"))
+        pool = None
+        if memory_pool_size is not None:
+            try:
+                pool = parse_size(memory_pool_size)
+                if pool <= 0:
+                    raise ValueError(f"must be > 0, got {memory_pool_size!r}")
+            except (ValueError, TypeError) as exc:
+                problems.append(("memory_pool_size", str(exc)))
+        if isinstance(backend, str) and backend != "local":
+            problems.append(("backend", f"unknown backend {backend!r}; allowed: local"))
+        if problems:
+            raise ConfigError(problems)
+        self._config_path: str | None = None
+        if isinstance(config, (str, os.PathLike)):
+            self._config_path = str(Path(config).resolve())
+            config = load_config(Path(config))
+        self.config = config
+        sched = config.scheduler if config is not None else SchedulerConfig()
+        if devices is not None:
+            fleet = list(devices)
+        elif config is not None:
+            from hetero.devices.fleet import build_fleet
+
+            fleet = build_fleet(config)
+        else:
+            from hetero.devices.discovery import get_device_list
+
+            fleet = get_device_list()
+        if not fleet:
+            raise ConfigError([("devices", "the fleet is empty")])
+        if pool is not None:
+            for d in fleet:
+                d.memory_limit = pool if d.memory_limit is None else min(pool, d.memory_limit)
+                d.state.memory_total = d.memory_bytes
+        self.devices = fleet
+        overrides: dict[str, Any] = {
+            "slots": [1 + prefetch] * len(fleet),
+            # The context keeps its own backlog instead of refusing work (see _admit).
+            "max_queue_size": max(sched.max_queue_size, 1),
+        }
+        if max_retries is not None:
+            overrides["max_retries"] = max_retries
+        if timeout is not None:
+            overrides["timeout"] = timeout
+        base = config if config is not None else HeteroConfig(devices=[{"type": "cpu"}])  # type: ignore[list-item]
+        if strategy is not None:
+            base = base.model_copy(
+                update={"scheduler": sched.model_copy(update={"strategy": strategy})}
+            )
+            from hetero.sched.registry import make_policy
+
+            make_policy(strategy, sched.options)  # ConfigError naming the strategy
+        self.dispatcher = Dispatcher.from_config(
+            base, devices=fleet, clock=MonotonicClock(), **overrides
+        )
+        self.strategy = base.scheduler.strategy
+        self.time_scale = float(time_scale)
+        self.monitoring_interval = sched.monitoring_interval
+        self._monitor: Monitor | None = None
+        self._status: StatusWriter | None = None
+        self._started_at = time.time()
+        self._pressure = MemoryPressure()
+        self._flagged: set[str] = set()
+        self._own_checkpoints = checkpoint_dir is None
+        if checkpoint_dir is False:
+            self.checkpoint_dir: Path | None = None
+        elif checkpoint_dir is None or checkpoint_dir is True:
+            self.checkpoint_dir = Path(tempfile.mkdtemp(prefix="hetero-ckpt-"))
+        else:
+            self.checkpoint_dir = Path(checkpoint_dir)
+            _check_writable(self.checkpoint_dir)
+        self._id = next(_ids)
+        self._checkpoint_base = (
+            f"{self.checkpoint_dir}/ctx{os.getpid()}-{self._id}" if self.checkpoint_dir else ""
+        )
+        if isinstance(backend, str):
+            from hetero.runtime.local import LocalBackend
+
+            limits = [d.memory_limit for d in fleet]
+            self.backend: Backend = LocalBackend(time_scale=self.time_scale, memory_limits=limits)
+        else:
+            self.backend = backend
+        self._lock = threading.RLock()
+        self._tasks: dict[int, _Task] = {}
+        self._on_device: list[set[int]] = [set() for _ in fleet]
+        self._losses = [0] * len(fleet)
+        self._backlog: deque[_Task] = deque()
+        self._functions: dict[tuple[int, int], tuple[Any, tuple[str, bytes]]] = {}
+        self._fn_keys = itertools.count()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._closing = False
+        self._stops = [0] * len(fleet)  # orders cancelled per device, not yet confirmed
+        self._started = False
+        self._warned: set[str] = set()
+        self._profiles: list[_Profiling] = []
+        self._deadline_cond = threading.Condition(self._lock)
+        self._timer: threading.Thread | None = None
+        self.stats = {"submitted": 0, "done": 0, "failed": 0, "cancelled": 0, "retried": 0}
+        _open.append(self)
+        from hetero.telemetry import PROFILE_DIR_ENV, PROFILE_NAME_ENV
+
+        env_dir = os.environ.get(PROFILE_DIR_ENV)
+        if env_dir:
+            name = os.environ.get(PROFILE_NAME_ENV) or "run"
+            self._env_profile: _Profiling | None = self._start_profile(name, Path(env_dir))
+        else:
+            self._env_profile = None
+
+    # ------------------------------------------------------------------------ public API
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # A clean exit waits for submitted work (as concurrent.futures does); an exception
+        # (Ctrl-C included) cancels what has not finished.
+        self.close(wait=exc_type is None)
+
+    def run(self, fn: Callable[..., R] | TaskFunction[Any, R], /, *args: Any, **kwargs: Any) -> R:
+        """Run one task on the device the policy picks and return its result (``TaskFailed``
+        if it fails)."""
+        return self.submit(fn, *args, **kwargs).result()  # type: ignore[no-any-return]
+
+    def submit(
+        self, fn: Callable[..., Any] | TaskFunction[Any, Any], /, *args: Any, **kwargs: Any
+    ) -> TaskFuture:
+        """Start a task; returns its future. Futures among the arguments (top level, or values
+        of keyword arguments) are resolved first: a task graph."""
+        spec = as_task(fn)
+        return self._submit(spec, args, kwargs)
+
+    def map(
+        self,
+        fn: Callable[..., Any] | TaskFunction[Any, Any],
+        iterable: Iterable[Any],
+        *,
+        batch_size: int | str = "auto",
+        ordered: bool = True,
+        window: int | None = None,
+        progress: bool | None = None,
+    ) -> Iterator[Any]:
+        """``fn`` over every item, spread over every device by its speed: an iterator of the
+        results, in input order (``ordered=False``: as batches complete).
+
+        ``batch_size`` is items per task ("auto": sized by measured speed, shrinking towards
+        the end); at most ``window`` batches are in flight (default 4 per device), so
+        iterators and streams map in bounded memory; ``progress`` shows a bar (default: when
+        stderr is a terminal). See ``hetero.runtime.mapping``."""
+        from hetero.runtime.mapping import MapRun
+
+        return MapRun(self, as_task(fn), iterable, batch_size, ordered, window, progress)
+
+    def profile(self, name: str = "run", directory: str | os.PathLike[str] | None = None) -> Any:
+        """Record every task attempt while the block runs; on exit write ``<name>.trace.json``
+        (Chrome trace, opens in Perfetto) and ``<name>.html`` to ``directory``
+        (default ``./hetero-profile``)."""
+        return _ProfileBlock(self, name, Path(directory or "hetero-profile"))
+
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Shut down. ``wait``: let submitted tasks finish first; else cancel them. Workers end
+        either way; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closing = True
+        if wait:
+            self._wait_all(timeout)
+        endings: list[_Ending] = []
+        with self._lock:
+            self._closed = True
+            for task in list(self._backlog):
+                endings.append(_Ending(task.future, cancelled=True))
+            self._backlog.clear()
+            out: list[Instruction] = []
+            for task_id in list(self._tasks):
+                out += self.dispatcher.cancel(task_id, "context closed")
+            self._apply(out, endings)
+            for task in list(self._tasks.values()):  # waiting on parents
+                endings.append(_Ending(task.future, cancelled=True))
+                self._forget(task)
+            self._deadline_cond.notify_all()
+        self.backend.flush()
+        self._settle(endings)
+        if self._monitor is not None:
+            self._monitor.stop(timeout=2.0)
+        if self._status is not None:
+            self._status.close()
+        self.backend.close(timeout=2.0)
+        if self._env_profile is not None:
+            self._finish_profile(self._env_profile)
+        if self._own_checkpoints and self.checkpoint_dir is not None:
+            shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        with contextlib.suppress(ValueError):
+            _open.remove(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def device_infos(self) -> list[DeviceInfo]:
+        """The devices with their current speeds (measured where observed)."""
+        speed = self.dispatcher.perf.speed()
+        return [
+            DeviceInfo(d.id, d.model, d.kind.value, float(speed[i]), d.emulated)
+            for i, d in enumerate(self.devices)
+        ]
+
+    # --------------------------------------------------------------------------- submit
+
+    def _submit(
+        self,
+        spec: TaskFunction[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        function: tuple[str, bytes] | None = None,
+        name: str | None = None,
+        cost: tuple[float, bool] | None = None,
+    ) -> TaskFuture:
+        if self._closed or self._closing:
+            raise HeteroError("this Context is closed; create a new one to run more tasks")
+        self._ensure_started()
+        options = spec.options
+        only = self._devices_for(spec)
+        function = function or self._function(spec)
+        task_id = next(self._ids)
+        name = name or spec.name
+        future = TaskFuture(task_id, name)
+        task = _Task(
+            task_id,
+            name,
+            function,
+            options,
+            tuple(args),
+            dict(kwargs),
+            future,
+            only,
+            time.monotonic(),
+        )
+        if cost is not None:
+            task.cost, task.declared = cost
+        elif options.cost is None:
+            task.cost, task.declared = 1.0, False
+        if self.checkpoint_dir is not None:
+            task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
+        parents = [a for a in (*task.args, *task.kwargs.values()) if isinstance(a, Future)]
+        self.stats["submitted"] += 1
+        if not parents:
+            self._admit(task)
+            return future
+        task.waiting_on = len(parents)
+        with self._lock:
+            self._tasks[task_id] = task
+        for parent in parents:
+            parent.add_done_callback(functools.partial(self._parent_done, task))
+        return future
+
+    def _devices_for(self, spec: TaskFunction[Any, Any]) -> list[str] | None:
+        variants = spec.options.variants
+        if not variants or "default" in variants:
+            return None
+        ids = [d.id for d in self.devices if d.kind.value in variants]
+        if not ids:
+            kinds = sorted({d.kind.value for d in self.devices})
+            raise NoCapableDevice(
+                f"task {spec.name!r} has variants for {', '.join(sorted(variants))} but the fleet "
+                f"has only {', '.join(kinds)} devices; add a 'default' variant or such a device"
+            )
+        return ids
+
+    def _function(self, spec: TaskFunction[Any, Any]) -> tuple[str, bytes]:
+        """The task's code, pickled once per function object (workers cache it by key)."""
+        variants = spec.options.variants
+        obj: Any = spec.fn if not variants else dict(variants)
+        if variants and "default" not in variants:
+            obj.setdefault("default", spec.fn)
+        # Keyed by the function object (kept alive here, so its id stays unique), not by the
+        # TaskFunction: submitting a plain function wraps it anew each time.
+        cache_key = (id(spec.fn), id(variants) if variants else 0)
+        cached = self._functions.get(cache_key)
+        if cached is not None:
+            return cached[1]
+        try:
+            blob = cloudpickle.dumps(obj, protocol=5)
+        except Exception as exc:
+            raise HeteroError(
+                f"task {spec.name!r} cannot be sent to a worker: its function does not pickle "
+                f"({type(exc).__name__}: {exc}); define it at module level or avoid capturing "
+                "locks, sockets, open files or generators"
+            ) from exc
+        entry = (f"{self._id}-{next(self._fn_keys)}", blob)
+        self._functions[cache_key] = ((spec.fn, variants), entry)
+        return entry
+
+    def _parent_done(self, task: _Task, parent: Future) -> None:  # type: ignore[type-arg]
+        endings: list[_Ending] = []
+        with self._lock:
+            if task.future.done() or task.id not in self._tasks:
+                return
+            if parent.cancelled() or parent.exception() is not None:
+                cause = "was cancelled" if parent.cancelled() else f"failed: {parent.exception()}"
+                pid = getattr(parent, "task_id", "?")
+                error = TaskFailed(
+                    f"task {task.id} ({task.name}) not run: parent task {pid} {cause}"
+                )
+                if not parent.cancelled():
+                    error.__cause__ = parent.exception()
+                del self._tasks[task.id]
+                self.stats["failed"] += 1
+                endings.append(_Ending(task.future, error=error))
+            else:
+                task.waiting_on -= 1
+                if task.waiting_on > 0:
+                    return
+                del self._tasks[task.id]
+                task.args = tuple(_resolved(a) for a in task.args)
+                task.kwargs = {k: _resolved(v) for k, v in task.kwargs.items()}
+        if endings:
+            self._settle(endings)
+            return
+        try:
+            self._admit(task)
+        except HeteroError as exc:
+            task.future.set_exception(exc)
+
+    def _admit(self, task: _Task) -> None:
+        """Pack the arguments and hand the task to the dispatcher."""
+        options = task.options
+        if options.cost is not None and not task.declared:
+            task.cost, task.declared = options.cost_of(task.args, task.kwargs)
+        try:
+            task.packed = pack((task.args, task.kwargs), f"{self._segment_prefix()}-a{task.id}")
+        except Exception as exc:
+            raise HeteroError(
+                f"the arguments of task {task.id} ({task.name}) cannot be sent to a worker: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        task.args, task.kwargs = (), {}  # the packed copy is what retries use
+        deadline = time.monotonic() + options.timeout if options.timeout is not None else None
+        item = WorkItem(
+            cost=task.cost,
+            kind=options.kind,
+            memory=options.memory,
+            priority=options.priority,
+            tags=options.tags,
+            deadline=deadline,
+            id=task.id,
+        )
+        task.item = item
+        endings: list[_Ending] = []
+        with self._lock:
+            if self._closed:
+                self._release(task)
+                raise HeteroError("this Context is closed; create a new one to run more tasks")
+            self._tasks[task.id] = task
+            if self._backlog:
+                self._backlog.append(task)
+                return
+            try:
+                out = self.dispatcher.submit(item, only=task.only, retries=options.retries)
+            except QueueFull:
+                self._backlog.append(task)
+                return
+            except HeteroError as exc:
+                del self._tasks[task.id]
+                self._release(task)
+                if isinstance(exc, NoCapableDevice):
+                    raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
+                raise
+            if deadline is not None:
+                self._deadline_cond.notify()
+            self._apply(out, endings)
+        self.backend.flush()
+        self._settle(endings)
+
+    def _segment_prefix(self) -> str:
+        return f"hetero-{os.getpid()}-c{self._id}"
+
+    # ------------------------------------------------------------------- instructions out
+
+    def _apply(self, out: list[Instruction], endings: list[_Ending]) -> None:
+        """Carry out the dispatcher's instructions (called with the lock held)."""
+        for ins in out:
+            if type(ins) is Run:
+                self._run(ins)
+            elif type(ins) is Finish:
+                self._finish(ins, endings)
+            elif type(ins) is Stop:
+                task = self._tasks.get(ins.item.id)  # type: ignore[arg-type]
+                if task is not None and task.device >= 0:
+                    self._on_device[task.device].discard(task.id)
+                    status = "failed" if "timed out" in ins.reason else "cancelled"
+                    self._trace(task, None, status, ins.reason)
+                    self._stops[task.device] += 1
+                    self.backend.cancel(task.device, task.id)
+                    task.device = -1
+        if self._backlog:
+            self._drain_backlog(endings)
+
+    def _run(self, ins: Run) -> None:
+        task = self._tasks[ins.item.id]  # type: ignore[index]
+        task.attempt += 1
+        task.device = ins.device
+        task.sent = time.monotonic()
+        self._on_device[ins.device].add(task.id)
+        assert task.packed is not None
+        order = TaskOrder(
+            task.id,
+            task.attempt,
+            task.function[0],
+            task.packed,
+            task.name,
+            task.cost,
+            task.declared,
+            task.checkpoint_dir,
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_decision(task, ins.device)
+        self.backend.send(ins.device, order, task.function)
+
+    def _log_decision(self, task: _Task, device: int) -> None:
+        view = self.dispatcher.view
+        delays = view.expected_delay(task.options.kind, task.cost)
+        ranked = sorted(range(view.n), key=lambda i: float(delays[i]))
+        others = ", ".join(
+            f"{view.ids[i]} {float(delays[i]):.3g}s" for i in ranked[:3] if i != device
+        )
+        log.debug(
+            "task %d (%s, cost %.3g, attempt %d) -> %s by %s: expected delay %.3gs there; "
+            "next best: %s",
+            task.id,
+            task.name,
+            task.cost,
+            task.attempt,
+            view.ids[device],
+            self.strategy,
+            float(delays[device]),
+            others or "none",
+        )
+
+    def _finish(self, ins: Finish, endings: list[_Ending]) -> None:
+        task = self._tasks.pop(ins.item.id, None)  # type: ignore[arg-type]
+        if task is None:
+            return
+        if task.device >= 0:
+            self._on_device[task.device].discard(task.id)
+        self._release(task)
+        if ins.state is ItemState.DONE:
+            self.stats["done"] += 1
+            endings.append(_Ending(task.future, result=task.result))
+        elif ins.state is ItemState.CANCELLED:
+            self.stats["cancelled"] += 1
+            endings.append(_Ending(task.future, cancelled=True))
+        else:
+            self.stats["failed"] += 1
+            reply = task.reply
+            error = TaskFailed(
+                f"task {task.id} ({task.name}) failed: {ins.reason}",
+                reply.remote_traceback if reply is not None and reply.remote_traceback else None,
+            )
+            if reply is not None and reply.exception is not None:
+                with contextlib.suppress(Exception):
+                    error.__cause__ = cloudpickle.loads(reply.exception)
+            endings.append(_Ending(task.future, error=error))
+        task.result = None
+
+    def _release(self, task: _Task) -> None:
+        if task.packed is not None:
+            remove_segments(task.packed.segments)
+            task.packed = None
+        if task.wrote_checkpoint and task.checkpoint_dir is not None:
+            shutil.rmtree(task.checkpoint_dir, ignore_errors=True)
+
+    def _forget(self, task: _Task) -> None:
+        self._tasks.pop(task.id, None)
+        self._release(task)
+
+    def _drain_backlog(self, endings: list[_Ending]) -> None:
+        while self._backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
+            task = self._backlog.popleft()
+            assert task.item is not None
+            out = self.dispatcher.submit(task.item, only=task.only, retries=task.options.retries)
+            self._apply(out, endings)
+
+    @staticmethod
+    def _settle(endings: list[_Ending]) -> None:
+        for e in endings:
+            if e.cancelled:
+                e.future.cancel()
+            elif e.error is not None:
+                e.future.set_exception(e.error)
+            else:
+                e.future.set_result(e.result)
+
+    # ------------------------------------------------------------------------ events in
+
+    def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
+        """What the worker of ``device`` reported, handled under one lock acquisition."""
+        endings: list[_Ending] = []
+        results = [unpack(m[1].result, consume=True) if m[0] == "done" else None for m in messages]
+        with self._lock:
+            for msg, unpacked in zip(messages, results, strict=True):
+                tag = msg[0]
+                if unpacked is not None:
+                    self._done(device, msg[1], unpacked, endings)
+                elif tag == "error":
+                    self._error(device, msg[1], endings)
+                elif tag == "dropped":
+                    self._stops[device] = max(0, self._stops[device] - 1)
+                elif tag == "warn" and msg[1] not in self._warned:
+                    self._warned.add(msg[1])
+                    log.warning("%s", msg[1])
+        self.backend.flush()
+        self._settle(endings)
+
+    def _done(
+        self, device: int, reply: TaskReply, unpacked: tuple[Any, float], endings: list[_Ending]
+    ) -> None:
+        task = self._current(device, reply)
+        if task is None:
+            return
+        self._losses[device] = 0
+        task.result, seconds = unpacked
+        reply.unpack_seconds += seconds
+        task.wrote_checkpoint |= reply.checkpointed
+        task.future.device = self.devices[device].id
+        self._trace(task, reply, "done")
+        out = self.dispatcher.complete(task.id, service_time=reply.ended - reply.started)
+        self._apply(out, endings)
+
+    def _error(self, device: int, reply: TaskReply, endings: list[_Ending]) -> None:
+        task = self._current(device, reply)
+        if task is None:
+            return
+        task.reply = reply
+        task.wrote_checkpoint |= reply.checkpointed
+        task.future.device = self.devices[device].id
+        retry = reply.retryable and (
+            task.options.retry_exceptions or reply.error.startswith("MemoryError: worker")
+        )
+        self._trace(task, reply, "retried" if retry else "failed", reply.error)
+        out = self.dispatcher.fail(task.id, reply.error, retryable=retry)
+        if retry:
+            self.stats["retried"] += 1
+        self._apply(out, endings)
+
+    def worker_lost(self, device: int, reason: str) -> None:
+        endings: list[_Ending] = []
+        with self._lock:
+            if self._closed:
+                return
+            lost = sorted(self._on_device[device])
+            self._on_device[device].clear()
+            out: list[Instruction] = []
+            for task_id in lost:
+                task = self._tasks.get(task_id)
+                if task is None or self.dispatcher.state_of(task_id) is not ItemState.RUNNING:
+                    continue
+                task.device = -1
+                task.wrote_checkpoint = True  # unknown: it may have written one
+                self._trace(task, None, "retried", reason)
+                self.stats["retried"] += 1
+                out += self.dispatcher.fail(task_id, reason, retryable=True)
+            if self._stops[device]:
+                self._stops[device] = 0  # ended on purpose, to stop a running task
+            else:
+                self._losses[device] += 1
+            if lost:
+                log.warning("%s; %d task(s) moved", reason, len(lost))
+            if self._losses[device] >= UNHEALTHY_AFTER:
+                dev = self.devices[device].id
+                log.warning("%s marked unhealthy after %d lost workers", dev, self._losses[device])
+                out += self.dispatcher.device_down(dev, f"worker lost {self._losses[device]} times")
+            self._apply(out, endings)
+        self.backend.flush()
+        self._settle(endings)
+
+    def _current(self, device: int, reply: TaskReply) -> _Task | None:
+        """The task a reply is for, unless the reply is stale (an attempt already moved on)."""
+        task = self._tasks.get(reply.task_id)
+        if task is None or task.attempt != reply.attempt or task.device != device:
+            if reply.result is not None:
+                remove_segments(reply.result.segments)
+            return None
+        self._on_device[device].discard(task.id)
+        return task
+
+    # --------------------------------------------------------------------------- threads
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        with self._lock:
+            if self._started:
+                return
+            self.backend.start(self.devices, self)
+            self._timer = threading.Thread(
+                target=self._expire_loop, daemon=True, name="hetero-timer"
+            )
+            self._timer.start()
+            self._status = StatusWriter()
+            self._monitor = Monitor(
+                self._monitor_targets, self._on_sample, interval=self.monitoring_interval
+            )
+            self._monitor.start()
+            self._started = True
+
+    def _expire_loop(self) -> None:
+        with self._lock:
+            while not self._closed:
+                deadline = self.dispatcher.next_deadline()
+                if deadline is None:
+                    self._deadline_cond.wait()
+                    continue
+                delay = deadline - time.monotonic()
+                if delay > 0:
+                    self._deadline_cond.wait(delay)
+                    continue
+                endings: list[_Ending] = []
+                self._apply(self.dispatcher.expire(), endings)
+                self._lock.release()
+                try:
+                    self.backend.flush()
+                    self._settle(endings)
+                finally:
+                    self._lock.acquire()
+
+    def _monitor_targets(self) -> list[tuple[Device, int | None]]:
+        return list(zip(self.devices, self.backend.pids(), strict=True))
+
+    def _on_sample(self, samples: list[DeviceSample]) -> None:
+        """Fold a round of device readings into the fleet's state and publish a status."""
+        for device, sample in zip(self.devices, samples, strict=True):
+            state = device.state
+            if sample.utilization is not None:
+                state.utilization = sample.utilization
+            if sample.memory_used is not None:
+                state.memory_used = sample.memory_used
+            state.temperature_c = sample.temperature
+            if (
+                self._pressure.is_high(sample.memory_used, sample.memory_total)
+                and device.id not in self._flagged
+            ):
+                self._flagged.add(device.id)
+                log.warning("%s is nearly out of memory (%s)", device.id, _usage(sample))
+            if not sample.healthy and not device.emulated and device.kind.value == "gpu":
+                with self._lock:
+                    out = self.dispatcher.device_down(device.id, "device reported errors")
+                    endings: list[_Ending] = []
+                    self._apply(out, endings)
+                self.backend.flush()
+                self._settle(endings)
+        if self._status is not None:
+            self._status.write(self.status())
+
+    def status(self) -> StatusSnapshot:
+        """What ``hetero top`` shows: the tasks by state, and each device's load and speed."""
+        with self._lock:
+            d = self.dispatcher
+            speed = d.perf.speed()
+            metrics = d.metrics
+            devices: list[DeviceStatus] = []
+            for i, device in enumerate(self.devices):
+                done = int(metrics.completed[i])
+                devices.append(
+                    {
+                        "id": device.id,
+                        "model": device.model,
+                        "kind": device.kind.value,
+                        "emulated": device.emulated,
+                        "healthy": bool(d.view.usable[i]),
+                        "speed": float(speed[i]) if done else None,
+                        "prior_speed": d.perf.prior(device, "default"),
+                        "running": int(d.view.running[i]),
+                        "queued": int(d.view.in_flight[i] - d.view.running[i]),
+                        "done": done,
+                        "failed": int(metrics.failed[i]),
+                        "utilization": device.state.utilization,
+                        "memory_used": device.state.memory_used,
+                        "memory_total": device.memory_bytes,
+                        "temperature": device.state.temperature_c,
+                    }
+                )
+            running = int(sum(d.view.running))
+            return {
+                "pid": os.getpid(),
+                "started": self._started_at,
+                "updated": time.time(),
+                "config": self._config_path,
+                "tasks": {
+                    "submitted": self.stats["submitted"],
+                    "done": self.stats["done"],
+                    "failed": self.stats["failed"],
+                    "running": running,
+                    "waiting": len(self._tasks) - running,
+                },
+                "devices": devices,
+            }
+
+    def memory_usage(self) -> dict[str, dict[str, int]]:
+        """``{device id: {"used", "free", "total"}}`` in bytes, read from each device now."""
+        pids = {d.id: p for d, p in self._monitor_targets() if p is not None}
+        return memory_usage(self.devices, pids)
+
+    def _wait_all(self, timeout: float | None) -> None:
+        with self._lock:
+            futures = [t.future for t in self._tasks.values()] + [t.future for t in self._backlog]
+        from concurrent.futures import wait
+
+        wait(futures, timeout=timeout)
+
+    # ------------------------------------------------------------------------- profiling
+
+    def _trace(self, task: _Task, reply: TaskReply | None, status: str, error: str = "") -> None:
+        if not self._profiles:
+            return
+        now = time.monotonic()
+        record = TaskTrace(
+            task_id=task.id,
+            name=task.name,
+            device=self.devices[task.device].id if task.device >= 0 else "",
+            attempt=task.attempt,
+            cost=task.cost,
+            submitted=task.submitted,
+            sent=task.sent,
+            started=reply.started if reply is not None else task.sent,
+            ended=reply.ended if reply is not None else now,
+            transfer_in=(task.packed.seconds if task.packed else 0.0)
+            + (reply.unpack_seconds if reply is not None else 0.0),
+            transfer_out=reply.pack_seconds if reply is not None else 0.0,
+            bytes_in=task.packed.nbytes if task.packed else 0,
+            bytes_out=reply.bytes_out if reply is not None else 0,
+            status=status,
+            error=error,
+        )
+        for p in self._profiles:
+            p.traces.append(record)
+
+    def _start_profile(self, name: str, directory: Path) -> _Profiling:
+        prof = _Profiling(name, directory, time.monotonic())
+        with self._lock:
+            self._profiles.append(prof)
+        return prof
+
+    def _finish_profile(self, prof: _Profiling) -> Any:
+        from hetero.telemetry import Profile
+
+        with self._lock:
+            if prof in self._profiles:
+                self._profiles.remove(prof)
+        profile = Profile(prof.traces, self.device_infos(), prof.started, time.monotonic())
+        paths = profile.save(prof.directory, _unique_name(prof.directory, prof.name))
+        log.info("profile written: %s", ", ".join(str(p) for p in paths))
+        return profile, paths
+
+
+class _ProfileBlock:
+    """What ``Context.profile`` returns: a context manager; after the block, ``profile`` holds
+    the ``Profile`` and ``paths`` the files written."""
+
+    def __init__(self, ctx: Context, name: str, directory: Path) -> None:
+        self._ctx = ctx
+        self._name = name
+        self._directory = directory
+        self._prof: _Profiling | None = None
+        self.profile: Any = None
+        self.paths: tuple[Path, ...] = ()
+
+    def __enter__(self) -> _ProfileBlock:
+        self._prof = self._ctx._start_profile(self._name, self._directory)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._prof is not None
+        self.profile, paths = self._ctx._finish_profile(self._prof)
+        self.paths = tuple(paths)
+
+
+def _usage(sample: DeviceSample) -> str:
+    used, total = sample.memory_used or 0, sample.memory_total or 0
+    return f"{used / 1e9:.1f} of {total / 1e9:.1f} GB used"
+
+
+def get_memory_usage() -> dict[str, dict[str, int]]:
+    """Memory used and free per device of the most recently created open ``Context``."""
+    for ctx in reversed(_open):
+        if not ctx.closed:
+            return ctx.memory_usage()
+    raise HeteroError("get_memory_usage() needs an open hetero.Context")
+
+
+def _resolved(value: Any) -> Any:
+    return value.result() if isinstance(value, Future) else value
+
+
+def _unique_name(directory: Path, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``… when a report of that name exists already."""
+    if not (directory / f"{name}.html").exists():
+        return name
+    for k in itertools.count(2):
+        if not (directory / f"{name}-{k}.html").exists():
+            return f"{name}-{k}"
+    raise AssertionError("unreachable")
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".hetero-check-"):
+            pass
+    except OSError as exc:
+        raise HeteroError(
+            f"checkpoint_dir {str(path)!r} cannot be written: {exc.strerror or exc}; "
+            "give a writable directory or checkpoint_dir=False"
+        ) from exc
+
+
+@atexit.register
+def _close_all() -> None:
+    """No worker outlives the driver, even when a Context was never closed."""
+    for ctx in list(_open):
+        with contextlib.suppress(Exception):
+            ctx.close(wait=False)

@@ -1,0 +1,295 @@
+"""``Context.map``: one function over many items, spread over every device by speed.
+
+Items are cut into batches as they are needed and each batch is one task, so placement,
+ordering, stealing and retries are the dispatcher's, as for any task. What the map decides is
+how big a batch is:
+
+- big enough that a batch takes about ``TARGET_SECONDS`` on the fastest device (per-task
+  overhead stays small), from the speeds the performance model has measured so far;
+- no more than ``remaining / (4 × devices)`` when the length is known (guided self-scheduling:
+  batches shrink towards the end, so the last ones are small and no device is left holding a
+  big one while the others idle);
+- no more than the largest batch a device's memory holds, when the task declares memory per
+  item (``PerfModel.batch_sizes``).
+
+At most ``window`` batches are in flight (and a bounded number of
+done batches waiting to be read), so an endless iterator is mapped
+in bounded memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from hetero.errors import ConfigError
+from hetero.runtime.task import TaskFunction
+
+if TYPE_CHECKING:
+    from hetero.runtime.context import Context
+
+__all__ = ["TARGET_SECONDS", "MapRun"]
+
+#: Seconds of work a batch aims at on the fastest device.
+TARGET_SECONDS = 0.01
+#: Batches done but not yet read may reach this many windows.
+READ_AHEAD = 4
+
+
+class _Batch:
+    """Calls ``fn`` on each item of a batch (the map's one shipped function)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        fn = self.fn
+        return [fn(x) for x in items]
+
+
+class MapRun(Iterator[Any]):
+    """The iterator ``Context.map`` returns: results in input order (``ordered=True``) or as
+    batches complete. Work starts at once and continues while the caller waits."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        spec: TaskFunction[Any, Any],
+        iterable: Iterable[Any],
+        batch_size: int | str,
+        ordered: bool,
+        window: int | None,
+        progress: bool | None,
+    ) -> None:
+        problems = []
+        if batch_size != "auto" and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            problems.append(
+                ("batch_size", f"must be 'auto' or an integer >= 1, got {batch_size!r}")
+            )
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, int) or window < 1
+        ):
+            problems.append(("window", f"must be an integer >= 1, got {window!r}"))
+        try:
+            items = iter(iterable)
+        except TypeError:
+            problems.append(("iterable", f"must be iterable, got {type(iterable).__name__}"))
+        if problems:
+            raise ConfigError(problems)
+        self._ctx = ctx
+        self._spec = spec
+        self._items = items
+        self._total: int | None = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
+        self._batch_size = batch_size
+        self._ordered = ordered
+        n = len(ctx.devices)
+        self._n = n
+        self._window = window or max(4 * n, 8)
+        batch_fn = TaskFunction(_Batch(spec.fn), spec.options)
+        self._function = ctx._function(batch_fn)
+        self._name = f"{spec.name}[map]"
+        self._batch_spec = batch_fn
+        self._cond = threading.Condition()
+        self._pending: dict[int, tuple[int, Future[Any]]] = {}  # batch no -> (first index, f)
+        self._ready: dict[int, Future[Any]] = {}
+        self._next_batch = 0  # next batch number to submit
+        self._next_out = 0  # next batch number to yield (ordered)
+        self._taken = 0  # items read from the input
+        self._cost_sum = 0.0  # their work units
+        self._exhausted = False
+        self._buffer: list[Any] = []
+        self._done_items = 0
+        self._cap = self._memory_cap()
+        show = sys.stderr.isatty() if progress is None else progress
+        self._bar = _Bar(self._total, spec.name) if show else None
+        self._fill()
+
+    # -------------------------------------------------------------------------- iteration
+
+    def __iter__(self) -> MapRun:
+        return self
+
+    def __next__(self) -> Any:
+        while not self._buffer:
+            batch = self._wait_next()
+            if batch is None:
+                if self._bar is not None:
+                    self._bar.close()
+                raise StopIteration
+            self._buffer = list(reversed(batch))
+        return self._buffer.pop()
+
+    def __len__(self) -> int:
+        if self._total is None:
+            raise TypeError("the length of a map over an iterator is not known")
+        return self._total
+
+    def close(self) -> None:
+        """Cancel what has not run (also when the iterator is dropped unfinished)."""
+        with self._cond:
+            pending = [f for _, f in self._pending.values()]
+            self._exhausted = True
+        for f in pending:
+            f.cancel()
+        if self._bar is not None:
+            self._bar.close()
+
+    def __del__(self) -> None:
+        if not self._exhausted or self._pending:
+            self.close()
+
+    def _wait_next(self) -> list[Any] | None:
+        with self._cond:
+            while True:
+                self._fill_locked()
+                if self._ordered:
+                    future = self._ready.pop(self._next_out, None)
+                    if future is not None:
+                        self._next_out += 1
+                        break
+                elif self._ready:
+                    _, future = self._ready.popitem()
+                    break
+                if not self._pending and not self._ready and self._exhausted:
+                    return None
+                self._cond.wait()
+            self._fill_locked()
+        return future.result()  # type: ignore[no-any-return]  # raises TaskFailed
+
+    # -------------------------------------------------------------------------- batching
+
+    def _fill(self) -> None:
+        with self._cond:
+            self._fill_locked()
+
+    def _fill_locked(self) -> None:
+        # In flight at most ``window`` batches; waiting to be read (behind a slow head of
+        # line, when ordered) at most ``READ_AHEAD`` windows more, so slow items do not stall
+        # the devices and memory stays bounded.
+        while (
+            not self._exhausted
+            and len(self._pending) < self._window
+            and len(self._pending) + len(self._ready) < READ_AHEAD * self._window
+        ):
+            size = self._size()
+            chunk = []
+            for _ in range(size):
+                try:
+                    chunk.append(next(self._items))
+                except StopIteration:
+                    self._exhausted = True
+                    break
+            if not chunk:
+                break
+            self._submit(chunk)
+
+    def _submit(self, chunk: list[Any]) -> None:
+        options = self._spec.options
+        if callable(options.cost):
+            cost = sum(options.cost_of((x,), {})[0] for x in chunk)
+            declared = True
+        elif options.cost is not None:
+            cost, declared = float(options.cost) * len(chunk), True
+        else:
+            cost, declared = float(len(chunk)), False
+        self._cost_sum += cost
+        number = self._next_batch
+        self._next_batch += 1
+        first = self._taken
+        self._taken += len(chunk)
+        memory = options.memory * len(chunk)
+        spec = self._batch_spec
+        if memory != spec.options.memory:
+            spec = spec.with_options(memory=memory)
+        future = self._ctx._submit(
+            spec,
+            (chunk,),
+            {},
+            function=self._function,
+            name=self._name,
+            cost=(cost, declared),
+        )
+        self._pending[number] = (first, future)
+        future.add_done_callback(functools.partial(self._batch_done, number, len(chunk)))
+
+    def _batch_done(self, number: int, items: int, _: object = None) -> None:
+        with self._cond:
+            entry = self._pending.pop(number, None)
+            if entry is None:
+                return
+            self._ready[number] = entry[1]
+            self._done_items += items
+            if self._bar is not None:
+                self._bar.update(items)
+            self._cond.notify_all()
+
+    def _size(self) -> int:
+        if self._batch_size != "auto":
+            return int(self._batch_size)
+        perf = self._ctx.dispatcher.perf
+        options = self._spec.options
+        fastest = float(perf.speed(options.kind).max())
+        # Work units per item: declared, else the mean of the items costed so far.
+        if isinstance(options.cost, (int, float)):
+            per_item = float(options.cost)
+        else:
+            per_item = self._cost_sum / self._taken if self._taken else 1.0
+        size = max(1, math.ceil(TARGET_SECONDS * fastest / max(per_item, 1e-12)))
+        if self._total is not None:
+            remaining = self._total - self._taken
+            size = min(size, max(1, math.ceil(remaining / (4 * self._n))))
+        return max(1, min(size, self._cap))
+
+    def _memory_cap(self) -> int:
+        per_item = self._spec.options.memory
+        if not per_item:
+            return sys.maxsize
+        perf = self._ctx.dispatcher.perf
+        total = sum(d.memory_bytes // per_item for d in self._ctx.devices)
+        if total < 1:
+            return 1  # the dispatcher refuses it with the sizes involved
+        shares = perf.batch_sizes(total, sample_bytes=per_item, kind=self._spec.options.kind)
+        return max(1, max(shares))
+
+
+class _Bar:
+    """A rich progress bar on stderr."""
+
+    def __init__(self, total: int | None, name: str) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(name, total=total)
+        self._open = True
+
+    def update(self, items: int) -> None:
+        self._progress.advance(self._task, items)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._progress.stop()

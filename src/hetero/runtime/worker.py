@@ -1,0 +1,353 @@
+"""The worker process: runs one device's tasks, one at a time, for the local backend.
+
+Started by the local backend as ``python -c "…main(FD)"`` with one end of a socket pair. Frames
+both ways are pickled lists of messages, so a burst of tiny tasks costs one system call per
+burst, not per task. The main thread runs tasks from an inbox; a reader thread fills the inbox,
+answers cancellations and notices the driver going away.
+
+Driver -> worker: ``("init", WorkerSetup)``, ``("fn", key, bytes)``, ``("run", TaskOrder)``,
+``("cancel", task_id)``, ``("exit",)``.
+Worker -> driver: ``("ready", pid)``, ``("done", TaskReply)``, ``("error", TaskReply)``,
+``("dropped", task_id)``, ``("warn", text)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import operator
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field, fields
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from hetero.devices.spec import Device
+from hetero.runtime import current
+from hetero.runtime.serialize import Packed, pack, unpack
+
+__all__ = ["TaskOrder", "TaskReply", "WorkerSetup", "main"]
+
+# Replies wait at most this long, or this many, before they are sent together.
+_FLUSH_SECONDS = 0.002
+_FLUSH_COUNT = 64
+# A task that starts within this long of the previous one's due end counts as back to back.
+_PACE_SLACK = 0.002
+
+
+@dataclass(slots=True)
+class WorkerSetup:
+    """What a worker needs to know about its device and its driver."""
+
+    device: Device
+    driver_pid: int
+    prefix: str  # shared-memory segment names this worker writes start with it
+    time_scale: float = 1.0
+    memory_limit: int | None = None  # bytes; enforced where the framework can
+    rss_interval: float = 0.2
+
+
+@dataclass(slots=True)
+class TaskOrder:
+    """One attempt of one task."""
+
+    task_id: int
+    attempt: int
+    fn: str  # key of a function sent before with ("fn", key, bytes)
+    args: Packed
+    name: str
+    cost: float
+    declared_cost: bool  # else an emulated device paces by the measured CPU time
+    checkpoint_dir: str | None
+
+    def __reduce__(self) -> tuple[type[TaskOrder], tuple[Any, ...]]:
+        # A plain tuple of fields: pickling a slotted dataclass field by field costs 5x more,
+        # on a path every task takes twice.
+        return (TaskOrder, _fields_TaskOrder(self))
+
+
+_fields_TaskOrder = operator.attrgetter(*(f.name for f in fields(TaskOrder)))
+
+
+@dataclass(slots=True)
+class TaskReply:
+    """How an attempt ended: its result (``done``) or error, and where the time went."""
+
+    task_id: int
+    attempt: int
+    started: float
+    ended: float
+    unpack_seconds: float = 0.0
+    pack_seconds: float = 0.0
+    bytes_out: int = 0
+    cpu_seconds: float = 0.0
+    result: Packed | None = None
+    error: str = ""  # "ExcType: message"
+    remote_traceback: str = ""
+    exception: bytes | None = None  # the exception, pickled, when it can be
+    retryable: bool = True
+    checkpointed: bool = False  # the task wrote a checkpoint (the driver removes it at the end)
+
+    def __reduce__(self) -> tuple[type[TaskReply], tuple[Any, ...]]:
+        # A plain tuple of fields: pickling a slotted dataclass field by field costs 5x more,
+        # on a path every task takes twice.
+        return (TaskReply, _fields_TaskReply(self))
+
+
+_fields_TaskReply = operator.attrgetter(*(f.name for f in fields(TaskReply)))
+
+
+@dataclass
+class _State:
+    conn: Connection
+    setup: WorkerSetup | None = None
+    inbox: deque[TaskOrder] = field(default_factory=deque)
+    functions: dict[str, Any] = field(default_factory=dict)
+    raw_functions: dict[str, bytes] = field(default_factory=dict)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    running: int = -1  # task id being run now
+    attempt: int = 0  # and its attempt
+    closing: bool = False
+    warned: bool = False
+    paced_until: float = -1.0  # when the last emulated task was due to end
+
+
+def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
+    data = pickle.dumps(messages, protocol=5)
+    with state.send_lock:
+        state.conn.send_bytes(data)
+
+
+def _die_with_driver() -> None:
+    """Ask Linux to SIGKILL this process when the driver dies, so no worker outlives it."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _reader(state: _State) -> None:
+    conn = state.conn
+    try:
+        while True:
+            messages = pickle.loads(conn.recv_bytes())
+            dropped: list[tuple[Any, ...]] = []
+            with state.cond:
+                for msg in messages:
+                    tag = msg[0]
+                    if tag == "run":
+                        state.inbox.append(msg[1])
+                    elif tag == "fn":
+                        state.raw_functions[msg[1]] = msg[2]
+                    elif tag == "init":
+                        state.setup = msg[1]
+                    elif tag == "cancel":
+                        dropped += _cancel(state, msg[1])
+                    elif tag == "exit":
+                        state.closing = True
+                        state.inbox.clear()  # the driver has settled these tasks already
+                state.cond.notify()
+            if dropped:
+                _send(state, dropped)
+    except (EOFError, OSError):
+        os._exit(0)  # the driver is gone: nothing to report to
+
+
+def _cancel(state: _State, task_id: int) -> list[tuple[Any, ...]]:
+    """Drop ``task_id`` from the inbox; if it is running, end the process (the only way to stop
+    Python code), after which the driver restarts this device's worker."""
+    for order in state.inbox:
+        if order.task_id == task_id:
+            state.inbox.remove(order)
+            return [("dropped", task_id)]
+    if state.running == task_id:
+        os._exit(3)
+    return []
+
+
+def _watch_memory(state: _State, limit: int, interval: float) -> None:
+    import psutil
+
+    proc = psutil.Process()
+    while True:
+        time.sleep(interval)
+        rss = proc.memory_info().rss
+        if rss > limit and state.running >= 0:
+            order_id, attempt = state.running, state.attempt
+            text = (
+                f"MemoryError: worker memory {rss / 1e9:.2f} GB exceeded the device's limit "
+                f"{limit / 1e9:.2f} GB"
+            )
+            now = time.monotonic()
+            reply = TaskReply(order_id, attempt, now, now, error=text)
+            with contextlib.suppress(Exception):
+                _send(state, [("error", reply)])
+            os._exit(4)
+
+
+def _limit_frameworks(device: Device, limit: int | None) -> None:
+    """Cap the GPU memory pools of the frameworks present (the RSS watch covers the CPU)."""
+    if limit is None or device.type != "gpu" or device.emulated:
+        return
+    fraction = min(1.0, limit / max(device.spec.memory_bytes, 1))
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    with contextlib.suppress(Exception):
+        import cupy  # type: ignore[import-not-found]
+
+        cupy.get_default_memory_pool().set_limit(size=limit)
+
+
+def _function(state: _State, key: str, kind: str) -> Any:
+    fn = state.functions.get(key)
+    if fn is None:
+        fn = cloudpickle.loads(state.raw_functions.pop(key))
+        state.functions[key] = fn
+    if isinstance(fn, dict):  # per-device variants: {"gpu": f, "cpu": g, "default": h}
+        return fn.get(kind, fn.get("default"))
+    return fn
+
+
+def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
+    setup = state.setup
+    assert setup is not None
+    device = setup.device
+    started = time.monotonic()
+    reply = TaskReply(order.task_id, order.attempt, started, started)
+    try:
+        fn = _function(state, order.fn, str(device.type))
+        (args, kwargs), reply.unpack_seconds = unpack(order.args)
+    except BaseException as exc:
+        reply.error = f"{type(exc).__name__}: could not load the task on {device.id}: {exc}"
+        reply.remote_traceback = traceback.format_exc()
+        reply.retryable = False
+        reply.ended = time.monotonic()
+        return "error", reply
+    current.enter(device, order.task_id, order.attempt, order.checkpoint_dir)
+    started = time.monotonic()
+    cpu0 = time.thread_time()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        reply.started, reply.ended = started, time.monotonic()
+        reply.error = f"{type(exc).__name__}: {exc}"
+        reply.remote_traceback = traceback.format_exc()
+        with contextlib.suppress(Exception):
+            reply.exception = cloudpickle.dumps(exc)
+        return "error", reply
+    finally:
+        reply.checkpointed = current.leave()
+        del args, kwargs
+    reply.cpu_seconds = time.thread_time() - cpu0
+    if device.emulated:
+        started = _pace(state, order, started, reply.cpu_seconds)
+    reply.started, reply.ended = started, time.monotonic()
+    try:
+        reply.result = pack(result, setup.prefix)
+    except BaseException as exc:
+        reply.error = f"{type(exc).__name__}: the result of {order.name} cannot be pickled: {exc}"
+        reply.remote_traceback = traceback.format_exc()
+        reply.retryable = False
+        return "error", reply
+    reply.pack_seconds = reply.result.seconds
+    reply.bytes_out = reply.result.nbytes
+    return "done", reply
+
+
+def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -> float:
+    """Hold the slot until the emulated duration has passed: cost (declared, else the CPU time
+    measured here) over the device's speed, times the time scale. Returns when the emulated
+    device started the task."""
+    setup = state.setup
+    assert setup is not None
+    work = order.cost if order.declared_cost else cpu_seconds
+    target = work / setup.device.speed * setup.time_scale
+    # Back-to-back tasks are paced from where the previous one was due to end, not from when
+    # this one actually started: the few hundred µs a sleep overshoots and a hand-over costs
+    # are then made up, and the device's long-run speed is exactly its declared one.
+    base = state.paced_until if 0 <= started - state.paced_until < _PACE_SLACK else started
+    due = base + target
+    state.paced_until = due
+    now = time.monotonic()
+    elapsed = now - started
+    if due > now:
+        time.sleep(due - now)
+    elif elapsed > target * 1.05 + 1e-3 and not state.warned:
+        state.warned = True
+        _send(
+            state,
+            [
+                (
+                    "warn",
+                    f"emulation saturated on {setup.device.id}: {order.name} computed for "
+                    f"{elapsed * 1e3:.1f} ms but its emulated duration is {target * 1e3:.1f} ms "
+                    "(the host cannot keep pace; raise time_scale, or use fewer emulated "
+                    "devices than cores); speeds measured on this device are too low",
+                )
+            ],
+        )
+    return base
+
+
+def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _die_with_driver()
+    state = _State(Connection(fd))
+    threading.Thread(target=_reader, args=(state,), daemon=True, name="hetero-reader").start()
+    with state.cond:
+        while state.setup is None:
+            state.cond.wait()
+    setup = state.setup
+    if os.getppid() != setup.driver_pid:
+        os._exit(0)  # the driver died before the death signal was armed
+    current.set_device(setup.device)
+    _limit_frameworks(setup.device, setup.memory_limit)
+    if setup.memory_limit is not None:
+        threading.Thread(
+            target=_watch_memory,
+            args=(state, setup.memory_limit, setup.rss_interval),
+            daemon=True,
+            name="hetero-rss",
+        ).start()
+    _send(state, [("ready", os.getpid())])
+    outbox: list[tuple[Any, ...]] = []
+    first_reply = 0.0
+    inbox = state.inbox
+    while True:
+        with state.cond:
+            while not inbox and not state.closing:
+                if outbox:
+                    break
+                state.cond.wait()
+            if state.closing and not inbox:
+                break
+            order = inbox.popleft() if inbox else None
+            if order is not None:
+                state.running, state.attempt = order.task_id, order.attempt
+        if order is not None:
+            outbox.append(_run(state, order))
+            state.running = -1
+            if len(outbox) == 1:
+                first_reply = time.monotonic()
+        # Send now unless more work is waiting and the batch is young and small.
+        if outbox and (
+            not inbox
+            or len(outbox) >= _FLUSH_COUNT
+            or time.monotonic() - first_reply > _FLUSH_SECONDS
+        ):
+            _send(state, outbox)
+            outbox = []
+    if outbox:
+        _send(state, outbox)
+    sys.exit(0)

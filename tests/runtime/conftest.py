@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import psutil
+import pytest
+
+from hetero.config import parse_config
+from hetero.devices.fleet import build_fleet
+from hetero.devices.spec import Device
+
+
+def emulated(speeds: Sequence[float], **extra: object) -> list[Device]:
+    """Emulated GPUs d0, d1, … of the given relative speeds."""
+    config = parse_config(
+        {
+            "devices": [
+                {"type": "gpu", "model": "A100-80GB", "emulate": True, "speed": s, "name": f"d{i}"}
+                | extra
+                for i, s in enumerate(speeds)
+            ]
+        }
+    )
+    return build_fleet(config)
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_workers() -> Iterator[None]:
+    """Every test ends with no worker process left behind."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    for p in left:
+        p.kill()
+    assert not left, f"worker processes left running: {[p.pid for p in left]}"
