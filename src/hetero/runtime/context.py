@@ -248,6 +248,7 @@ class Context:
         self._on_device: list[set[int]] = [set() for _ in fleet]
         self._losses = [0] * len(fleet)
         self._backlog: deque[_Task] = deque()
+        self._placements: dict[tuple[Any, Any], list[str]] = {}
         self._functions: dict[tuple[int, int], tuple[Any, tuple[str, bytes]]] = {}
         self._fn_keys = itertools.count()
         self._ids = itertools.count(1)
@@ -420,16 +421,37 @@ class Context:
         return future
 
     def _devices_for(self, spec: TaskFunction[Any, Any]) -> list[str] | None:
-        variants = spec.options.variants
-        if not variants or "default" in variants:
+        """The devices a task may use: those its ``devices`` option selects, of the kinds it has
+        variants for (``None``: any). Cached per option values: it runs at every submit."""
+        options = spec.options
+        variants = options.variants
+        kinds = None if not variants or "default" in variants else frozenset(variants)
+        key = (options.devices, kinds)
+        if key == (None, None):
             return None
-        ids = [d.id for d in self.devices if d.kind.value in variants]
-        if not ids:
-            kinds = sorted({d.kind.value for d in self.devices})
-            raise NoCapableDevice(
-                f"task {spec.name!r} has variants for {', '.join(sorted(variants))} but the fleet "
-                f"has only {', '.join(kinds)} devices; add a 'default' variant or such a device"
-            )
+        cached = self._placements.get(key)
+        if cached is not None:
+            return cached
+        ids = [d.id for d in self.devices]
+        if options.devices is not None:
+            from hetero.sched.policies.selectors import select
+
+            try:
+                mask = select(options.devices, self.dispatcher.view, f"task {spec.name!r}: devices")
+            except ValueError as exc:
+                raise NoCapableDevice(str(exc)) from None
+            ids = [i for i, ok in zip(ids, mask, strict=True) if ok]
+        if kinds is not None:
+            by_kind = {d.id: d.kind.value for d in self.devices}
+            ids = [i for i in ids if by_kind[i] in kinds]
+            if not ids:
+                have = sorted({d.kind.value for d in self.devices})
+                raise NoCapableDevice(
+                    f"task {spec.name!r} has variants for {', '.join(sorted(kinds))} but "
+                    f"{'the devices it may use are' if options.devices else 'the fleet has only'} "
+                    f"{', '.join(have)} devices; add a 'default' variant or such a device"
+                )
+        self._placements[key] = ids
         return ids
 
     def _function(self, spec: TaskFunction[Any, Any]) -> tuple[str, bytes]:

@@ -39,6 +39,7 @@ class TaskOptions:
     tags: frozenset[str] = frozenset()
     variants: Mapping[str, Callable[..., Any]] | None = None
     name: str | None = None
+    devices: tuple[str, ...] | None = None
 
     def cost_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[float, bool]:
         """The work units of one call and whether they were declared."""
@@ -65,6 +66,7 @@ def make_options(
     tags: Iterable[str] = (),
     variants: Mapping[str, Callable[..., Any]] | None = None,
     name: str | None = None,
+    devices: Iterable[str] | None = None,
 ) -> TaskOptions:
     """Validated ``TaskOptions`` (``ConfigError`` naming every bad option)."""
     problems: list[tuple[str, str]] = []
@@ -112,6 +114,13 @@ def make_options(
                     )
                 elif not callable(fn):
                     problems.append((f"variants[{key!r}]", f"must be callable, got {fn!r}"))
+    selectors = None
+    if devices is not None:
+        selectors = (devices,) if isinstance(devices, str) else tuple(devices)
+        if not selectors or not all(isinstance(d, str) and d for d in selectors):
+            problems.append(
+                ("devices", f"must be device ids, models, kinds or tag:NAME, got {devices!r}")
+            )
     if problems:
         raise ConfigError(problems)
     return TaskOptions(
@@ -125,6 +134,7 @@ def make_options(
         tags=tag_set,
         variants=dict(variants) if variants is not None else None,
         name=name,
+        devices=selectors,
     )
 
 
@@ -164,6 +174,7 @@ class TaskFunction(Generic[P, R]):
             "tags": self.options.tags,
             "variants": self.options.variants,
             "name": self.options.name,
+            "devices": self.options.devices,
         }
         unknown = sorted(set(options) - set(current))
         if unknown:
@@ -192,6 +203,7 @@ def task(
     tags: Iterable[str] = ...,
     variants: Mapping[str, Callable[..., Any]] | None = ...,
     name: str | None = ...,
+    devices: Iterable[str] | None = ...,
 ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
@@ -201,9 +213,10 @@ def task(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     Options: ``memory`` (bytes or "2GB": the device must have that much free), ``cost`` (work
     units, or a function of the arguments), ``priority``, ``retries`` (after a worker is lost;
     also after an exception with ``retry_exceptions=True``), ``timeout`` (seconds), ``kind``
-    (of work, for speeds per kind), ``tags`` (affinity), ``variants`` (``{"gpu": f, "cpu": g}``:
-    per-device-kind code; the task runs only on kinds it has code for, or everywhere with
-    ``"default"``) and ``name``.
+    (of work, for speeds per kind), ``devices`` (where it may run: device ids, catalog models,
+    kinds such as "gpu", or "tag:NAME"), ``tags`` (for an ``affinity`` policy), ``variants``
+    (``{"gpu": f, "cpu": g}``: per-device-kind code; the task runs only on kinds it has code
+    for, or everywhere with ``"default"``) and ``name``.
     """
     opts = make_options(**options)
     if fn is not None:
