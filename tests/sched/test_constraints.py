@@ -78,3 +78,18 @@ def test_service_time_from_the_executor_feeds_the_speed_model() -> None:
     assert d.perf.speed()[0] == pytest.approx(1.0 + 0.2 * (4.0 - 1.0))
     d.complete("b")  # by default: cost × slots / time held = 2 × 2 / 4
     assert d.perf.speed()[0] == pytest.approx(1.6 + 0.2 * (1.0 - 1.6))
+
+
+def test_a_timeout_per_item_overrides_the_dispatchers() -> None:
+    clock = ManualClock()
+    d = Dispatcher(make_devices([1.0]), make_policy("round_robin"), clock, timeout=100.0)
+    d.submit(WorkItem(id="short"), timeout=0.5)
+    d.submit(WorkItem(id="default"))
+    assert d.next_deadline() == 0.5
+    clock.advance(0.5)
+    assert [(type(i).__name__, i.item.id) for i in d.expire()] == [
+        ("Stop", "short"),
+        ("Finish", "short"),
+        ("Run", "default"),
+    ]
+    assert d.records["short"].reason == "timed out after 0.5s"

@@ -522,14 +522,12 @@ class Context:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         task.args, task.kwargs = (), {}  # the packed copy is what retries use
-        deadline = time.monotonic() + options.timeout if options.timeout is not None else None
         item = WorkItem(
             cost=task.cost,
             kind=options.kind,
             memory=options.memory,
             priority=options.priority,
             tags=options.tags,
-            deadline=deadline,
             id=task.id,
         )
         task.item = item
@@ -543,7 +541,9 @@ class Context:
                 self._backlog.append(task)
                 return
             try:
-                out = self.dispatcher.submit(item, only=task.only, retries=options.retries)
+                out = self.dispatcher.submit(
+                    item, only=task.only, retries=options.retries, timeout=options.timeout
+                )
             except QueueFull:
                 self._backlog.append(task)
                 return
@@ -553,7 +553,7 @@ class Context:
                 if isinstance(exc, NoCapableDevice):
                     raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
                 raise
-            if deadline is not None:
+            if options.timeout is not None or self.dispatcher.timeout is not None:
                 self._deadline_cond.notify()
             self._apply(out, endings)
         self.backend.flush()
@@ -665,7 +665,12 @@ class Context:
         while self._backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
             task = self._backlog.popleft()
             assert task.item is not None
-            out = self.dispatcher.submit(task.item, only=task.only, retries=task.options.retries)
+            out = self.dispatcher.submit(
+                task.item,
+                only=task.only,
+                retries=task.options.retries,
+                timeout=task.options.timeout,
+            )
             self._apply(out, endings)
 
     @staticmethod

@@ -242,12 +242,14 @@ class Dispatcher:
         *,
         only: Sequence[str] | None = None,
         retries: int | None = None,
+        timeout: float | None = None,
     ) -> list[Instruction]:
         """Admit ``item``. Raises ``QueueFull`` when ``max_queue_size`` items are waiting and
         ``NoCapableDevice`` when its ``memory`` exceeds every device's.
 
         ``only`` restricts it to these device ids (a hard constraint, e.g. the device kinds a
-        task has code for); ``retries`` overrides ``max_retries`` for this item.
+        task has code for); ``retries`` overrides ``max_retries`` and ``timeout`` the
+        dispatcher's timeout for this item (its ``deadline``, if set, wins).
         """
         mask = None
         if only is not None:
@@ -287,10 +289,12 @@ class Dispatcher:
             rec.retries = retries
         self.records[item.id] = rec
         self.active += 1
+        if timeout is None:
+            timeout = self.timeout
         deadline = (
             item.deadline
             if item.deadline is not None
-            else (now + self.timeout if self.timeout is not None else None)
+            else (now + timeout if timeout is not None else None)
         )
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), rec))

@@ -1,0 +1,166 @@
+"""Failures on real worker processes: killed workers, timeouts, checkpoints, unhealthy devices,
+shutdown with work in flight, Ctrl-C and a dying driver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import hetero
+from hetero.errors import TaskFailed
+from tests.runtime.conftest import emulated
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def steps_with_checkpoints(n: int, marker: str) -> tuple[int, list[int], int]:
+    """Counts to ``n``, checkpointing each step; reports its pid in ``marker`` and waits there
+    at step n/2 on its first attempt so that the test can kill it."""
+    state = hetero.restore({"step": 0, "ran": []})
+    start = state["step"]
+    first = start == 0
+    while state["step"] < n:
+        if first and state["step"] == n // 2:
+            Path(marker).write_text(str(os.getpid()))
+            time.sleep(60)  # killed here
+        state["ran"].append(state["step"])
+        state["step"] += 1
+        hetero.checkpoint(state)
+    return start, state["ran"], os.getpid()
+
+
+def test_a_killed_worker_is_detected_and_the_task_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "pid"
+    task = hetero.task(retries=2)(steps_with_checkpoints)
+    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+        f = ctx.submit(task, 10, str(marker))
+        wait_for(marker.exists)
+        victim = int(marker.read_text())
+        first_device = ctx.dispatcher.records[f.task_id].device
+        os.kill(victim, signal.SIGKILL)
+        start, ran, pid = f.result(timeout=30)
+        assert start == 5  # resumed from the checkpoint of step 5, not from the start
+        assert ran == list(range(10))  # every step ran exactly once
+        assert pid != victim
+        # Retried on the other device, which was free.
+        assert f.device == ctx.devices[1 - first_device].id
+        assert ctx.stats["done"] == 1 and ctx.stats["retried"] == 1
+        # The killed device's worker comes back for later work.
+        assert ctx.run(hetero.task(devices=[ctx.devices[first_device].id])(os.getpid)) != victim
+        ctx.dispatcher.validate_state()
+
+
+def sleepy(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_task_that_times_out_fails_and_others_still_finish_once() -> None:
+    slow = hetero.task(timeout=0.3, name="slow")(sleepy)
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        doomed = ctx.submit(slow, 30)
+        later = [ctx.submit(sleepy, 0.01) for _ in range(5)]
+        with pytest.raises(TaskFailed, match=r"timed out after 0\.3s"):
+            doomed.result(timeout=30)
+        assert [f.result(timeout=30) for f in later] == [0.01] * 5
+        assert ctx.stats["done"] == 5 and ctx.stats["failed"] == 1
+        ctx.dispatcher.validate_state()
+
+
+def die_on(device_id: str) -> str:
+    dev = hetero.get_current_device()
+    if dev.id == device_id:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return dev.id
+
+
+def test_a_device_that_keeps_losing_its_worker_is_marked_down_and_its_work_moves() -> None:
+    task = hetero.task(retries=5, cost=0.01)(die_on)
+    with hetero.Context(devices=emulated([4.0, 1.0])) as ctx:  # d0 is the one the policy likes
+        futures = [ctx.submit(task, "d0") for _ in range(6)]
+        assert [f.result(timeout=60) for f in futures] == ["d1"] * 6
+        assert not ctx.dispatcher.view.usable[0]
+        status = ctx.status()
+        assert [d["healthy"] for d in status["devices"]] == [False, True]
+
+
+def test_a_task_that_always_kills_its_worker_fails_with_the_reason() -> None:
+    task = hetero.task(retries=1)(die_on)
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        f = ctx.submit(task, "d0")
+        with pytest.raises(TaskFailed, match="worker of d0 was killed by SIGKILL after 2 attempts"):
+            f.result(timeout=60)
+
+
+def test_close_without_waiting_cancels_work_in_flight_and_ends_every_worker() -> None:
+    ctx = hetero.Context(devices=emulated([1.0, 1.0]))
+    futures = [ctx.submit(sleepy, 5) for _ in range(6)]
+    wait_for(lambda: any(p is not None for p in ctx.backend.pids()))
+    pids = [p for p in ctx.backend.pids() if p is not None]
+    t0 = time.monotonic()
+    ctx.close(wait=False)
+    assert time.monotonic() - t0 < 5
+    assert all(f.cancelled() for f in futures)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+
+
+def test_with_block_waits_for_submitted_tasks_on_a_clean_exit() -> None:
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        futures = [ctx.submit(sleepy, 0.05) for _ in range(4)]
+    assert [f.result(timeout=0) for f in futures] == [0.05] * 4
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, time, hetero
+    from tests.runtime.conftest import emulated
+    def sleepy(s):
+        time.sleep(s)
+    ctx = hetero.Context(devices=emulated([1.0, 1.0]))
+    with ctx:
+        fs = [ctx.submit(sleepy, 60) for _ in range(4)]
+        while not all(ctx.backend.pids()):
+            time.sleep(0.01)
+        print(*ctx.backend.pids(), flush=True)
+        fs[0].result()
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_worker_outlives_a_driver_stopped_by_ctrl_c_or_killed(sig: signal.Signals) -> None:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        line = driver.stdout.readline() if driver.stdout else ""
+        pids = [int(p) for p in line.split()]
+        assert len(pids) == 2, driver.stderr.read() if driver.stderr else ""
+        driver.send_signal(sig)
+        driver.wait(timeout=30)
+        wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), timeout=15)
+        if sig == signal.SIGINT:
+            err = driver.stderr.read() if driver.stderr else ""
+            assert "KeyboardInterrupt" in err and "Exception in thread" not in err
+    finally:
+        driver.kill()
