@@ -20,6 +20,7 @@ demo: $(BIN)/hetero
 		--policies round_robin,weighted,shortest_expected_delay,adaptive --report demo_report.html
 	$(BIN)/hetero fit llama-3-8b --device A100-80GB --seq 8192 --batch 16
 	$(BIN)/hetero plan examples/plan.yaml --verify
+	$(BIN)/python examples/engine_demo.py
 
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench
