@@ -93,3 +93,17 @@ def test_a_timeout_per_item_overrides_the_dispatchers() -> None:
         ("Run", "default"),
     ]
     assert d.records["short"].reason == "timed out after 0.5s"
+
+
+def test_memory_held_outside_the_dispatcher_keeps_items_that_need_memory_away() -> None:
+    d = dispatcher("round_robin")
+    d.set_external_memory("d1", 15 * GB)  # d1 nearly full: 1 of its 16 GiB free
+    d.set_external_memory("d2", 15 * GB)
+    placed = [i.device_id for i in d.submit(WorkItem(memory=2 * GB, id="a")) if isinstance(i, Run)]
+    assert placed == ["d0"]
+    assert d.submit(WorkItem(memory=3 * GB, id="b")) == []  # d0 has 2 GiB left: it waits
+    out = d.set_external_memory("d2", 0)  # d2 frees its memory: the waiting item goes there
+    assert [(i.item.id, i.device_id) for i in out if isinstance(i, Run)] == [("b", "d2")]
+    d.validate_state()
+    with pytest.raises(ConfigError, match="used"):
+        d.set_external_memory("d0", -1)

@@ -740,28 +740,35 @@ class Context:
         with self._lock:
             if self._closed:
                 return
-            lost = sorted(self._on_device[device])
+            lost = [
+                t
+                for t in map(self._tasks.get, sorted(self._on_device[device]))
+                if t is not None and self.dispatcher.state_of(t.id) is ItemState.RUNNING
+            ]
             self._on_device[device].clear()
-            out: list[Instruction] = []
-            for task_id in lost:
-                task = self._tasks.get(task_id)
-                if task is None or self.dispatcher.state_of(task_id) is not ItemState.RUNNING:
-                    continue
-                task.device = -1
-                task.wrote_checkpoint = True  # unknown: it may have written one
-                self._trace(task, None, "retried", reason)
-                self.stats["retried"] += 1
-                out += self.dispatcher.fail(task_id, reason, retryable=True)
             if self._stops[device]:
                 self._stops[device] = 0  # ended on purpose, to stop a running task
             else:
                 self._losses[device] += 1
+            for task in lost:
+                task.device = -1
+                task.wrote_checkpoint = True  # unknown: it may have written one
+                self._trace(task, None, "retried", reason)
+                self.stats["retried"] += 1
             if lost:
                 log.warning("%s; %d task(s) moved", reason, len(lost))
+            out: list[Instruction] = []
             if self._losses[device] >= UNHEALTHY_AFTER:
+                # Down first, so that the lost tasks and the queue move elsewhere rather than
+                # back onto this device.
                 dev = self.devices[device].id
                 log.warning("%s marked unhealthy after %d lost workers", dev, self._losses[device])
-                out += self.dispatcher.device_down(dev, f"worker lost {self._losses[device]} times")
+                out += self.dispatcher.device_down(
+                    dev, f"{reason}; marked unhealthy after {self._losses[device]} lost workers"
+                )
+            else:
+                for task in lost:
+                    out += self.dispatcher.fail(task.id, reason, retryable=True)
             self._apply(out, endings)
         self.backend.flush()
         self._settle(endings)
@@ -820,7 +827,25 @@ class Context:
         return list(zip(self.devices, self.backend.pids(), strict=True))
 
     def _on_sample(self, samples: list[DeviceSample]) -> None:
-        """Fold a round of device readings into the fleet's state and publish a status."""
+        """Fold a round of device readings into the fleet's state and publish a status.
+
+        Memory measured beyond what placed tasks declare goes to the dispatcher, so a device
+        that fills up gets no more tasks that need memory; a device reporting errors is marked
+        down. Slowdowns need nothing here: observed durations already lower the device's speed.
+        """
+        out: list[Instruction] = []
+        with self._lock:
+            view = self.dispatcher.view
+            for i, (device, sample) in enumerate(zip(self.devices, samples, strict=True)):
+                if sample.memory_used is not None:
+                    held = max(0, sample.memory_used - int(view.mem_used[i]))
+                    out += self.dispatcher.set_external_memory(device.id, held)
+                if not sample.healthy and not device.emulated and device.kind.value == "gpu":
+                    out += self.dispatcher.device_down(device.id, "device reported errors")
+            endings: list[_Ending] = []
+            self._apply(out, endings)
+        self.backend.flush()
+        self._settle(endings)
         for device, sample in zip(self.devices, samples, strict=True):
             state = device.state
             if sample.utilization is not None:
@@ -834,13 +859,6 @@ class Context:
             ):
                 self._flagged.add(device.id)
                 log.warning("%s is nearly out of memory (%s)", device.id, _usage(sample))
-            if not sample.healthy and not device.emulated and device.kind.value == "gpu":
-                with self._lock:
-                    out = self.dispatcher.device_down(device.id, "device reported errors")
-                    endings: list[_Ending] = []
-                    self._apply(out, endings)
-                self.backend.flush()
-                self._settle(endings)
         if self._status is not None:
             self._status.write(self.status())
 

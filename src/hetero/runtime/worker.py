@@ -266,13 +266,18 @@ def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
 
 
 def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -> float:
-    """Hold the slot until the emulated duration has passed: cost (declared, else the CPU time
-    measured here) over the device's speed, times the time scale. Returns when the emulated
-    device started the task."""
+    """Hold the slot until the emulated duration has passed. With a declared cost: cost over the
+    device's speed, times the time scale. Without: the CPU time measured here over the speed
+    (times the time scale), plus the time the task spent off the CPU (I/O, sleeps), which a
+    faster device would not shorten. Returns when the emulated device started the task."""
     setup = state.setup
     assert setup is not None
-    work = order.cost if order.declared_cost else cpu_seconds
-    target = work / setup.device.speed * setup.time_scale
+    scale = setup.time_scale / setup.device.speed
+    if order.declared_cost:
+        target = order.cost * scale
+    else:
+        off_cpu = max(0.0, time.monotonic() - started - cpu_seconds)
+        target = off_cpu + cpu_seconds * scale
     # Back-to-back tasks are paced from where the previous one was due to end, not from when
     # this one actually started: the few hundred µs a sleep overshoots and a hand-over costs
     # are then made up, and the device's long-run speed is exactly its declared one.
@@ -290,7 +295,7 @@ def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -
             [
                 (
                     "warn",
-                    f"emulation saturated on {setup.device.id}: {order.name} computed for "
+                    f"emulation saturated on {setup.device.id}: {order.name} ran for "
                     f"{elapsed * 1e3:.1f} ms but its emulated duration is {target * 1e3:.1f} ms "
                     "(the host cannot keep pace; raise time_scale, or use fewer emulated "
                     "devices than cores); speeds measured on this device are too low",

@@ -399,6 +399,20 @@ class Dispatcher:
         self._refill(i, out)
         return out
 
+    def set_external_memory(self, device_id: str, used: int) -> list[Instruction]:
+        """Memory measured on a device beyond what its placed items declare (other processes,
+        framework caches, a leak): placement counts it as taken, so a device that fills up gets
+        no more items that need memory until it frees some (then waiting items are placed)."""
+        if isinstance(used, bool) or not isinstance(used, (int, np.integer)) or used < 0:
+            raise ConfigError([("used", f"must be an integer >= 0 bytes, got {used!r}")])
+        i = self._device(device_id)
+        freed = used < self.view.mem_external[i]
+        self.view.mem_external[i] = used
+        out: list[Instruction] = []
+        if freed and self._pending:
+            self._drain_pending(out)
+        return out
+
     def expire(self) -> list[Instruction]:
         """Fail every item whose deadline has passed (call at ``next_deadline()``)."""
         out: list[Instruction] = []
@@ -485,7 +499,7 @@ class Dispatcher:
             if not mask.any():
                 mask = usable.copy()  # every device failed it: try any again
         if item.memory:
-            mask &= view.mem_total - view.mem_used >= item.memory
+            mask &= view.mem_free() >= item.memory
         return mask
 
     def _place(self, rec: ItemRecord, out: list[Instruction]) -> None:
@@ -749,9 +763,9 @@ class Dispatcher:
                 return
             rec = entry[3]
             item = rec.item
-            if item.memory > view.mem_total[thief] - view.mem_used[thief] or (
-                rec.only is not None and not rec.only[thief]
-            ):
+            if item.memory > view.mem_total[thief] - view.mem_used[thief] - view.mem_external[
+                thief
+            ] or (rec.only is not None and not rec.only[thief]):
                 return
             inv = self.perf.inv_speed(item.kind)
             here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
@@ -829,7 +843,8 @@ class Dispatcher:
         if rec.device != j:
             # The newcomer takes the victim's slot, if its memory fits there beside the victim's
             # (the victim stays queued on that device, holding its memory).
-            if rec.item.memory > self.view.mem_total[j] - self.view.mem_used[j] or (
+            view = self.view
+            if rec.item.memory > view.mem_total[j] - view.mem_used[j] - view.mem_external[j] or (
                 rec.only is not None and not rec.only[j]
             ):
                 return

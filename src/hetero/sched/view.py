@@ -37,6 +37,7 @@ class FleetView:
     - ``outstanding``: work units placed on the device and not finished;
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
+    - ``mem_external``: bytes measured in use beyond that (``Dispatcher.set_external_memory``);
     - ``usable``: healthy and accepting work.
 
     When the dispatcher orders device queues by size (``size_order``), it also keeps, per device,
@@ -75,6 +76,8 @@ class FleetView:
         self.queued_work: list[float] = [0.0] * n
         self.mem_total: IntArray = np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
+        # Held outside the dispatcher's accounting (other processes, caches), as last measured.
+        self.mem_external: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
         self.size_order = False
         # Kept by the dispatcher for size-ordered queues only: the work of running items
@@ -101,7 +104,7 @@ class FleetView:
         return self.perf.inv_speed(kind)
 
     def mem_free(self) -> IntArray:
-        return self.mem_total - self.mem_used
+        return self.mem_total - self.mem_used - self.mem_external
 
     def set_usable(self, index: int, usable: bool) -> None:
         self.usable[index] = usable
