@@ -146,3 +146,28 @@ def test_get_current_device_outside_a_task_is_an_error() -> None:
         hetero.get_current_device()
     with pytest.raises(HeteroError, match="inside a running task"):
         hetero.checkpoint({"x": 1})
+
+
+def visible() -> tuple[str | None, str | None, int, str | None]:
+    env = os.environ
+    return (
+        env.get("CUDA_VISIBLE_DEVICES"),
+        env.get("HIP_VISIBLE_DEVICES"),
+        len(os.sched_getaffinity(0)),
+        env.get("OMP_NUM_THREADS"),
+    )
+
+
+def test_a_gpu_worker_sees_only_its_gpu_and_the_cpu_worker_gets_its_cores() -> None:
+    from hetero.devices.catalog import get_catalog
+    from hetero.devices.discovery import discover_cpu
+    from hetero.devices.spec import Device
+
+    gpu = Device(id="gpu:1", spec=get_catalog().get("A100-80GB"), local_index=1)
+    cpu = discover_cpu()
+    cpu.cores = 1
+    with hetero.Context(devices=[gpu, cpu]) as ctx:
+        on_gpu = ctx.run(hetero.task(devices=["gpu:1"])(visible))
+        on_cpu = ctx.run(hetero.task(devices=["cpu"])(visible))
+    assert on_gpu[:2] == ("1", "1")
+    assert on_cpu[2:] == (1, "1")
