@@ -521,7 +521,9 @@ class Context:
                 f"the arguments of task {task.id} ({task.name}) cannot be sent to a worker: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        task.args, task.kwargs = (), {}  # the packed copy is what retries use
+        if all(owned for _, _, owned in task.packed.segments):
+            task.args, task.kwargs = (), {}  # the packed copy is what retries use
+        # else they hold kept results the order refers to: alive until the task ends
         item = WorkItem(
             cost=task.cost,
             kind=options.kind,
@@ -654,6 +656,7 @@ class Context:
         if task.packed is not None:
             remove_segments(task.packed.segments)
             task.packed = None
+        task.args, task.kwargs = (), {}
         if task.wrote_checkpoint and task.checkpoint_dir is not None:
             shutil.rmtree(task.checkpoint_dir, ignore_errors=True)
 
@@ -688,7 +691,7 @@ class Context:
     def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         """What the worker of ``device`` reported, handled under one lock acquisition."""
         endings: list[_Ending] = []
-        results = [unpack(m[1].result, consume=True) if m[0] == "done" else None for m in messages]
+        results = [unpack(m[1].result, keep=True) if m[0] == "done" else None for m in messages]
         with self._lock:
             for msg, unpacked in zip(messages, results, strict=True):
                 tag = msg[0]
@@ -777,9 +780,7 @@ class Context:
         """The task a reply is for, unless the reply is stale (an attempt already moved on)."""
         task = self._tasks.get(reply.task_id)
         if task is None or task.attempt != reply.attempt or task.device != device:
-            if reply.result is not None:
-                remove_segments(reply.result.segments)
-            return None
+            return None  # its result, if any, is removed when collected
         self._on_device[device].discard(task.id)
         return task
 

@@ -26,7 +26,7 @@ from typing import Any
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError
 from hetero.runtime.backend import Backend, BackendEvents
-from hetero.runtime.serialize import remove_prefix
+from hetero.runtime.serialize import remove_prefix, remove_stale
 from hetero.runtime.worker import TaskOrder, WorkerSetup
 
 __all__ = ["LocalBackend"]
@@ -77,6 +77,7 @@ class LocalBackend(Backend):
     def start(self, devices: Sequence[Device], events: BackendEvents) -> None:
         self._devices = list(devices)
         self._events = events
+        remove_stale()  # shared memory left by drivers that were killed
         self._workers = [None] * len(self._devices)
         self._reader = threading.Thread(target=self._read, daemon=True, name="hetero-backend")
         self._reader.start()

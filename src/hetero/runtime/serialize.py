@@ -3,8 +3,14 @@
 cloudpickle with pickle protocol 5: buffers of at least ``SHM_THRESHOLD`` bytes (numpy arrays,
 bytes-like data) go out of band through shared-memory files, written once by the sender and
 mapped by the receiver without a copy; smaller ones stay in the pickle stream. A segment is a
-file in ``/dev/shm`` named ``hetero-<driver pid>-<sender pid>-<n>``, so the driver can remove
-whatever a dead worker left behind.
+file in ``/dev/shm`` whose name starts with ``hetero-<driver pid>-``, so whatever a dead
+process left behind can be found and removed.
+
+A task's large results stay in their segments for as long as the driver holds them (the file is
+removed when the array is garbage-collected). Passed on to another task, such a buffer is not
+written again: the next worker maps the same segment. On one machine every device's worker
+reaches shared memory alike, so a task graph's intermediate results are where every device can
+use them.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import mmap
 import operator
 import os
 import pickle
+import re
 import tempfile
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,7 @@ __all__ = [
     "Packed",
     "pack",
     "remove_segments",
+    "remove_stale",
     "segment_dir",
     "unpack",
 ]
@@ -46,13 +56,18 @@ def segment_dir() -> Path:
 _DIR = segment_dir()
 
 
+#: ``(name, size, owned)``: ``owned`` segments were written for this message and are removed
+#: with it; the others belong to a kept result that the message only refers to.
+Segment = tuple[str, int, bool]
+
+
 @dataclass(slots=True)
 class Packed:
-    """A pickled object: the stream, the shared-memory segments of its large buffers
-    (``(name, size)``), its size in bytes and the seconds packing took."""
+    """A pickled object: the stream, the shared-memory segments of its large buffers, its size
+    in bytes and the seconds packing took."""
 
     data: bytes
-    segments: list[tuple[str, int]] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
     nbytes: int = 0
     seconds: float = 0.0
 
@@ -64,35 +79,52 @@ class Packed:
 
 _fields_Packed = operator.attrgetter(*(f.name for f in fields(Packed)))
 
+# Kept results mapped in this process: start address -> (segment name, size). Read when packing
+# (any thread), written when unpacking and by finalizers (when a result is collected).
+_kept: dict[int, tuple[str, int]] = {}
+_kept_names: set[str] = set()
+_kept_lock = threading.Lock()
+
 
 def pack(obj: Any, prefix: str) -> Packed:
-    """Pickle ``obj``; large buffers are written to segments named ``<prefix>-<n>``.
+    """Pickle ``obj``; large buffers are written to segments named ``<prefix>-<n>``, except
+    those of kept results, which are referred to.
 
     Raises whatever pickling raises (the caller names the argument that failed)."""
     t0 = time.perf_counter()
-    buffers: list[pickle.PickleBuffer] = []
+    buffers: list[memoryview] = []
 
     def out_of_band(buf: pickle.PickleBuffer) -> bool:
-        if buf.raw().nbytes < SHM_THRESHOLD:
+        raw = buf.raw()
+        if raw.nbytes < SHM_THRESHOLD:
             return True  # in band: cheaper than a file for small buffers
-        buffers.append(buf)
+        buffers.append(raw)
         return False
 
     dumps = pickle.dumps if _plain(obj, 0) else cloudpickle.dumps
     data = dumps(obj, protocol=5, buffer_callback=out_of_band)
-    segments: list[tuple[str, int]] = []
+    segments: list[Segment] = []
     nbytes = len(data)
     try:
-        for buf in buffers:
-            raw = buf.raw()
+        for raw in buffers:
+            nbytes += raw.nbytes
+            kept = _kept.get(_address(raw)) if _kept else None
+            if kept is not None and kept[1] == raw.nbytes:
+                segments.append((kept[0], raw.nbytes, False))
+                continue
             name = f"{prefix}-{next(_counter)}"
             _write_segment(name, raw)
-            segments.append((name, raw.nbytes))
-            nbytes += raw.nbytes
+            segments.append((name, raw.nbytes, True))
     except BaseException:
         remove_segments(segments)
         raise
     return Packed(data, segments, nbytes, time.perf_counter() - t0)
+
+
+def _address(raw: memoryview) -> int:
+    import numpy as np
+
+    return int(np.frombuffer(raw, dtype=np.uint8).ctypes.data)
 
 
 _PLAIN_TYPES = frozenset({int, float, str, bytes, bool, type(None), complex})
@@ -127,43 +159,79 @@ def _write_segment(name: str, raw: memoryview) -> None:
         os.close(fd)
 
 
-def _map_segment(name: str, size: int) -> memoryview:
+def _map_segment(name: str, size: int, keep: bool) -> memoryview:
     if size == 0:
         return memoryview(bytearray())
     fd = os.open(_DIR / name, os.O_RDWR)
     try:
-        # A private (copy-on-write) mapping: the receiver may write to its arrays without
-        # changing what the sender wrote, which a retry may read again.
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE)
+        # Kept results are mapped shared, so that what the driver writes into them is what a
+        # later task reads; everything else privately (copy-on-write): a task may write to its
+        # arguments without changing what a retry would read.
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED if keep else mmap.MAP_PRIVATE)
     finally:
         os.close(fd)
+    if keep:
+        address = _address(memoryview(mm))
+        with _kept_lock:
+            _kept[address] = (name, size)
+            _kept_names.add(name)
+        weakref.finalize(mm, _release_kept, address, name)
     return memoryview(mm)
 
 
-def unpack(packed: Packed, *, consume: bool = False) -> tuple[Any, float]:
+def _release_kept(address: int, name: str) -> None:
+    with _kept_lock:
+        if _kept.get(address, (None,))[0] == name:
+            del _kept[address]
+        _kept_names.discard(name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_DIR / name)
+
+
+def unpack(packed: Packed, *, keep: bool = False) -> tuple[Any, float]:
     """The object and the seconds unpacking took. Large buffers are mapped, not copied;
-    ``consume`` removes their files once mapped (the mapping lives on)."""
+    ``keep`` (results reaching the driver) leaves their files in place until the object is
+    collected, so that a task they are passed to maps them again instead of a copy."""
     t0 = time.perf_counter()
-    buffers = [_map_segment(name, size) for name, size in packed.segments]
-    if consume:
-        remove_segments(packed.segments)
+    buffers = [_map_segment(name, size, keep and owned) for name, size, owned in packed.segments]
     obj = pickle.loads(packed.data, buffers=buffers)
     return obj, time.perf_counter() - t0
 
 
-def remove_segments(segments: list[tuple[str, int]]) -> None:
-    for name, _ in segments:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_DIR / name)
+def remove_segments(segments: list[Segment]) -> None:
+    """Remove the segments a message owns (not the kept results it refers to)."""
+    for name, _, owned in segments:
+        if owned:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_DIR / name)
 
 
 def remove_prefix(prefix: str) -> int:
-    """Remove every segment whose name starts with ``prefix`` (what dead processes left)."""
+    """Remove every segment whose name starts with ``prefix`` (what a dead process left), except
+    kept results still in use here."""
     removed = 0
     for path in _DIR.glob(f"{prefix}*"):
-        try:
+        if path.name in _kept_names:
+            continue
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1
-        except FileNotFoundError:
-            pass
+    return removed
+
+
+_OWNER = re.compile(r"^hetero-(\d+)-")
+
+
+def remove_stale() -> int:
+    """Remove the segments of drivers that are no longer running (killed before they could
+    clean up)."""
+    import psutil
+
+    removed = 0
+    for path in _DIR.glob("hetero-*"):
+        match = _OWNER.match(path.name)
+        if match and not psutil.pid_exists(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
     return removed

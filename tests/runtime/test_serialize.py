@@ -1,0 +1,58 @@
+"""Shared-memory transport: large buffers out of band, kept results passed on without a copy."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+
+import hetero
+from hetero.runtime.serialize import SHM_THRESHOLD, pack, remove_segments, segment_dir, unpack
+from tests.runtime.conftest import emulated
+
+
+def test_small_values_stay_in_band_and_large_buffers_go_through_shared_memory() -> None:
+    small = pack((1, "x", np.zeros(8)), "hetero-test-small")
+    assert small.segments == []
+    big = np.arange(SHM_THRESHOLD, dtype=np.uint8)
+    packed = pack({"a": big}, f"hetero-{os.getpid()}-test")
+    ((name, size, owned),) = packed.segments
+    assert size == big.nbytes and owned and (segment_dir() / name).exists()
+    out, _ = unpack(packed)
+    assert np.array_equal(out["a"], big)
+    out["a"][0] = 255  # private mapping: the sender's segment is unchanged
+    again, _ = unpack(packed)
+    assert again["a"][0] == 0
+    remove_segments(packed.segments)
+    assert not (segment_dir() / name).exists()
+
+
+def test_a_kept_result_is_referred_to_not_copied_and_removed_once_collected() -> None:
+    result = pack(np.ones(1_000_000), f"hetero-{os.getpid()}-worker")
+    ((name, _, _),) = result.segments
+    array, _ = unpack(result, keep=True)
+    onward = pack((array,), f"hetero-{os.getpid()}-driver")
+    assert onward.segments == [(name, array.nbytes, False)]  # the same segment, not written
+    remove_segments(onward.segments)  # a message does not remove what it only refers to
+    assert (segment_dir() / name).exists()
+    array[:] = 2.0  # the driver's writes are what the next task reads
+    (seen,), _ = unpack(onward)
+    assert seen.sum() == 2_000_000
+    del array, seen
+    gc.collect()
+    assert not (segment_dir() / name).exists()
+
+
+def total(a: np.ndarray) -> float:
+    return float(a.sum())
+
+
+def test_intermediate_results_flow_through_a_graph_without_copies() -> None:
+    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+        parent = ctx.submit(np.ones, 2_000_000)
+        child = ctx.submit(total, parent)
+        assert child.result(timeout=30) == 2_000_000.0
+        kept = parent.result()
+        kept[:10] = 0.0
+        assert ctx.run(total, kept) == 2_000_000.0 - 10
