@@ -2,10 +2,9 @@
 
 The task counts through ``--steps`` steps and calls ``hetero.checkpoint(state)`` after each one;
 it starts from ``hetero.restore(default)``. To show recovery, its first attempt kills its own
-worker process half-way (SIGKILL, as an out-of-memory killer or a crashed driver would). The
+worker process half-way (SIGKILL, as the kernel's out-of-memory killer would). The
 engine sees the worker die, starts the task again (``retries=2``), and the retry restores the
-last checkpoint: it runs only the second half. It runs on this machine's own devices (not
-emulated: the steps sleep, and emulation paces by declared cost or CPU time, not by sleeps).
+last checkpoint: it runs only the second half. It runs on this machine's own devices.
 
     python examples/checkpoint.py
     python examples/checkpoint.py --steps 40 --quick
