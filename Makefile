@@ -23,8 +23,8 @@ demo: $(BIN)/hetero
 	$(BIN)/python examples/engine_demo.py
 
 lint: $(BIN)/hetero
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 typecheck: $(BIN)/hetero
 	$(BIN)/mypy

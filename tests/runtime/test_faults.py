@@ -165,3 +165,65 @@ def test_no_worker_outlives_a_driver_stopped_by_ctrl_c_or_killed(sig: signal.Sig
             assert "KeyboardInterrupt" in err and "Exception in thread" not in err
     finally:
         driver.kill()
+
+
+def test_cancelling_futures_stops_those_tasks_and_no_other_future_hangs() -> None:
+    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+        futures = [ctx.submit(sleepy, 0.002) for _ in range(200)]
+        for f in futures[1::2]:
+            f.cancel()
+        kept = futures[::2]
+        assert [f.result(timeout=60) for f in kept] == [0.002] * len(kept)
+        assert all(f.cancelled() or f.done() for f in futures[1::2])
+        running = ctx.submit(sleepy, 30)
+        wait_for(lambda: ctx.stats["done"] >= len(kept) and any(ctx.backend.pids()))
+        time.sleep(0.2)
+        assert running.cancel() and running.cancelled()
+        assert ctx.run(sleepy, 0.01) == 0.01  # the stopped device's worker came back
+    assert ctx.stats["submitted"] == 202
+    assert ctx.stats["done"] + ctx.stats["cancelled"] == 202
+
+
+def test_closing_a_map_early_cancels_its_batches() -> None:
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        it = ctx.map(sleepy, [0.01] * 100, batch_size=1, window=10, progress=False)
+        assert next(it) == 0.01
+        it.close()
+        assert ctx.run(sleepy, 0.0) == 0.0
+    assert ctx.stats["done"] + ctx.stats["cancelled"] == ctx.stats["submitted"]
+
+
+def test_map_runs_the_variant_of_each_device_kind_per_item() -> None:
+    @hetero.task(variants={"gpu": lambda x: ("gpu", x), "cpu": lambda x: ("cpu", x)})
+    def which(x: int) -> tuple[str, int]:
+        return ("default", x)
+
+    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+        assert list(ctx.map(which, range(7), batch_size=3)) == [("gpu", x) for x in range(7)]
+
+
+def test_stopping_a_timed_out_task_costs_the_order_behind_it_no_attempt() -> None:
+    slow = hetero.task(timeout=0.3)(sleepy)
+    fragile = hetero.task(retries=0)(sleepy)
+    with hetero.Context(devices=emulated([1.0])) as ctx:  # one worker: the next order waits
+        doomed = ctx.submit(slow, 30)  # in its inbox (prefetch) while this one runs
+        behind = ctx.submit(fragile, 0.01)
+        with pytest.raises(TaskFailed, match="timed out"):
+            doomed.result(timeout=30)
+        assert behind.result(timeout=30) == 0.01
+
+
+def test_retries_are_counted_once_and_the_last_attempt_is_traced_failed(tmp_path: Path) -> None:
+    task = hetero.task(retries=1, retry_exceptions=True)(boom)
+    with (
+        hetero.Context(devices=emulated([1.0, 1.0])) as ctx,
+        ctx.profile("r", tmp_path) as p,
+        pytest.raises(TaskFailed, match="after 2 attempts"),
+    ):
+        ctx.run(task, 3)
+    assert ctx.stats["retried"] == 1 and ctx.stats["failed"] == 1
+    assert [t.status for t in p.profile.traces] == ["retried", "failed"]
+
+
+def boom(x: int) -> int:
+    raise ValueError(f"bad value {x}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -51,6 +52,7 @@ from hetero.runtime.worker import TaskOrder, TaskReply
 from hetero.sched.clock import MonotonicClock
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
 from hetero.sched.item import ItemState, WorkItem
+from hetero.sched.perf import PerfModel
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 from hetero.units import parse_size
 
@@ -70,11 +72,21 @@ class TaskFuture(Future):  # type: ignore[type-arg]
     """A ``concurrent.futures.Future`` for one task (``as_completed`` and ``wait`` work), with
     its ``task_id`` and, once it has run, the ``device`` id it ran on."""
 
-    def __init__(self, task_id: int, name: str) -> None:
+    def __init__(self, task_id: int, name: str, ctx: Context | None = None) -> None:
         super().__init__()
         self.task_id = task_id
         self.name = name
         self.device: str | None = None
+        self._ctx = ctx
+
+    def cancel(self) -> bool:
+        """Cancel the task (stopping it if it runs); ``False`` if it has already ended."""
+        if self.done():
+            return self.cancelled()
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None and ctx.cancel(self.task_id):
+            return True
+        return super().cancel()
 
     def __repr__(self) -> str:
         return f"<TaskFuture {self.task_id} {self.name} {self._state.lower()}>"
@@ -191,6 +203,8 @@ class Context:
             fleet = get_device_list()
         if not fleet:
             raise ConfigError([("devices", "the fleet is empty")])
+        # The context's own copies: limits and live state set here stay out of the caller's.
+        fleet = [dataclasses.replace(d, state=dataclasses.replace(d.state)) for d in fleet]
         if pool is not None:
             for d in fleet:
                 d.memory_limit = pool if d.memory_limit is None else min(pool, d.memory_limit)
@@ -198,8 +212,17 @@ class Context:
         self.devices = fleet
         overrides: dict[str, Any] = {
             "slots": [1 + prefetch] * len(fleet),
+            # A long-lived context must not keep a record per task it ever ran.
+            "keep_finished": False,
             # The context keeps its own backlog instead of refusing work (see _admit).
-            "max_queue_size": max(sched.max_queue_size, 1),
+            "max_queue_size": sched.max_queue_size,
+            # Emulated devices do speed × (1 / time_scale) work units per second: priors in the
+            # units the model will measure.
+            "perf": PerfModel(
+                fleet,
+                batch_table=sched.batch_sizes,
+                unit_rate=1 / time_scale if all(d.emulated for d in fleet) else 1.0,
+            ),
         }
         if max_retries is not None:
             overrides["max_retries"] = max_retries
@@ -333,14 +356,13 @@ class Context:
         endings: list[_Ending] = []
         with self._lock:
             self._closed = True
-            for task in list(self._backlog):
-                endings.append(_Ending(task.future, cancelled=True))
             self._backlog.clear()
             out: list[Instruction] = []
             for task_id in list(self._tasks):
-                out += self.dispatcher.cancel(task_id, "context closed")
+                if task_id in self.dispatcher.records:
+                    out += self.dispatcher.cancel(task_id, "context closed")
             self._apply(out, endings)
-            for task in list(self._tasks.values()):  # waiting on parents
+            for task in list(self._tasks.values()):  # waiting on parents, or in the backlog
                 endings.append(_Ending(task.future, cancelled=True))
                 self._forget(task)
             self._deadline_cond.notify_all()
@@ -390,7 +412,7 @@ class Context:
         function = function or self._function(spec)
         task_id = next(self._ids)
         name = name or spec.name
-        future = TaskFuture(task_id, name)
+        future = TaskFuture(task_id, name, self)
         task = _Task(
             task_id,
             name,
@@ -679,12 +701,34 @@ class Context:
     @staticmethod
     def _settle(endings: list[_Ending]) -> None:
         for e in endings:
+            if e.future.done():
+                continue  # cancelled by its owner meanwhile
             if e.cancelled:
-                e.future.cancel()
+                Future.cancel(e.future)
             elif e.error is not None:
                 e.future.set_exception(e.error)
             else:
                 e.future.set_result(e.result)
+
+    def cancel(self, task_id: int) -> bool:
+        """Cancel a task wherever it is (a running one is stopped); ``False`` if it has ended."""
+        endings: list[_Ending] = []
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                return False
+            if task_id not in self.dispatcher.records:
+                # Not yet with the dispatcher: waiting on parents or in the backlog.
+                if task in self._backlog:
+                    self._backlog.remove(task)
+                self._forget(task)
+                self.stats["cancelled"] += 1
+                endings.append(_Ending(task.future, cancelled=True))
+            else:
+                self._apply(self.dispatcher.cancel(task_id, "cancelled by the caller"), endings)
+        self.backend.flush()
+        self._settle(endings)
+        return True
 
     # ------------------------------------------------------------------------ events in
 
@@ -732,10 +776,8 @@ class Context:
         retry = reply.retryable and (
             task.options.retry_exceptions or reply.error.startswith("MemoryError: worker")
         )
-        self._trace(task, reply, "retried" if retry else "failed", reply.error)
         out = self.dispatcher.fail(task.id, reply.error, retryable=retry)
-        if retry:
-            self.stats["retried"] += 1
+        self._attempt_ended(task, reply, out, reply.error)
         self._apply(out, endings)
 
     def worker_lost(self, device: int, reason: str) -> None:
@@ -749,17 +791,15 @@ class Context:
                 if t is not None and self.dispatcher.state_of(t.id) is ItemState.RUNNING
             ]
             self._on_device[device].clear()
-            if self._stops[device]:
-                self._stops[device] = 0  # ended on purpose, to stop a running task
-            else:
+            deliberate = self._stops[device] > 0  # ended to stop a task: not the device's fault
+            self._stops[device] = 0
+            if not deliberate:
                 self._losses[device] += 1
             for task in lost:
-                task.device = -1
                 task.wrote_checkpoint = True  # unknown: it may have written one
-                self._trace(task, None, "retried", reason)
-                self.stats["retried"] += 1
             if lost:
-                log.warning("%s; %d task(s) moved", reason, len(lost))
+                level = logging.INFO if deliberate else logging.WARNING
+                log.log(level, "%s; %d task(s) moved", reason, len(lost))
             out: list[Instruction] = []
             if self._losses[device] >= UNHEALTHY_AFTER:
                 # Down first, so that the lost tasks and the queue move elsewhere rather than
@@ -771,10 +811,32 @@ class Context:
                 )
             else:
                 for task in lost:
-                    out += self.dispatcher.fail(task.id, reason, retryable=True)
+                    if deliberate:
+                        out += self.dispatcher.requeue(task.id, reason)
+                    else:
+                        out += self.dispatcher.fail(task.id, reason, retryable=True)
+            for task in lost:
+                self._attempt_ended(task, None, out, reason, charged=not deliberate)
             self._apply(out, endings)
         self.backend.flush()
         self._settle(endings)
+
+    def _attempt_ended(
+        self,
+        task: _Task,
+        reply: TaskReply | None,
+        out: list[Instruction],
+        reason: str,
+        charged: bool = True,
+    ) -> None:
+        """Trace and count an attempt that failed: ``failed`` when the dispatcher ended the
+        task with it (``out`` holds its ``Finish``), else ``retried``."""
+        final = any(type(i) is Finish and i.item.id == task.id for i in out)
+        if not final and charged:
+            self.stats["retried"] += 1
+        self._trace(task, reply, "failed" if final else "retried", reason)
+        if reply is None:
+            task.device = -1
 
     def _current(self, device: int, reply: TaskReply) -> _Task | None:
         """The task a reply is for, unless the reply is stale (an attempt already moved on)."""
@@ -841,7 +903,7 @@ class Context:
                 if sample.memory_used is not None:
                     held = max(0, sample.memory_used - int(view.mem_used[i]))
                     out += self.dispatcher.set_external_memory(device.id, held)
-                if not sample.healthy and not device.emulated and device.kind.value == "gpu":
+                if sample.errors and not device.emulated and device.kind.value == "gpu":
                     out += self.dispatcher.device_down(device.id, "device reported errors")
             endings: list[_Ending] = []
             self._apply(out, endings)

@@ -62,7 +62,9 @@ def _path(name: str | None) -> Path:
         raise HeteroError("hetero.checkpoint/restore can only be called inside a running task")
     directory = _task[2]
     if directory is None:
-        raise HeteroError("this Context has no checkpoint store (checkpoint_dir=None)")
+        raise HeteroError(
+            "this Context has no checkpoint store (it was made with checkpoint_dir=False)"
+        )
     key = "state" if name is None else name
     if not isinstance(key, str) or not _NAME.match(key):
         raise HeteroError(

@@ -1,10 +1,11 @@
 """The local backend: one worker process per device on this machine.
 
-Workers are plain ``python -m hetero.runtime.worker`` processes joined to the driver by a socket
-pair (no re-import of the user's ``__main__``, so scripts need no ``if __name__ == "__main__"``
-guard and notebooks work). A GPU worker sees only its GPU (``CUDA_VISIBLE_DEVICES`` /
-``HIP_VISIBLE_DEVICES``); the CPU worker is pinned to its cores. One reader thread serves every
-worker; orders queue per worker and go out as one frame when the engine flushes.
+Workers are plain ``python -c`` processes running ``hetero.runtime.worker.main``, joined to
+the driver by a socket pair (no re-import of the user's ``__main__``, so scripts need no
+``if __name__ == "__main__"`` guard and notebooks work). A GPU worker sees only its GPU
+(``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``); the CPU worker is pinned to its cores.
+One reader thread serves every worker; orders queue per worker and go out as one frame when
+the engine flushes.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class LocalBackend(Backend):
                 try:
                     events.replies(worker.index, messages)
                 except Exception:  # the engine's bug must not kill the reader thread
-                    log.exception("error handling replies from %s", self._devices[worker.index])
+                    log.exception("error handling replies from %s", self._devices[worker.index].id)
 
     def _lost(self, worker: _Worker) -> None:
         with self._lock:

@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hetero.errors import ConfigError
@@ -92,7 +93,11 @@ class MapRun(Iterator[Any]):
         n = len(ctx.devices)
         self._n = n
         self._window = window or max(4 * n, 8)
-        batch_fn = TaskFunction(_Batch(spec.fn), spec.options)
+        options = spec.options
+        if options.variants:  # each variant runs the whole batch of its device kind
+            batched = {kind: _Batch(fn) for kind, fn in options.variants.items()}
+            options = replace(options, variants=batched)
+        batch_fn = TaskFunction(_Batch(spec.fn), options)
         self._function = ctx._function(batch_fn)
         self._name = f"{spec.name}[map]"
         self._batch_spec = batch_fn

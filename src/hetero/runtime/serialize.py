@@ -1,10 +1,11 @@
 """How functions, arguments and results travel between the driver and the workers.
 
-cloudpickle with pickle protocol 5: buffers of at least ``SHM_THRESHOLD`` bytes (numpy arrays,
-bytes-like data) go out of band through shared-memory files, written once by the sender and
-mapped by the receiver without a copy; smaller ones stay in the pickle stream. A segment is a
-file in ``/dev/shm`` whose name starts with ``hetero-<driver pid>-``, so whatever a dead
-process left behind can be found and removed.
+cloudpickle with pickle protocol 5: buffers of at least ``SHM_THRESHOLD`` bytes that objects
+export to pickle 5 (numpy arrays, ``PickleBuffer``s; not plain ``bytes``) go out of band
+through shared-memory files, written once by the sender and mapped by the receiver without a
+copy; smaller ones stay in the pickle stream. A segment is a file in ``/dev/shm`` whose name
+starts with ``hetero-<driver pid>-``, so whatever a dead process left behind can be found and
+removed.
 
 A task's large results stay in their segments for as long as the driver holds them (the file is
 removed when the array is garbage-collected). Passed on to another task, such a buffer is not

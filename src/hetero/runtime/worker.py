@@ -318,7 +318,9 @@ def main(fd: int) -> None:
         os._exit(0)  # the driver died before the death signal was armed
     current.set_device(setup.device)
     _limit_frameworks(setup.device, setup.memory_limit)
-    if setup.memory_limit is not None:
+    if setup.memory_limit is not None and (setup.device.emulated or setup.device.type == "cpu"):
+        # Host memory stands for the device's only where the device is the host (a real GPU's
+        # limit is the framework pool's, set above).
         threading.Thread(
             target=_watch_memory,
             args=(state, setup.memory_limit, setup.rss_interval),

@@ -342,6 +342,22 @@ class Dispatcher:
         self._refill(i, out)
         return out
 
+    def requeue(self, item_id: int | str, reason: str) -> list[Instruction]:
+        """The running attempt of ``item_id`` was lost through no fault of its own (its worker
+        was stopped to end another item): place it again, charging no attempt and keeping its
+        device eligible."""
+        rec = self._running_record(item_id, "requeue")
+        i = rec.device
+        out: list[Instruction] = []
+        self._release(rec, running=True)
+        rec.attempts -= 1  # the lost attempt does not count
+        rec.move(RETRYING)
+        rec.reason = reason
+        self.waiting += 1
+        self._place(rec, out)
+        self._refill(i, out)
+        return out
+
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
         """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
         already ended is left as it is."""
