@@ -107,3 +107,16 @@ def test_memory_held_outside_the_dispatcher_keeps_items_that_need_memory_away() 
     d.validate_state()
     with pytest.raises(ConfigError, match="used"):
         d.set_external_memory("d0", -1)
+
+
+def test_requeue_places_an_item_again_without_charging_an_attempt() -> None:
+    d = dispatcher("round_robin", max_retries=0)
+    assert [type(i) for i in d.submit(WorkItem(id="x"))] == [Run]
+    out = d.requeue("x", "worker stopped for another item")
+    again = [i for i in out if isinstance(i, Run)]
+    assert again and d.state_of("x") is ItemState.RUNNING
+    assert d.records["x"].failures == 0 and d.records["x"].attempts == 1
+    assert not d.records["x"].excluded  # the same device stays eligible
+    d.complete("x")
+    assert d.state_of("x") is ItemState.DONE
+    d.validate_state()
