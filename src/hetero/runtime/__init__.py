@@ -3,11 +3,49 @@
 
 from __future__ import annotations
 
-from hetero.runtime.backend import Backend, BackendEvents
-from hetero.runtime.context import Context, TaskFuture, get_memory_usage
-from hetero.runtime.current import checkpoint, get_current_device, restore
-from hetero.runtime.mapping import MapRun
-from hetero.runtime.task import TaskFunction, TaskOptions, task
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from hetero._lazy import lazy_exports
+
+if _TYPE_CHECKING:
+    from hetero.runtime.backend import (
+        Backend,
+        BackendEvents,
+    )
+    from hetero.runtime.context import (
+        Context,
+        TaskFuture,
+        get_memory_usage,
+    )
+    from hetero.runtime.current import (
+        checkpoint,
+        get_current_device,
+        restore,
+    )
+    from hetero.runtime.mapping import (
+        MapRun,
+    )
+    from hetero.runtime.tasks import (
+        TaskFunction,
+        TaskOptions,
+        task,
+    )
+
+_EXPORTS = {
+    "Backend": "hetero.runtime.backend",
+    "BackendEvents": "hetero.runtime.backend",
+    "Context": "hetero.runtime.context",
+    "TaskFuture": "hetero.runtime.context",
+    "get_memory_usage": "hetero.runtime.context",
+    "checkpoint": "hetero.runtime.current",
+    "get_current_device": "hetero.runtime.current",
+    "restore": "hetero.runtime.current",
+    "MapRun": "hetero.runtime.mapping",
+    "TaskFunction": "hetero.runtime.tasks",
+    "TaskOptions": "hetero.runtime.tasks",
+    "task": "hetero.runtime.tasks",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "Backend",

@@ -47,7 +47,7 @@ from hetero.runtime.backend import Backend
 from hetero.runtime.monitor import DeviceSample, MemoryPressure, Monitor, memory_usage
 from hetero.runtime.serialize import Packed, pack, remove_segments, unpack
 from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter
-from hetero.runtime.task import TaskFunction, TaskOptions, as_task
+from hetero.runtime.tasks import TaskFunction, TaskOptions, as_task
 from hetero.runtime.worker import TaskOrder, TaskReply
 from hetero.sched.clock import MonotonicClock
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hetero.errors import ConfigError
-from hetero.runtime.task import TaskFunction
+from hetero.runtime.tasks import TaskFunction
 
 if TYPE_CHECKING:
     from hetero.runtime.context import Context
