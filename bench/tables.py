@@ -259,6 +259,238 @@ def plan(doc: dict[str, Any]) -> str:
     )
 
 
+def _range(s: dict[str, Any]) -> str:
+    """A summary of repeats as ``median (min–max)``."""
+    if s["min"] == s["max"]:
+        return f"{s['median']:,}"
+    return f"{s['median']:,} ({s['min']:,}–{s['max']:,})"
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**missed**")
+
+
+def _repeats(fig: dict[str, Any]) -> str:
+    n = fig["repeats"]
+    return f"{n} repeat{'s' if n != 1 else ''}"
+
+
+def _conditions(fig: dict[str, Any]) -> str:
+    return (
+        f"Calibration {fig['calibration_seconds']} s, load average {fig['load_average_before']}"
+        f" before it; {fig['wall_seconds']} s."
+    )
+
+
+def engine(doc: dict[str, Any]) -> str:
+    ray = doc.get("ray")
+    anchor = (
+        f"Ray {ray['version']} (`{ray['init']}`)"
+        if ray
+        else f"no Ray anchor ({doc.get('ray_reason')})"
+    )
+    figures = doc["figures"]
+    revision = doc.get("revision") or {}
+    commit = revision.get("commit")
+    after = (doc.get("revision_after") or {}).get("commit")
+    at = (
+        f" at commit `{commit[:7]}`"
+        + (" (src/ modified)" if revision.get("src_modified") else "")
+        + (f" (`{after[:7]}` by the end of the run)" if after and after != commit else "")
+        if commit
+        else ""
+    )
+    parts = [
+        "## Execution engine\n\n"
+        f"`{doc['command']}` — the local backend (one worker process per device){at} against "
+        f"{anchor}, in the same run on this machine. Within a figure (but the round trip) "
+        "hetero's contexts and Ray's session stay up and are timed in turns (each idle while "
+        "the other runs), so the machine's drift hits both alike; warm-up rounds are left out; "
+        "figures are medians of the repeats, with their min–max. This 2-core machine is "
+        "shared: each figure gives the calibration loop's seconds (see above) and the 1-minute "
+        "load average before it."
+    ]
+    for name, render in (
+        ("throughput", _engine_throughput),
+        ("map", _engine_map),
+        ("roundtrip", _engine_roundtrip),
+        ("overhead", _engine_overhead),
+    ):
+        if name in figures:
+            fig = figures[name]
+            rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
+            parts.append(render(fig) + "\n\n" + _conditions(fig) + rerun)
+    return "\n\n".join(parts)
+
+
+def _engine_throughput(fig: dict[str, Any]) -> str:
+    target = fig["target_vs_ray"]
+    rows = [
+        [
+            f"hetero, prefetch {r['prefetch']}" + (" (default)" if r["default"] else ""),
+            _range(r["tasks_per_second"]),
+            r["vs_ray"] if r["vs_ray"] is not None else "-",
+            _met(r["meets_target"]),
+            r["driver_cpu_us_per_task"]["median"],
+            r["worker_cpu_us_per_task"]["median"],
+        ]
+        for r in fig["hetero"]
+    ]
+    if fig["ray"] is not None:
+        cpu = fig["ray_driver_cpu_us_per_task"]["median"]
+        rows.append(["Ray tasks", _range(fig["ray"]), 1.0, "-", cpu, "-"])
+    return (
+        "### Tiny-task throughput\n\n"
+        f"{fig['tasks']:,} no-op tasks: `ctx.submit` each, then wait for all, on "
+        "`hetero.Context()` (this machine's CPU device; `prefetch` is how many orders go "
+        "ahead to each worker); Ray: `noop.remote()` as often, then `ray.get`. "
+        f"{_repeats(fig)} after {fig['warmup_rounds']} warm-up round. CPU columns: median "
+        "µs of CPU per task in the driver process (all its threads) and in hetero's worker "
+        "process.\n\n"
+        + _table(
+            [
+                "runner",
+                "tasks/s",
+                "× Ray",
+                f"target ≥ {target:g}× Ray",
+                "driver CPU µs/task",
+                "worker CPU µs/task",
+            ],
+            rows,
+        )
+    )
+
+
+def _engine_map(fig: dict[str, Any]) -> str:
+    targets = fig["targets"]
+    rows = []
+    for r in fig["schedulers"]:
+        label = r["scheduler"]
+        if r["makespan_seconds"] is None:
+            rows.append([label, "not run", "-", "-"])
+            continue
+        goal = targets.get(label)
+        if goal is None:
+            check = "-"
+        elif label == "equal static split":
+            check = f"≤ {goal}: {_met(r['efficiency'] <= goal)}"
+        else:
+            check = f"≥ {goal}: {_met(r['efficiency'] >= goal)}"
+        rows.append([label, _range(r["makespan_seconds"]), r["efficiency"], check])
+    profiled = [r for r in fig["schedulers"] if r.get("profile_of_median_run")]
+    util_rows = []
+    for i, speed in enumerate(fig["speeds"]):
+        row: list[Any] = [profiled[0]["profile_of_median_run"]["devices"][i]["id"], speed]
+        for r in profiled:
+            d = r["profile_of_median_run"]["devices"][i]
+            row.append(f"{d['utilization']:.1%} ({d['tasks']})")
+        util_rows.append(row)
+    measured = "; ".join(
+        f"{r['scheduler']} {r['profile_of_median_run']['efficiency_measured_speeds']}"
+        for r in profiled
+    )
+    cost = fig["cost"]
+    return (
+        "### `ctx.map` makespan efficiency\n\n"
+        f"Emulated devices at relative speeds {', '.join(f'{s:g}' for s in fig['speeds'])} "
+        f"(`time_scale` {fig['time_scale']:g}: an item of cost c holds its device c / speed "
+        f"seconds); {fig['items']:,} items with {cost['distribution']} costs (mean "
+        f"{cost['mean'] * 1e3:g} ms at speed 1, sigma {cost['sigma']:g}, seed {cost['seed']}), "
+        "declared with `@hetero.task(cost=lambda c: c)`; ideal makespan "
+        f"{fig['ideal_makespan_seconds']} s (the sum of costs, {cost['sum']} s, over the sum "
+        "of speeds). Efficiency = ideal / median makespan. Round robin runs with the "
+        "dispatcher's work stealing on, as by default. The equal static split cuts the items "
+        "into one contiguous chunk of equal count per device, each run as one task pinned "
+        "there (`devices=[id]`), once (its makespan is one sleep); Ray feeds one sleep-paced "
+        "actor per device one item per call (`ActorPool.map_unordered`). "
+        f"{_repeats(fig)}; *cold* is the first map on a fresh Context, once (its worker "
+        "processes start inside it; every other row is warm).\n\n"
+        + _table(["scheduler", "makespan s", "efficiency", "target"], rows)
+        + "\n\nPer-device utilization (tasks run) from `ctx.profile`, in the median run:\n\n"
+        + _table(["device", "speed", *(r["scheduler"] for r in profiled)], util_rows)
+        + "\n\nThe profile's own efficiency divides by the speeds measured during the run, "
+        f"not the declared ones: {measured}."
+    )
+
+
+def _engine_roundtrip(fig: dict[str, Any]) -> str:
+    rows = []
+    for r in fig["sizes"]:
+        ray = r["ray"]
+        rows.append(
+            [
+                r["label"],
+                r["hetero"]["median_ms"],
+                r["hetero"]["p90_ms"],
+                ray["median_ms"] if ray else "-",
+                ray["p90_ms"] if ray else "-",
+                r["vs_ray"] if r["vs_ray"] is not None else "-",
+                f"≤ {r['target_median_ms']:g}: {_met(r['meets_target'])}",
+                f"{r['hetero_split_ms']['transfer_in']} / {r['hetero_split_ms']['transfer_out']}",
+                r["copy"]["median_ms"],
+            ]
+        )
+    counts = ", ".join(f"{r['hetero']['samples']} of {r['label']}" for r in fig["sizes"])
+    return (
+        "### Round trip of an array\n\n"
+        f"`ctx.run(identity, a)` for a {fig['dtype']} array out and back ({counts}, after "
+        f"{fig['warmup_calls']} warm-up calls), on `hetero.Context()`; Ray: "
+        "`ray.get(identity.remote(ray.put(a)))`, timed after hetero with hetero closed (not "
+        "in turns: with Ray's object store up beside it, hetero's 100 MiB calls slowed down). "
+        "Times in ms; "
+        "*in / out* are the profiler's transfer times (driver pack + worker unpack + driver "
+        "unpack of the result; worker pack of the result); *copy* is one `np.copyto` of the "
+        "array on this host.\n\n"
+        + _table(
+            [
+                "array",
+                "hetero median",
+                "hetero p90",
+                "Ray median",
+                "Ray p90",
+                "hetero / Ray",
+                "target (median)",
+                "hetero in / out",
+                "copy",
+            ],
+            rows,
+        )
+    )
+
+
+def _engine_overhead(fig: dict[str, Any]) -> str:
+    columns: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for r in fig["rows"]:
+        columns.setdefault((r["backend"], r["strategy"]), {})[r["devices"]] = r
+    counts = sorted({r["devices"] for r in fig["rows"]})
+    rows = []
+    for n in counts:
+        row: list[Any] = [n]
+        for cells in columns.values():
+            r = cells.get(n)
+            row.append(f"{_range(r['us_per_task'])} [{r['devices_used']}]" if r else "-")
+        rows.append(row)
+    growth = "; ".join(
+        f"{backend}, {strategy}: ×{cells[counts[-1]]['vs_smallest_fleet']}"
+        for (backend, strategy), cells in columns.items()
+        if counts[-1] in cells
+    )
+    tasks = fig["tasks"]
+    return (
+        "### Scheduling overhead per task\n\n"
+        f"µs per no-op task of zero declared cost (`@hetero.task(cost={fig['cost']})`): wall "
+        "time of a burst (submit each, wait for all) over its tasks, at each fleet size of "
+        "emulated devices, after a warm-up that starts every worker the tasks will use. "
+        "*fake*: an in-process backend that answers every order at once from `flush` (the "
+        f"engine and dispatcher alone; {tasks['fake']:,} tasks a burst); *local*: worker "
+        f"processes ({tasks['local']:,} tasks a burst). Zero-cost tasks tie everywhere, so the "
+        "default strategy sends every one to the first device; round robin spreads them over "
+        "all. [n] is the number of devices the tasks ran on.\n\n"
+        + _table(["devices", *(f"{b}, {s}" for b, s in columns)], rows)
+        + f"\n\nGrowth from {counts[0]} to {counts[-1]} devices: {growth}."
+    )
+
+
 def main() -> int:
     parts = [
         "# Benchmarks\n\nGenerated by `python bench/tables.py` from `bench/results/*.json`."
@@ -270,6 +502,7 @@ def main() -> int:
         ("decisions.json", decisions),
         ("quality.json", quality),
         ("plan.json", plan),
+        ("engine.json", engine),
     ):
         doc = _load(name)
         if doc is not None:
