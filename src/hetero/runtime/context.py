@@ -45,7 +45,7 @@ from hetero.errors import (
 )
 from hetero.runtime.backend import Backend
 from hetero.runtime.monitor import DeviceSample, MemoryPressure, Monitor, memory_usage
-from hetero.runtime.serialize import Packed, pack, remove_segments, unpack
+from hetero.runtime.serialize import Packed, Segment, pack, remove_segments, unpack
 from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter
 from hetero.runtime.tasks import TaskFunction, TaskOptions, as_task
 from hetero.runtime.worker import TaskOrder, TaskReply
@@ -271,6 +271,7 @@ class Context:
         self._on_device: list[set[int]] = [set() for _ in fleet]
         self._losses = [0] * len(fleet)
         self._backlog: deque[_Task] = deque()
+        self._garbage: deque[list[Segment] | str] = deque()  # segments, checkpoint dirs
         self._placements: dict[tuple[Any, Any], list[str]] = {}
         self._functions: dict[tuple[int, int], tuple[Any, tuple[str, bytes]]] = {}
         self._fn_keys = itertools.count()
@@ -675,12 +676,15 @@ class Context:
         task.result = None
 
     def _release(self, task: _Task) -> None:
+        # Files are removed after the futures are set (in _settle), off the latency path:
+        # unlinking 100 MB of shared memory takes longer than the rest of a round trip.
         if task.packed is not None:
-            remove_segments(task.packed.segments)
+            if task.packed.segments:
+                self._garbage.append(task.packed.segments)
             task.packed = None
         task.args, task.kwargs = (), {}
         if task.wrote_checkpoint and task.checkpoint_dir is not None:
-            shutil.rmtree(task.checkpoint_dir, ignore_errors=True)
+            self._garbage.append(task.checkpoint_dir)
 
     def _forget(self, task: _Task) -> None:
         self._tasks.pop(task.id, None)
@@ -698,8 +702,8 @@ class Context:
             )
             self._apply(out, endings)
 
-    @staticmethod
-    def _settle(endings: list[_Ending]) -> None:
+    def _settle(self, endings: list[_Ending]) -> None:
+        """Complete futures (outside the lock), then remove what ended tasks left behind."""
         for e in endings:
             if e.future.done():
                 continue  # cancelled by its owner meanwhile
@@ -709,6 +713,16 @@ class Context:
                 e.future.set_exception(e.error)
             else:
                 e.future.set_result(e.result)
+        garbage = self._garbage
+        while garbage:
+            try:
+                item = garbage.popleft()
+            except IndexError:  # another thread took the last one
+                break
+            if isinstance(item, str):
+                shutil.rmtree(item, ignore_errors=True)
+            else:
+                remove_segments(item)
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a task wherever it is (a running one is stopped); ``False`` if it has ended."""
