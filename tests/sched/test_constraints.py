@@ -120,3 +120,15 @@ def test_requeue_places_an_item_again_without_charging_an_attempt() -> None:
     d.complete("x")
     assert d.state_of("x") is ItemState.DONE
     d.validate_state()
+
+
+def test_free_items_spread_over_idle_devices_instead_of_all_landing_on_the_first() -> None:
+    d = Dispatcher(
+        make_devices([1.0, 1.0, 1.0]), make_policy("shortest_expected_delay"), ManualClock()
+    )
+    d.device_down("d2")
+    for k in range(4):
+        d.submit(WorkItem(cost=0, id=k))
+    placed = [d.view.ids[d.records[k].device] for k in range(4)]
+    assert sorted(placed) == ["d0", "d0", "d1", "d1"]  # never the unusable d2
+    d.validate_state()

@@ -119,7 +119,10 @@ class _State:
     closing: bool = False
     warned: bool = False
     paced_until: float = -1.0  # when the last emulated task was due to end
-
+    outbox: list[tuple[Any, ...]] = field(default_factory=list)  # replies not yet sent
+    out_lock: threading.Lock = field(default_factory=threading.Lock)
+    held: threading.Event = field(default_factory=threading.Event)  # replies are being held
+    held_since: float = 0.0
 
 def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
     data = pickle.dumps(messages, protocol=5)
@@ -328,33 +331,45 @@ def main(fd: int) -> None:
             name="hetero-rss",
         ).start()
     _send(state, [("ready", os.getpid())])
-    outbox: list[tuple[Any, ...]] = []
-    first_reply = 0.0
+    threading.Thread(target=_flusher, args=(state,), daemon=True, name="hetero-flush").start()
     inbox = state.inbox
     while True:
         with state.cond:
             while not inbox and not state.closing:
-                if outbox:
-                    break
                 state.cond.wait()
             if state.closing and not inbox:
                 break
-            order = inbox.popleft() if inbox else None
-            if order is not None:
-                state.running, state.attempt = order.task_id, order.attempt
-        if order is not None:
-            outbox.append(_run(state, order))
-            state.running = -1
-            if len(outbox) == 1:
-                first_reply = time.monotonic()
-        # Send now unless more work is waiting and the batch is young and small.
-        if outbox and (
-            not inbox
-            or len(outbox) >= _FLUSH_COUNT
-            or time.monotonic() - first_reply > _FLUSH_SECONDS
-        ):
-            _send(state, outbox)
-            outbox = []
-    if outbox:
-        _send(state, outbox)
+            order = inbox.popleft()
+            state.running, state.attempt = order.task_id, order.attempt
+        reply = _run(state, order)
+        state.running = -1
+        with state.out_lock:
+            state.outbox.append(reply)
+            # Tiny tasks' replies wait for company while more orders are queued (one message
+            # for many); the flusher sends them within _FLUSH_SECONDS whatever runs next.
+            hold = bool(inbox) and len(state.outbox) < _FLUSH_COUNT
+            if hold and len(state.outbox) == 1:
+                state.held_since = time.monotonic()
+                state.held.set()
+        if not hold:
+            _flush(state)
+    _flush(state)
     sys.exit(0)
+
+
+def _flush(state: _State) -> None:
+    with state.out_lock:
+        batch, state.outbox = state.outbox, []
+        state.held.clear()
+        if batch:
+            _send(state, batch)
+
+
+def _flusher(state: _State) -> None:
+    while True:
+        state.held.wait()
+        delay = state.held_since + _FLUSH_SECONDS - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if state.held.is_set() and time.monotonic() - state.held_since >= _FLUSH_SECONDS:
+            _flush(state)

@@ -27,6 +27,9 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+# Work units per item in flight that break ties between free (cost 0) items' delays.
+_TIE = 1e-9
+
 class FleetView:
     """Live per-device load, memory and health, plus the speeds of the ``PerfModel``.
 
@@ -143,7 +146,19 @@ class FleetView:
         modelled: it only moves old items forward), and pushes each larger one back by its own
         service time; counting that keeps small items from crowding the fast devices that the
         large ones need (weight 1 is the total latency the placement adds; more favours the
-        large)."""
+        large).
+
+        A free item (cost 0) would finish at once on every idle device: ties are broken by the
+        items in flight, so that free items spread instead of all landing on the first
+        device."""
+        if cost == 0:
+            # Nothing ahead × inf is NaN, which argmin would pick: unusable stays inf.
+            with np.errstate(invalid="ignore"):
+                score = self._delay(cost, inv, overtake_weight)
+            return np.where(np.isinf(inv), np.inf, score + self.in_flight * _TIE)
+        return self._delay(cost, inv, overtake_weight)
+
+    def _delay(self, cost: float, inv: FloatArray, overtake_weight: float) -> FloatArray:
         if not self.size_order:
             return (self.outstanding + cost) * inv
         # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this
@@ -158,12 +173,15 @@ class FleetView:
 
     def delay_at(self, index: int, cost: float, inv: float, overtake_weight: float) -> float:
         """``delay_score`` on one device, for policies that compare a few sampled devices."""
+        if cost == 0 and inv == np.inf:
+            return np.inf  # 0 × inf would be NaN
+        tie = _TIE * float(self.in_flight[index]) if cost == 0 else 0.0
         if not self.size_order:
-            return (float(self.outstanding[index]) + cost) * inv
+            return (float(self.outstanding[index]) + cost) * inv + tie
         k = self.size_class(cost) + 1
         ahead = float(self.running_work[index]) + float(self.queued_below[k, index])
         passed = float(self.queued_from[k, index])
-        return (ahead + cost * (1.0 + overtake_weight * passed)) * inv
+        return (ahead + cost * (1.0 + overtake_weight * passed)) * inv + tie
 
     def expected_delay(self, kind: str, cost: float) -> FloatArray:
         """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``),
