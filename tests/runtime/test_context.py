@@ -171,3 +171,23 @@ def test_a_gpu_worker_sees_only_its_gpu_and_the_cpu_worker_gets_its_cores() -> N
         on_cpu = ctx.run(hetero.task(devices=["cpu"])(visible))
     assert on_gpu[:2] == ("1", "1")
     assert on_cpu[2:] == (1, "1")
+
+
+def test_start_brings_every_worker_up_before_the_first_task() -> None:
+    with hetero.Context(devices=emulated([1.0, 1.0, 1.0])).start() as ctx:
+        pids = ctx.backend.pids()
+        assert all(p is not None for p in pids)
+        assert len({ctx.run(where)[3] for _ in range(3)} - set(pids)) == 0
+
+
+def test_a_worker_from_another_protocol_version_exits_with_a_clear_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hetero.runtime.local as local
+
+    monkeypatch.setattr(local, "PROTOCOL", -1)  # the driver speaks another version
+    with (
+        hetero.Context(devices=emulated([1.0]), max_retries=0) as ctx,
+        pytest.raises(TaskFailed, match="runs another version of hetero than the driver"),
+    ):
+        ctx.run(add, 1, 2)

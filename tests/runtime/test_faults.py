@@ -227,3 +227,15 @@ def test_retries_are_counted_once_and_the_last_attempt_is_traced_failed(tmp_path
 
 def boom(x: int) -> int:
     raise ValueError(f"bad value {x}")
+
+
+def test_workers_started_from_a_thread_that_ends_live_on() -> None:
+    import threading
+
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        first: list[int] = []
+        t = threading.Thread(target=lambda: first.append(ctx.run(os.getpid)))
+        t.start()
+        t.join()
+        time.sleep(0.2)
+        assert ctx.run(os.getpid) == first[0]  # the same worker, not a restarted one

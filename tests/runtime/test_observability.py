@@ -30,6 +30,8 @@ def test_emulated_devices_deliver_their_declared_relative_speed(tmp_path: Path) 
         rates[dev.id] = dev.tasks * 0.01 / dev.busy  # work units per busy second
     for i, s in enumerate(speeds):
         assert rates[f"d{i}"] == pytest.approx(s, rel=0.10)
+    # The ideal makespan uses the declared speeds: no run can beat it.
+    assert summary.efficiency is not None and summary.efficiency <= 1.0
 
 
 def test_profile_writes_a_chrome_trace_and_an_html_report(tmp_path: Path) -> None:

@@ -43,6 +43,11 @@ class Backend(ABC):
         task's ``(key, cloudpickled bytes)``, shipped once per worker."""
 
     @abstractmethod
+    def warm(self, timeout: float | None) -> None:
+        """Start every worker that is not running and wait until all are ready (``BackendError``
+        naming those that are not, after ``timeout`` seconds; ``None``: do not wait)."""
+
+    @abstractmethod
     def flush(self) -> None:
         """Send the orders queued by ``send`` (the engine calls it after each burst, outside its
         lock, so a burst of orders travels as one message per worker)."""

@@ -386,12 +386,30 @@ class Context:
         return self._closed
 
     def device_infos(self) -> list[DeviceInfo]:
-        """The devices with their current speeds (measured where observed)."""
-        speed = self.dispatcher.perf.speed()
+        """The devices with their speeds in work units per second: an emulated device's
+        declared one (its pacing makes it exact), else the measured one where observed."""
+        perf = self.dispatcher.perf
+        speed = perf.speed()
         return [
-            DeviceInfo(d.id, d.model, d.kind.value, float(speed[i]), d.emulated)
+            DeviceInfo(
+                d.id,
+                d.model,
+                d.kind.value,
+                perf.prior(d, "default") if d.emulated else float(speed[i]),
+                d.emulated,
+            )
             for i, d in enumerate(self.devices)
         ]
+
+    def start(self, timeout: float = 60.0) -> Context:
+        """Start every device's worker now and wait until each is ready (workers otherwise
+        start on their first task, whose latency then includes the start). Returns the
+        context, so ``with hetero.Context(...).start() as ctx:`` works."""
+        if self._closed or self._closing:
+            raise HeteroError("this Context is closed; create a new one to run more tasks")
+        self._ensure_started()
+        self.backend.warm(timeout)
+        return self
 
     # --------------------------------------------------------------------------- submit
 

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -28,14 +29,18 @@ from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError
 from hetero.runtime.backend import Backend, BackendEvents
 from hetero.runtime.serialize import remove_prefix, remove_stale
-from hetero.runtime.worker import TaskOrder, WorkerSetup
+from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
 
 __all__ = ["LocalBackend"]
 
 log = logging.getLogger("hetero.runtime")
 
 _WORKER_MAIN = "import sys; from hetero.runtime.worker import main; main(int(sys.argv[1]))"
-_EXIT_REASONS = {3: "stopped to end a task", 4: "over its memory limit"}
+_EXIT_REASONS = {
+    3: "stopped to end a task",
+    4: "over its memory limit",
+    5: "it runs another version of hetero than the driver; restart the driver",
+}
 
 
 @dataclass(eq=False)
@@ -48,6 +53,7 @@ class _Worker:
     lock: threading.Lock = field(default_factory=threading.Lock)
     functions: set[str] = field(default_factory=set)
     closed: bool = False
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 class LocalBackend(Backend):
@@ -181,17 +187,26 @@ class LocalBackend(Backend):
             limit = self._limits[index] if self._limits is not None else None
             setup = WorkerSetup(
                 device=device,
-                driver_pid=os.getpid(),
                 prefix=f"{self._prefix}-{index}-{self._generation}",
                 time_scale=self.time_scale,
                 memory_limit=limit,
             )
-            worker.outbox.append(("init", setup))
+            worker.outbox.append(("init", setup, PROTOCOL))
             self._workers[index] = worker
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")  # the reader picks up the new connection
         log.debug("started worker pid %d for %s", proc.pid, device.id)
         return worker
+
+    def warm(self, timeout: float | None) -> None:
+        workers = [self._workers[i] or self._spawn(i) for i in range(len(self._devices))]
+        if timeout is None:
+            return
+        deadline = time.monotonic() + timeout
+        late = [w for w in workers if not w.ready.wait(max(0.0, deadline - time.monotonic()))]
+        if late:
+            ids = ", ".join(self._devices[w.index].id for w in late)
+            raise BackendError(f"workers not ready after {timeout:g} s: {ids}")
 
     def flush(self) -> None:
         for worker in self._workers:
@@ -237,6 +252,8 @@ class LocalBackend(Backend):
                     continue
                 if self._workers[worker.index] is not worker:
                     continue  # from a worker already replaced: its tasks were dealt with
+                if messages[0][0] == "ready":
+                    worker.ready.set()
                 try:
                     events.replies(worker.index, messages)
                 except Exception:  # the engine's bug must not kill the reader thread

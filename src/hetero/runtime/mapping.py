@@ -114,6 +114,10 @@ class MapRun(Iterator[Any]):
         self._cap = self._memory_cap()
         show = sys.stderr.isatty() if progress is None else progress
         self._bar = _Bar(self._total, spec.name) if show else None
+        # A map uses every device: start all workers now, side by side, rather than each on
+        # its first batch.
+        ctx._ensure_started()
+        ctx.backend.warm(None)
         self._fill()
 
     # -------------------------------------------------------------------------- iteration

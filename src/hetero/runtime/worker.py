@@ -5,8 +5,8 @@ both ways are pickled lists of messages, so a burst of tiny tasks costs one syst
 burst, not per task. The main thread runs tasks from an inbox; a reader thread fills the inbox,
 answers cancellations and notices the driver going away.
 
-Driver -> worker: ``("init", WorkerSetup)``, ``("fn", key, bytes)``, ``("run", TaskOrder)``,
-``("cancel", task_id)``, ``("exit",)``.
+Driver -> worker: ``("init", WorkerSetup, PROTOCOL)``, ``("fn", key, bytes)``,
+``("run", TaskOrder)``, ``("cancel", task_id)``, ``("exit",)``.
 Worker -> driver: ``("ready", pid)``, ``("done", TaskReply)``, ``("error", TaskReply)``,
 ``("dropped", task_id)``, ``("warn", text)``.
 """
@@ -14,7 +14,6 @@ Worker -> driver: ``("ready", pid)``, ``("done", TaskReply)``, ``("error", TaskR
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import operator
 import os
 import pickle
@@ -34,7 +33,13 @@ from hetero.devices.spec import Device
 from hetero.runtime import current
 from hetero.runtime.serialize import Packed, pack, unpack
 
-__all__ = ["TaskOrder", "TaskReply", "WorkerSetup", "main"]
+__all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main"]
+
+#: Changes whenever the messages between driver and worker change: a worker started from newer
+#: code on disk than its driver's (an upgrade mid-run) exits with _EXIT_SKEW instead of
+#: misreading them.
+PROTOCOL = 2
+_EXIT_SKEW = 5
 
 # Replies wait at most this long, or this many, before they are sent together.
 _FLUSH_SECONDS = 0.002
@@ -48,7 +53,6 @@ class WorkerSetup:
     """What a worker needs to know about its device and its driver."""
 
     device: Device
-    driver_pid: int
     prefix: str  # shared-memory segment names this worker writes start with it
     time_scale: float = 1.0
     memory_limit: int | None = None  # bytes; enforced where the framework can
@@ -130,18 +134,15 @@ def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
         state.conn.send_bytes(data)
 
 
-def _die_with_driver() -> None:
-    """Ask Linux to SIGKILL this process when the driver dies, so no worker outlives it."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _reader(state: _State) -> None:
     conn = state.conn
     try:
         while True:
-            messages = pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
+            try:
+                messages = pickle.loads(data)
+            except Exception:
+                os._exit(_EXIT_SKEW)  # written by another version of hetero than this one
             dropped: list[tuple[Any, ...]] = []
             with state.cond:
                 for msg in messages:
@@ -151,6 +152,8 @@ def _reader(state: _State) -> None:
                     elif tag == "fn":
                         state.raw_functions[msg[1]] = msg[2]
                     elif tag == "init":
+                        if msg[2] != PROTOCOL:
+                            os._exit(_EXIT_SKEW)
                         state.setup = msg[1]
                     elif tag == "cancel":
                         dropped += _cancel(state, msg[1])
@@ -161,7 +164,10 @@ def _reader(state: _State) -> None:
             if dropped:
                 _send(state, dropped)
     except (EOFError, OSError):
-        os._exit(0)  # the driver is gone: nothing to report to
+        # The driver is gone (the kernel closed its end, however it died): nothing to report
+        # to. This thread reads whatever the main thread runs, so a long task ends here too.
+        # (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the worker exits.)
+        os._exit(0)
 
 
 def _cancel(state: _State, task_id: int) -> list[tuple[Any, ...]]:
@@ -291,7 +297,7 @@ def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -
     elapsed = now - started
     if due > now:
         time.sleep(due - now)
-    elif elapsed > target * 1.05 + 1e-3 and not state.warned:
+    elif target > 0 and elapsed > target * 1.05 + 1e-3 and not state.warned:
         state.warned = True
         _send(
             state,
@@ -310,15 +316,12 @@ def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -
 
 def main(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    _die_with_driver()
     state = _State(Connection(fd))
     threading.Thread(target=_reader, args=(state,), daemon=True, name="hetero-reader").start()
     with state.cond:
         while state.setup is None:
             state.cond.wait()
     setup = state.setup
-    if os.getppid() != setup.driver_pid:
-        os._exit(0)  # the driver died before the death signal was armed
     current.set_device(setup.device)
     _limit_frameworks(setup.device, setup.memory_limit)
     if setup.memory_limit is not None and (setup.device.emulated or setup.device.type == "cpu"):
