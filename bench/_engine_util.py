@@ -116,6 +116,9 @@ class FakeBackend(Backend):
         finally:
             self._flushing = False
 
+    def warm(self, timeout: float | None) -> None:
+        pass  # nothing to start
+
     def cancel(self, device: int, task_id: int) -> None:
         pass
 

@@ -22,8 +22,8 @@ one machine. Four figures, each run alone with ``--only NAME``:
   the host's memory reference.
 - ``overhead``: µs per no-op task of zero declared cost (``@hetero.task(cost=0)``), submitted in
   bursts and waited for, at 1, 4, 16 and 64 emulated devices, under the default strategy and
-  under ``round_robin`` (zero-cost tasks all tie, so the default sends every one to the first
-  device; round robin spreads them over all), with the local backend and with an in-process
+  under ``round_robin`` (the default breaks the tie between zero-cost tasks by tasks in flight,
+  round robin takes turns), with the local backend and with an in-process
   fake backend that answers every order at once (the engine and dispatcher alone).
 
 Ray runs locally (``ray.init(num_cpus=2)``), only while its own anchors are measured; without

@@ -408,8 +408,8 @@ def _engine_map(fig: dict[str, Any]) -> str:
         + _table(["scheduler", "makespan s", "efficiency", "target"], rows)
         + "\n\nPer-device utilization (tasks run) from `ctx.profile`, in the median run:\n\n"
         + _table(["device", "speed", *(r["scheduler"] for r in profiled)], util_rows)
-        + "\n\nThe profile's own efficiency divides by the speeds measured during the run, "
-        f"not the declared ones: {measured}."
+        + "\n\nThe profile's own efficiency (its ideal from the declared speeds of emulated "
+        f"devices): {measured}."
     )
 
 
@@ -483,9 +483,11 @@ def _engine_overhead(fig: dict[str, Any]) -> str:
         "emulated devices, after a warm-up that starts every worker the tasks will use. "
         "*fake*: an in-process backend that answers every order at once from `flush` (the "
         f"engine and dispatcher alone; {tasks['fake']:,} tasks a burst); *local*: worker "
-        f"processes ({tasks['local']:,} tasks a burst). Zero-cost tasks tie everywhere, so the "
-        "default strategy sends every one to the first device; round robin spreads them over "
-        "all. [n] is the number of devices the tasks ran on.\n\n"
+        f"processes ({tasks['local']:,} tasks a burst). Zero-cost tasks tie; the default "
+        "strategy breaks the tie by tasks in flight, so with the fake backend, which answers "
+        "each order before the next is placed, every task lands on the first device, and with "
+        "worker processes they spread; round robin takes turns. [n] is the number of devices "
+        "the tasks ran on.\n\n"
         + _table(["devices", *(f"{b}, {s}" for b, s in columns)], rows)
         + f"\n\nGrowth from {counts[0]} to {counts[-1]} devices: {growth}."
     )
