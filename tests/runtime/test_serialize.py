@@ -56,3 +56,44 @@ def test_intermediate_results_flow_through_a_graph_without_copies() -> None:
         kept = parent.result()
         kept[:10] = 0.0
         assert ctx.run(total, kept) == 2_000_000.0 - 10
+
+
+def test_a_pool_hands_a_file_back_for_the_same_size_class_only() -> None:
+    from hetero.runtime.serialize import SegmentPool
+
+    pool = SegmentPool(cap=4 * 2**20)
+    first = pack(np.ones(300_000), f"hetero-{os.getpid()}-pool", pool)  # 2.4 MB: 4 MiB class
+    ((name, size, _),) = first.segments
+    pool.give(name, size)
+    assert pool.take(10**6) is None  # a 1 MiB class: not that file
+    again = pack(np.full(400_000, 3.0), f"hetero-{os.getpid()}-pool", pool)
+    assert again.segments[0][0] == name  # rewritten, not created
+    out, _ = unpack(again)
+    assert out.shape == (400_000,) and (out == 3.0).all()
+    pool.give(name, again.segments[0][1])
+    pool.give("hetero-not-kept", 2**30)  # over the cap: removed, not kept
+    pool.clear()
+    assert not (segment_dir() / name).exists()
+
+
+def identity(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def test_files_are_reused_across_calls_and_no_live_result_is_ever_overwritten() -> None:
+    from hetero.runtime.serialize import _DIR
+
+    seen: set[str] = set()
+    results = []
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        for k in range(40):
+            out = ctx.run(identity, np.full(200_000, float(k)))
+            if k % 4 == 0:
+                results.append((k, out))  # kept alive: its file must not be reused
+            seen |= {p.name for p in _DIR.glob(f"hetero-{os.getpid()}-*")}
+            del out
+        onward = ctx.run(total, results[0][1])  # lent to another task, then dropped
+        assert onward == 0.0
+        for k, out in results:
+            assert (out == float(k)).all(), k
+    assert len(seen) < 40  # files were rewritten, not one pair per call

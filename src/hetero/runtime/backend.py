@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hetero.devices.spec import Device
+from hetero.runtime.serialize import remove_segments
 from hetero.runtime.worker import TaskOrder
 
 __all__ = ["Backend", "BackendEvents"]
@@ -51,6 +52,12 @@ class Backend(ABC):
     def flush(self) -> None:
         """Send the orders queued by ``send`` (the engine calls it after each burst, outside its
         lock, so a burst of orders travels as one message per worker)."""
+
+    def recycle(self, name: str, size: int) -> None:
+        """The driver no longer maps a result file a worker wrote (called by a finalizer, in any
+        thread, so it must only queue): by default the file is removed; a backend whose workers
+        reuse their files hands it back at the next flush."""
+        remove_segments([(name, size, True)])
 
     @abstractmethod
     def cancel(self, device: int, task_id: int) -> None:

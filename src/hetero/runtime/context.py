@@ -45,7 +45,14 @@ from hetero.errors import (
 )
 from hetero.runtime.backend import Backend
 from hetero.runtime.monitor import DeviceSample, MemoryPressure, Monitor, memory_usage
-from hetero.runtime.serialize import Packed, Segment, pack, remove_segments, unpack
+from hetero.runtime.serialize import (
+    Packed,
+    Segment,
+    SegmentPool,
+    pack,
+    remove_prefix,
+    unpack,
+)
 from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter
 from hetero.runtime.tasks import TaskFunction, TaskOptions, as_task
 from hetero.runtime.worker import TaskOrder, TaskReply
@@ -272,6 +279,10 @@ class Context:
         self._losses = [0] * len(fleet)
         self._backlog: deque[_Task] = deque()
         self._garbage: deque[list[Segment] | str] = deque()  # segments, checkpoint dirs
+        # Argument files: rewritten for later tasks once no worker maps them (SegmentPool).
+        self._pool = SegmentPool()
+        self._readers: dict[str, set[int]] = {}  # file -> devices that may still map it
+        self._retired: dict[str, int] = {}  # files of ended tasks still mapped: name -> size
         self._placements: dict[tuple[Any, Any], list[str]] = {}
         self._functions: dict[tuple[int, int], tuple[Any, tuple[str, bytes]]] = {}
         self._fn_keys = itertools.count()
@@ -374,6 +385,8 @@ class Context:
         if self._status is not None:
             self._status.close()
         self.backend.close(timeout=2.0)
+        self._pool.clear()
+        remove_prefix(self._segment_prefix())  # argument files still mapped at the end
         if self._env_profile is not None:
             self._finish_profile(self._env_profile)
         if self._own_checkpoints and self.checkpoint_dir is not None:
@@ -556,7 +569,9 @@ class Context:
         if options.cost is not None and not task.declared:
             task.cost, task.declared = options.cost_of(task.args, task.kwargs)
         try:
-            task.packed = pack((task.args, task.kwargs), f"{self._segment_prefix()}-a{task.id}")
+            task.packed = pack(
+                (task.args, task.kwargs), f"{self._segment_prefix()}-a{task.id}", self._pool
+            )
         except Exception as exc:
             raise HeteroError(
                 f"the arguments of task {task.id} ({task.name}) cannot be sent to a worker: "
@@ -632,6 +647,9 @@ class Context:
         task.device = ins.device
         task.sent = time.monotonic()
         self._on_device[ins.device].add(task.id)
+        for name, _, owned in task.packed.segments if task.packed is not None else ():
+            if owned:
+                self._readers.setdefault(name, set()).add(ins.device)
         assert task.packed is not None
         order = TaskOrder(
             task.id,
@@ -697,8 +715,18 @@ class Context:
         # Files are removed after the futures are set (in _settle), off the latency path:
         # unlinking 100 MB of shared memory takes longer than the rest of a round trip.
         if task.packed is not None:
-            if task.packed.segments:
-                self._garbage.append(task.packed.segments)
+            free: list[Segment] = []
+            for segment in task.packed.segments:
+                name, size, owned = segment
+                if not owned:
+                    continue  # a kept result's: it is the result's to remove
+                if self._readers.get(name):
+                    self._retired[name] = size  # recycled once every worker lets go
+                else:
+                    self._readers.pop(name, None)
+                    free.append(segment)
+            if free:
+                self._garbage.append(free)
             task.packed = None
         task.args, task.kwargs = (), {}
         if task.wrote_checkpoint and task.checkpoint_dir is not None:
@@ -740,7 +768,8 @@ class Context:
             if isinstance(item, str):
                 shutil.rmtree(item, ignore_errors=True)
             else:
-                remove_segments(item)
+                for name, size, _ in item:
+                    self._pool.give(name, size)
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a task wherever it is (a running one is stopped); ``False`` if it has ended."""
@@ -767,7 +796,11 @@ class Context:
     def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         """What the worker of ``device`` reported, handled under one lock acquisition."""
         endings: list[_Ending] = []
-        results = [unpack(m[1].result, keep=True) if m[0] == "done" else None for m in messages]
+        recycle = self.backend.recycle
+        results = [
+            unpack(m[1].result, keep=True, on_release=recycle) if m[0] == "done" else None
+            for m in messages
+        ]
         with self._lock:
             for msg, unpacked in zip(messages, results, strict=True):
                 tag = msg[0]
@@ -777,11 +810,29 @@ class Context:
                     self._error(device, msg[1], endings)
                 elif tag == "dropped":
                     self._stops[device] = max(0, self._stops[device] - 1)
+                elif tag == "released":
+                    self._let_go(device, msg[1])
                 elif tag == "warn" and msg[1] not in self._warned:
                     self._warned.add(msg[1])
                     log.warning("%s", msg[1])
         self.backend.flush()
         self._settle(endings)
+
+    def _let_go(self, device: int, names: Iterable[str]) -> None:
+        """``device``'s worker no longer maps these argument files."""
+        free: list[Segment] = []
+        for name in names:
+            readers = self._readers.get(name)
+            if readers is None:
+                continue
+            readers.discard(device)
+            if not readers:
+                del self._readers[name]
+                size = self._retired.pop(name, None)
+                if size is not None:
+                    free.append((name, size, True))
+        if free:
+            self._garbage.append(free)
 
     def _done(
         self, device: int, reply: TaskReply, unpacked: tuple[Any, float], endings: list[_Ending]
@@ -823,6 +874,7 @@ class Context:
                 if t is not None and self.dispatcher.state_of(t.id) is ItemState.RUNNING
             ]
             self._on_device[device].clear()
+            self._let_go(device, [n for n, d in self._readers.items() if device in d])
             deliberate = self._stops[device] > 0  # ended to stop a task: not the device's fault
             self._stops[device] = 0
             if not deliberate:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -28,7 +29,7 @@ from typing import Any
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError
 from hetero.runtime.backend import Backend, BackendEvents
-from hetero.runtime.serialize import remove_prefix, remove_stale
+from hetero.runtime.serialize import remove_prefix, remove_segments, remove_stale
 from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
 
 __all__ = ["LocalBackend"]
@@ -78,6 +79,7 @@ class LocalBackend(Backend):
         self._prefix = f"hetero-{os.getpid()}-{id(self) & 0xFFFF:x}"
         self._wake_r, self._wake_w = socket.socketpair()
         self._reader: threading.Thread | None = None
+        self._recycled: deque[tuple[str, int]] = deque()
 
     # ---------------------------------------------------------------------------- Backend
 
@@ -135,6 +137,8 @@ class LocalBackend(Backend):
         for w in workers:
             with contextlib.suppress(OSError):
                 w.conn.close()
+        while self._recycled:
+            remove_segments([(*self._recycled.popleft(), True)])
         self._wake_r.close()
         self._wake_w.close()
         remove_prefix(self._prefix)
@@ -208,7 +212,31 @@ class LocalBackend(Backend):
             ids = ", ".join(self._devices[w.index].id for w in late)
             raise BackendError(f"workers not ready after {timeout:g} s: {ids}")
 
+    def recycle(self, name: str, size: int) -> None:
+        if self._closed:
+            remove_segments([(name, size, True)])  # no worker left to reuse it
+        else:
+            self._recycled.append((name, size))  # deque.append: safe from any thread, no lock
+
+    def _hand_back(self) -> None:
+        """Give the workers back the result files the driver let go of (or remove those of
+        workers that are gone)."""
+        while self._recycled:
+            try:
+                name, size = self._recycled.popleft()
+            except IndexError:
+                break
+            index, generation = _owner(name, self._prefix)
+            worker = self._workers[index] if 0 <= index < len(self._workers) else None
+            if worker is None or worker.generation != generation:
+                remove_segments([(name, size, True)])
+                continue
+            with worker.lock:
+                worker.outbox.append(("recycle", [(name, size)]))
+
     def flush(self) -> None:
+        if self._recycled:
+            self._hand_back()
         for worker in self._workers:
             if worker is not None and worker.outbox:
                 self._flush(worker)
@@ -297,3 +325,15 @@ class LocalBackend(Backend):
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         remove_prefix(f"{self._prefix}-{worker.index}-{worker.generation}-")
+
+
+def _owner(name: str, prefix: str) -> tuple[int, int]:
+    """The device index and worker generation that wrote segment ``name`` (-1s if not ours):
+    names are ``<prefix>-<index>-<generation>-<n>``."""
+    if not name.startswith(prefix + "-"):
+        return -1, -1
+    parts = name[len(prefix) + 1 :].split("-")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return -1, -1

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,57 @@ _fields_Packed = operator.attrgetter(*(f.name for f in fields(Packed)))
 # (any thread), written when unpacking and by finalizers (when a result is collected).
 _kept: dict[int, tuple[str, int]] = {}
 _kept_names: set[str] = set()
+_lent: set[str] = set()  # kept segments referred to by a message: mapped elsewhere too
 _kept_lock = threading.Lock()
 
 
-def pack(obj: Any, prefix: str) -> Packed:
-    """Pickle ``obj``; large buffers are written to segments named ``<prefix>-<n>``, except
-    those of kept results, which are referred to.
+class SegmentPool:
+    """Segment files this process wrote whose reader has let go of them, kept for the next
+    buffers of their size class (powers of two): rewriting a file's pages costs about half of
+    allocating and zeroing fresh ones. Holds at most ``cap`` bytes; the rest is removed."""
+
+    def __init__(self, cap: int = 256 * 2**20) -> None:
+        self.cap = cap
+        self._free: dict[int, list[str]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> str | None:
+        size = _size_class(nbytes)
+        with self._lock:
+            names = self._free.get(size)
+            if not names:
+                return None
+            self._bytes -= size
+            return names.pop()
+
+    def give(self, name: str, nbytes: int) -> None:
+        size = _size_class(nbytes)
+        with self._lock:
+            if self._bytes + size <= self.cap:
+                self._free.setdefault(size, []).append(name)
+                self._bytes += size
+                return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(_DIR / name)
+
+    def clear(self) -> None:
+        with self._lock:
+            names = [n for group in self._free.values() for n in group]
+            self._free.clear()
+            self._bytes = 0
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_DIR / name)
+
+
+def _size_class(nbytes: int) -> int:
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
+def pack(obj: Any, prefix: str, pool: SegmentPool | None = None) -> Packed:
+    """Pickle ``obj``; large buffers are written to segments named ``<prefix>-<n>`` (or to free
+    files of ``pool``), except those of kept results, which are referred to.
 
     Raises whatever pickling raises (the caller names the argument that failed)."""
     t0 = time.perf_counter()
@@ -112,9 +158,15 @@ def pack(obj: Any, prefix: str) -> Packed:
             kept = _kept.get(_address(raw)) if _kept else None
             if kept is not None and kept[1] == raw.nbytes:
                 segments.append((kept[0], raw.nbytes, False))
+                with _kept_lock:
+                    _lent.add(kept[0])  # another process maps it now: never rewrite it
                 continue
-            name = f"{prefix}-{next(_counter)}"
-            _write_segment(name, raw)
+            name = pool.take(raw.nbytes) if pool is not None else None
+            if name is None:
+                name = f"{prefix}-{next(_counter)}"
+                _write_segment(name, raw, create=True)
+            else:
+                _write_segment(name, raw, create=False)
             segments.append((name, raw.nbytes, True))
     except BaseException:
         remove_segments(segments)
@@ -149,18 +201,21 @@ def _plain(obj: Any, depth: int) -> bool:
     return t.__module__ == "numpy" and t.__name__ == "ndarray" and not obj.dtype.hasobject
 
 
-def _write_segment(name: str, raw: memoryview) -> None:
-    fd = os.open(_DIR / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+def _write_segment(name: str, raw: memoryview, create: bool) -> None:
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY if create else os.O_WRONLY
+    fd = os.open(_DIR / name, flags, 0o600)
     try:
         view = raw.cast("B") if raw.format != "B" or raw.ndim != 1 else raw
         done = 0
-        while done < len(view):  # os.write may write less than asked for large buffers
-            done += os.write(fd, view[done:])
+        while done < len(view):  # a write may take less than asked for large buffers
+            done += os.pwrite(fd, view[done:], done)
     finally:
         os.close(fd)
 
 
-def _map_segment(name: str, size: int, keep: bool) -> memoryview:
+def _map_segment(
+    name: str, size: int, keep: bool, on_release: Callable[[str, int], None] | None
+) -> memoryview:
     if size == 0:
         return memoryview(bytearray())
     fd = os.open(_DIR / name, os.O_RDWR)
@@ -176,25 +231,46 @@ def _map_segment(name: str, size: int, keep: bool) -> memoryview:
         with _kept_lock:
             _kept[address] = (name, size)
             _kept_names.add(name)
-        weakref.finalize(mm, _release_kept, address, name)
+        weakref.finalize(mm, _release_kept, address, name, size, on_release)
+    elif on_release is not None:
+        weakref.finalize(mm, on_release, name, size)
     return memoryview(mm)
 
 
-def _release_kept(address: int, name: str) -> None:
+def _release_kept(
+    address: int, name: str, size: int, on_release: Callable[[str, int], None] | None
+) -> None:
     with _kept_lock:
         if _kept.get(address, (None,))[0] == name:
             del _kept[address]
         _kept_names.discard(name)
+        lent = name in _lent
+        _lent.discard(name)
+    if on_release is not None and not lent:
+        on_release(name, size)  # its writer may use the file again
+        return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_DIR / name)
 
 
-def unpack(packed: Packed, *, keep: bool = False) -> tuple[Any, float]:
+def unpack(
+    packed: Packed,
+    *,
+    keep: bool = False,
+    on_release: Callable[[str, int], None] | None = None,
+) -> tuple[Any, float]:
     """The object and the seconds unpacking took. Large buffers are mapped, not copied;
     ``keep`` (results reaching the driver) leaves their files in place until the object is
-    collected, so that a task they are passed to maps them again instead of a copy."""
+    collected, so that a task they are passed to maps them again instead of a copy.
+
+    ``on_release(name, size)`` is called (from whichever thread collects it) once this
+    process no longer maps a segment the sender owns, so that the sender may rewrite it; a kept
+    segment that was passed on to another task is removed instead."""
     t0 = time.perf_counter()
-    buffers = [_map_segment(name, size, keep and owned) for name, size, owned in packed.segments]
+    buffers = [
+        _map_segment(name, size, keep and owned, on_release if owned else None)
+        for name, size, owned in packed.segments
+    ]
     obj = pickle.loads(packed.data, buffers=buffers)
     return obj, time.perf_counter() - t0
 

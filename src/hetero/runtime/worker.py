@@ -6,8 +6,10 @@ burst, not per task. The main thread runs tasks from an inbox; a reader thread f
 answers cancellations and notices the driver going away.
 
 Driver -> worker: ``("init", WorkerSetup, PROTOCOL)``, ``("fn", key, bytes)``,
-``("run", TaskOrder)``, ``("cancel", task_id)``, ``("exit",)``.
+``("run", TaskOrder)``, ``("recycle", [(name, size)])`` (result files the driver let go),
+``("cancel", task_id)``, ``("exit",)``.
 Worker -> driver: ``("ready", pid)``, ``("done", TaskReply)``, ``("error", TaskReply)``,
+``("released", [name])`` (argument files it no longer maps),
 ``("dropped", task_id)``, ``("warn", text)``.
 """
 
@@ -31,14 +33,14 @@ import cloudpickle
 
 from hetero.devices.spec import Device
 from hetero.runtime import current
-from hetero.runtime.serialize import Packed, pack, unpack
+from hetero.runtime.serialize import Packed, SegmentPool, pack, unpack
 
 __all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main"]
 
 #: Changes whenever the messages between driver and worker change: a worker started from newer
 #: code on disk than its driver's (an upgrade mid-run) exits with _EXIT_SKEW instead of
 #: misreading them.
-PROTOCOL = 2
+PROTOCOL = 3
 _EXIT_SKEW = 5
 
 # Replies wait at most this long, or this many, before they are sent together.
@@ -127,6 +129,14 @@ class _State:
     out_lock: threading.Lock = field(default_factory=threading.Lock)
     held: threading.Event = field(default_factory=threading.Event)  # replies are being held
     held_since: float = 0.0
+    pool: SegmentPool = field(default_factory=SegmentPool)  # result files the driver let go
+    released: deque[str] = field(default_factory=deque)  # argument files this process let go
+
+    def release(self, name: str, size: int) -> None:
+        """A mapping of an argument file is gone (called by its finalizer, in any thread): the
+        driver may rewrite the file."""
+        self.released.append(name)
+
 
 def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
     data = pickle.dumps(messages, protocol=5)
@@ -155,6 +165,9 @@ def _reader(state: _State) -> None:
                         if msg[2] != PROTOCOL:
                             os._exit(_EXIT_SKEW)
                         state.setup = msg[1]
+                    elif tag == "recycle":
+                        for name, size in msg[1]:
+                            state.pool.give(name, size)
                     elif tag == "cancel":
                         dropped += _cancel(state, msg[1])
                     elif tag == "exit":
@@ -236,7 +249,7 @@ def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
     reply = TaskReply(order.task_id, order.attempt, started, started)
     try:
         fn = _function(state, order.fn, str(device.type))
-        (args, kwargs), reply.unpack_seconds = unpack(order.args)
+        (args, kwargs), reply.unpack_seconds = unpack(order.args, on_release=state.release)
     except BaseException as exc:
         reply.error = f"{type(exc).__name__}: could not load the task on {device.id}: {exc}"
         reply.remote_traceback = traceback.format_exc()
@@ -263,7 +276,7 @@ def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
         started = _pace(state, order, started, reply.cpu_seconds)
     reply.started, reply.ended = started, time.monotonic()
     try:
-        reply.result = pack(result, setup.prefix)
+        reply.result = pack(result, setup.prefix, state.pool)
     except BaseException as exc:
         reply.error = f"{type(exc).__name__}: the result of {order.name} cannot be pickled: {exc}"
         reply.remote_traceback = traceback.format_exc()
@@ -364,6 +377,11 @@ def _flush(state: _State) -> None:
     with state.out_lock:
         batch, state.outbox = state.outbox, []
         state.held.clear()
+        if state.released:
+            names = []
+            while state.released:
+                names.append(state.released.popleft())
+            batch.append(("released", names))
         if batch:
             _send(state, batch)
 

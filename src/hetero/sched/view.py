@@ -30,6 +30,7 @@ BoolArray = npt.NDArray[np.bool_]
 # Work units per item in flight that break ties between free (cost 0) items' delays.
 _TIE = 1e-9
 
+
 class FleetView:
     """Live per-device load, memory and health, plus the speeds of the ``PerfModel``.
 
