@@ -32,14 +32,9 @@ def devices(
 ) -> None:
     """List the devices of a fleet config, or the ones discovered on this machine."""
     try:
-        if config is None:
-            from hetero.devices.discovery import get_device_list
+        from hetero.devices.fleet import fleet_for
 
-            fleet = get_device_list()
-        else:
-            from hetero.devices.fleet import build_fleet
-
-            fleet = build_fleet(load_config(config))
+        fleet = fleet_for(load_config(config) if config is not None else None)
     except HeteroError as exc:
         fail(str(exc))
     if as_json:

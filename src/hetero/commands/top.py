@@ -130,14 +130,9 @@ def _snapshot(config: Path | None, others: list[StatusSnapshot]) -> None:
     from hetero.runtime.monitor import sample_devices
 
     try:
-        if config is None:
-            from hetero.devices.discovery import get_device_list
+        from hetero.devices.fleet import fleet_for
 
-            fleet = get_device_list()
-        else:
-            from hetero.devices.fleet import build_fleet
-
-            fleet = build_fleet(load_config(config))
+        fleet = fleet_for(load_config(config) if config is not None else None)
     except HeteroError as exc:
         fail(str(exc), code=2)
     if any(d.kind is DeviceKind.CPU and not d.emulated for d in fleet):

@@ -15,7 +15,7 @@ from hetero.units import format_size
 if TYPE_CHECKING:  # config imports the catalog, which lives in this package
     from hetero.config import DeviceConfig, HeteroConfig
 
-__all__ = ["build_fleet"]
+__all__ = ["build_fleet", "fleet_for"]
 
 
 def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) -> list[Device]:
@@ -34,6 +34,11 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
         else:
             fleet.append(_real(i, entry, discovered or []))
     return fleet
+
+
+def fleet_for(config: HeteroConfig | None) -> list[Device]:
+    """The devices of ``config``, or this machine's when there is none."""
+    return get_device_list() if config is None else build_fleet(config)
 
 
 def _emulated(entry: DeviceConfig, per_model: Counter[str]) -> list[Device]:

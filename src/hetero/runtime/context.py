@@ -200,14 +200,10 @@ class Context:
         sched = config.scheduler if config is not None else SchedulerConfig()
         if devices is not None:
             fleet = list(devices)
-        elif config is not None:
-            from hetero.devices.fleet import build_fleet
-
-            fleet = build_fleet(config)
         else:
-            from hetero.devices.discovery import get_device_list
+            from hetero.devices.fleet import fleet_for
 
-            fleet = get_device_list()
+            fleet = fleet_for(config)
         if not fleet:
             raise ConfigError([("devices", "the fleet is empty")])
         # The context's own copies: limits and live state set here stay out of the caller's.

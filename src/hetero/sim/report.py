@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from rich.table import Table
 
+from hetero._html import BASE_STYLE
 from hetero._tables import SplitTable
 from hetero.sim.result import SimResult
 
@@ -210,16 +211,13 @@ def _cdf(latencies: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], .
     return values, fraction
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-th { background: #f3f3f3; }
+_STYLE = (
+    BASE_STYLE
+    + """
 img { max-width: 100%; display: block; margin: 1em 0; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.85em; }
-.note { color: #666; }
 """
+)
 
 
 def write_html_report(

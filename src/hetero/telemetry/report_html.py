@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from hetero._html import BASE_STYLE
 from hetero.units import format_size
 
 if TYPE_CHECKING:
@@ -42,17 +43,14 @@ _OTHER_COLOUR = "#76b7b2"
 # Drawn in this order, so failures lie on top of the work around them.
 _DRAW_ORDER = {"done": 0, "cancelled": 1, "retried": 2, "failed": 3}
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-th { background: #f3f3f3; }
+_STYLE = (
+    BASE_STYLE
+    + """
 svg { display: block; margin: 1em 0; font-size: 11px; }
-.note { color: #666; }
 .key { display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.3em 0 1em;
        vertical-align: middle; }
 """
+)
 
 
 def render_html(profile: Profile, summary: ProfileSummary) -> str:
