@@ -207,8 +207,8 @@ def main() -> int:
     )
     console.print(table)
     console.print(
-        f"ideal makespan: work done / the fleet's measured speed (the profiler's). From catalog "
-        f"speeds: Σ cost × time_scale / Σ speed = {work:.1f} × {args.time_scale:g} / "
+        f"ideal makespan (the profiler's): work done / the fleet's speed, declared for emulated "
+        f"devices: Σ cost × time_scale / Σ speed = {work:.1f} × {args.time_scale:g} / "
         f"{total_speed:.2f} = {catalog_ideal:.2f} s. Efficiency = ideal / makespan; load "
         "balance factor = mean busy time / the busiest device's (1.0: all busy to the end). "
         "Round robin places blindly; "
