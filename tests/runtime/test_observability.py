@@ -124,3 +124,15 @@ def test_debug_logging_shows_each_placement_and_why(caplog: pytest.LogCaptureFix
     lines = [r.getMessage() for r in caplog.records if "-> d" in r.getMessage()]
     assert lines and "step" in lines[0] and "by shortest_expected_delay" in lines[0]
     assert "expected delay" in lines[0] and "next best: d1" in lines[0]
+
+
+def test_an_emulated_device_busy_with_tasks_reports_its_busy_time_as_utilization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HETERO_STATUS_DIR", str(tmp_path))
+    work = hetero.task(cost=0.02)(lambda x: x)  # 20 ms each: the worker sleeps, busy all along
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        list(ctx.map(work, range(130), batch_size=1, progress=False))  # ~2.6 s of work
+        (status,) = [s for s in read_statuses(tmp_path) if s["pid"] == os.getpid()]
+    (device,) = status["devices"]
+    assert device["utilization"] is not None and device["utilization"] > 70

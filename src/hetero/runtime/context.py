@@ -249,6 +249,7 @@ class Context:
         self._status: StatusWriter | None = None
         self._started_at = time.time()
         self._pressure = MemoryPressure()
+        self._busy_mark: tuple[float, list[float]] = (time.monotonic(), [])
         self._flagged: set[str] = set()
         self._own_checkpoints = checkpoint_dir is None
         if checkpoint_dir is False:
@@ -989,9 +990,13 @@ class Context:
             self._apply(out, endings)
         self.backend.flush()
         self._settle(endings)
-        for device, sample in zip(self.devices, samples, strict=True):
+        busy = self._busy_percent()
+        for i, (device, sample) in enumerate(zip(self.devices, samples, strict=True)):
             state = device.state
-            if sample.utilization is not None:
+            if device.emulated:
+                # Its worker mostly sleeps (pacing): busy is the time it held tasks.
+                state.utilization = busy[i]
+            elif sample.utilization is not None:
                 state.utilization = sample.utilization
             if sample.memory_used is not None:
                 state.memory_used = sample.memory_used
@@ -1004,6 +1009,21 @@ class Context:
                 log.warning("%s is nearly out of memory (%s)", device.id, _usage(sample))
         if self._status is not None:
             self._status.write(self.status())
+
+    def _busy_percent(self) -> list[float]:
+        """Per device, the percent of the time since the last call spent on tasks (service time
+        of the tasks completed since)."""
+        now = time.monotonic()
+        with self._lock:
+            busy = list(self.dispatcher.metrics.busy)
+        last_at, last = self._busy_mark
+        self._busy_mark = (now, busy)
+        span = now - last_at
+        if not last or span <= 0:
+            return [0.0] * len(busy)
+        return [
+            min(100.0, max(0.0, 100.0 * (b - a) / span)) for a, b in zip(last, busy, strict=True)
+        ]
 
     def status(self) -> StatusSnapshot:
         """What ``hetero top`` shows: the tasks by state, and each device's load and speed."""
