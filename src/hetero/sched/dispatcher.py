@@ -197,6 +197,8 @@ class Dispatcher:
         # Catalog speeds as floats, for the steal heap's drain estimates (see _most_queued).
         self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
+        self._draining: set[int] = set()  # take no new work (drain_device)
+        self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
         self._steal_on_place = stealing and not policy.places_by_delay
         # Only build completion events for policies that learn from them.
         self._policy_learns = type(policy).observe is not Policy.observe
@@ -394,26 +396,105 @@ class Dispatcher:
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, why))
             self._attempt_failed(rec, why, True, out)
-        for _, _, seq, rec in sorted(self._queues[i]):
-            if rec.seq == seq and rec.state is QUEUED and rec.device == i:
-                self._release(rec, running=False)
-                rec.move(RETRYING)
-                self._exclude(rec, i)
-                self._place(rec, out)
-        self._queues[i].clear()
-        self._tails[i].clear()
+        self._move_queue(i, out, exclude=True)
         return out
 
     def device_up(self, device_id: str) -> list[Instruction]:
-        """A device is healthy again: it may take pending and stolen work."""
+        """A device is healthy again: it may take pending and stolen work (a drained one too;
+        a removed one joins again only through ``add_device``)."""
         i = self._device(device_id)
         out: list[Instruction] = []
+        if i in self._removed:
+            raise ConfigError(
+                [("device", f"{device_id!r} was removed from the fleet; add_device brings it back")]
+            )
+        self._draining.discard(i)
         if self.view.usable[i]:
             return out
         self.view.set_usable(i, True)
         self._free_slots += int(self.view.slots[i] - self.view.running[i])
         self._refill(i, out)
         return out
+
+    # ------------------------------------------------------------------------ membership
+
+    def add_device(self, device: Device, slots: int = 1) -> list[Instruction]:
+        """A device joins the fleet (a replica, a node's GPU): it takes pending work and steals
+        queued work at once. A device removed earlier may join again under its id."""
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ConfigError([("slots", f"must be an integer >= 1, got {slots!r}")])
+        i = self.view.index.get(device.id)
+        if i is not None:
+            if i not in self._removed:
+                raise ConfigError([("device", f"device id {device.id!r} is already in the fleet")])
+            self._removed.discard(i)
+            return self.device_up(device.id)
+        self.perf.add(device)
+        i = self.view.add(device, slots)
+        self.metrics.add_device()
+        self._queues.append([])
+        self._tails.append([])
+        self._running.append(set())
+        self._slots.append(slots)
+        self._default_speed = self.perf.speed()  # a new array: one more device
+        self._default_speed_list.append(float(self._default_speed[i]))
+        self._largest_memory = max(self._largest_memory, device.memory_bytes)
+        self._free_slots += slots
+        self._steal_miss_at = -1  # a new thief may find what the others did not
+        self.policy.bind(self.view)
+        out: list[Instruction] = []
+        self._refill(i, out)
+        return out
+
+    def drain_device(self, device_id: str) -> list[Instruction]:
+        """Take no more work on a device: its queued items move elsewhere, its running ones
+        finish there (``complete``/``fail`` as usual). ``device_up`` or ``add_device`` takes it
+        back; ``remove_device`` ends what still runs."""
+        i = self._device(device_id)
+        out: list[Instruction] = []
+        if i in self._draining or i in self._removed:
+            return out
+        self._draining.add(i)
+        if not self.view.usable[i]:
+            return out
+        self._free_slots -= int(self.view.slots[i] - self.view.running[i])
+        self.view.set_usable(i, False)
+        self._move_queue(i, out)
+        return out
+
+    def remove_device(self, device_id: str, reason: str = "device removed") -> list[Instruction]:
+        """A device leaves the fleet: it is drained, and what still runs there is stopped and
+        placed elsewhere without being charged an attempt (it did not fail)."""
+        i = self._device(device_id)
+        out = self.drain_device(device_id)
+        for rec in sorted(self._running[i], key=lambda r: r.seq):
+            out.append(Stop(rec.item, i, f"{reason} ({device_id})"))
+            self._release(rec, running=True)
+            rec.attempts -= 1
+            rec.move(RETRYING)
+            rec.reason = reason
+            self.waiting += 1
+            self._place(rec, out)
+        self._removed.add(i)
+        return out
+
+    @property
+    def members(self) -> list[str]:
+        """The ids of the devices in the fleet now (not removed)."""
+        return [d for i, d in enumerate(self.view.ids) if i not in self._removed]
+
+    def _move_queue(self, i: int, out: list[Instruction], exclude: bool = False) -> None:
+        """Place the items queued on device ``i`` elsewhere (it takes no more work);
+        ``exclude`` keeps them off it for good."""
+        for _, _, seq, rec in sorted(self._queues[i]):
+            if rec.seq == seq and rec.state is QUEUED and rec.device == i:
+                self._release(rec, running=False)
+                rec.move(RETRYING)
+                if exclude:
+                    self._exclude(rec, i)
+                self._place(rec, out)
+        self._queues[i].clear()
+        self._tails[i].clear()
 
     def set_external_memory(self, device_id: str, used: int) -> list[Instruction]:
         """Memory measured on a device beyond what its placed items declare (other processes,
@@ -952,7 +1033,9 @@ class Dispatcher:
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
         assert (running_now <= view.slots).all(), "a device runs more than its slots"
         assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
-        assert (running_now[~view.usable] == 0).all(), "an unhealthy device is running items"
+        idle = ~view.usable  # may run nothing, but a draining device finishes what it runs
+        idle[list(self._draining - self._removed)] = False
+        assert (running_now[idle] == 0).all(), "an unhealthy device is running items"
         for rec in self.records.values():
             if rec.only is not None and rec.state in (QUEUED, RUNNING):
                 assert rec.only[rec.device], f"{rec.item.id}: placed outside its only= devices"

@@ -76,6 +76,12 @@ class Metrics:
         self.latency_device = array("l")
         self.latency_cost = array("d")
 
+    def add_device(self) -> None:
+        self.completed.append(0)
+        self.failed.append(0)
+        self.busy.append(0.0)
+        self.work.append(0.0)
+
     def record(self, index: int, latency: float, busy: float, cost: float, now: float) -> None:
         """One item finished successfully on device ``index``."""
         self.completed[index] += 1

@@ -80,6 +80,16 @@ class PerfModel:
             inv = self._inv[kind]
         return inv
 
+    def add(self, device: Device) -> int:
+        """A device joins the fleet: its catalog prior for every kind known so far."""
+        self.devices.append(device)
+        self._usable = np.append(self._usable, True)
+        for kind, arr in self._speed.items():
+            prior = self.prior(device, kind)
+            self._speed[kind] = np.append(arr, prior)
+            self._inv[kind] = np.append(self._inv[kind], 1.0 / prior)
+        return len(self.devices) - 1
+
     def set_usable(self, index: int, usable: bool) -> None:
         self._usable[index] = usable
         for kind, arr in self._speed.items():

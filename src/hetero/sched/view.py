@@ -96,6 +96,31 @@ class FleetView:
         for i in np.flatnonzero(~self.usable):
             perf.set_usable(int(i), False)
 
+    def add(self, device: Device, slots: int) -> int:
+        """Append ``device`` (idle, usable) to every per-device array; returns its position.
+        The performance model must have the device already."""
+        if device.id in self.index:
+            raise ValueError(f"duplicate device id {device.id!r}")
+        i = self.n
+        self.devices.append(device)
+        self.ids.append(device.id)
+        self.index[device.id] = i
+        self.n += 1
+        self.slots = np.append(self.slots, np.int64(slots))
+        self.running.append(0)
+        self.in_flight = np.append(self.in_flight, np.int64(0))
+        self.outstanding = np.append(self.outstanding, 0.0)
+        self.queued_work.append(0.0)
+        self.mem_total = np.append(self.mem_total, np.int64(device.memory_bytes))
+        self.mem_used = np.append(self.mem_used, np.int64(0))
+        self.mem_external = np.append(self.mem_external, np.int64(0))
+        self.usable = np.append(self.usable, True)
+        self.running_work = np.append(self.running_work, 0.0)
+        column = np.zeros((SIZE_CLASSES + 1, 1))
+        self.queued_below = np.hstack([self.queued_below, column])
+        self.queued_from = np.hstack([self.queued_from, column])
+        return i
+
     @property
     def now(self) -> float:
         return self.clock.now()

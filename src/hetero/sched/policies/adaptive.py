@@ -57,10 +57,18 @@ class Adaptive(Policy):
         self.updates = 0
 
     def bind(self, view: FleetView) -> None:
+        # Bound again when devices join: what it learned of the others stays.
+        known = len(getattr(self, "_samples", ()))
+        inv = 1.0 / view.speed()
+        if known:
+            inv[:known] = self._inv[:known]
         self._view = view
-        self._inv = 1.0 / view.speed()
-        self._samples = [deque(maxlen=self.window) for _ in range(view.n)]
-        self._last_update = view.now
+        self._inv = inv
+        self._samples = getattr(self, "_samples", [])[:known] + [
+            deque(maxlen=self.window) for _ in range(view.n - known)
+        ]
+        if not known:
+            self._last_update = view.now
 
     @property
     def speeds(self) -> npt.NDArray[np.float64]:
