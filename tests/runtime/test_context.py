@@ -191,3 +191,15 @@ def test_a_worker_from_another_protocol_version_exits_with_a_clear_reason(
         pytest.raises(TaskFailed, match="runs another version of hetero than the driver"),
     ):
         ctx.run(add, 1, 2)
+
+
+def test_bad_map_arguments_are_refused_cleanly(recwarn: pytest.WarningsRecorder) -> None:
+    import gc
+
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        with pytest.raises(ConfigError, match="iterable: must be iterable, got int"):
+            ctx.map(add, 5)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="batch_size: must be 'auto' or an integer >= 1"):
+            ctx.map(add, [1], batch_size=0)
+        gc.collect()
+    assert not [w for w in recwarn if "MapRun" in str(w.message)]

@@ -151,7 +151,8 @@ class MapRun(Iterator[Any]):
             self._bar.close()
 
     def __del__(self) -> None:
-        if not self._exhausted or self._pending:
+        # Also runs for a MapRun whose arguments were refused before it was built.
+        if not getattr(self, "_exhausted", True) or getattr(self, "_pending", None):
             self.close()
 
     def _wait_next(self) -> list[Any] | None:
