@@ -203,3 +203,16 @@ def test_bad_map_arguments_are_refused_cleanly(recwarn: pytest.WarningsRecorder)
             ctx.map(add, [1], batch_size=0)
         gc.collect()
     assert not [w for w in recwarn if "MapRun" in str(w.message)]
+
+
+def lock_maker() -> object:
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_result_that_cannot_be_sent_back_fails_the_task_with_the_reason() -> None:
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        with pytest.raises(TaskFailed, match="the result of lock_maker cannot be pickled"):
+            ctx.run(lock_maker)
+        assert ctx.run(add, 3, 4) == 7  # the worker carries on
