@@ -132,3 +132,22 @@ def test_free_items_spread_over_idle_devices_instead_of_all_landing_on_the_first
     placed = [d.view.ids[d.records[k].device] for k in range(4)]
     assert sorted(placed) == ["d0", "d0", "d1", "d1"]  # never the unusable d2
     d.validate_state()
+
+
+def test_preemption_never_moves_an_item_onto_a_device_going_down() -> None:
+    # Found by the dispatcher property: while device_down moved d0's running items one by one,
+    # a retried one preempted the other, still listed as running on d0, and took its slot there.
+    d = Dispatcher(
+        make_devices([0.5, 0.5, 0.5]),
+        make_policy("adaptive"),
+        ManualClock(),
+        slots=[2] * 3,
+        preemption=True,
+        stealing=False,
+    )
+    d.device_down("d1")
+    for k, priority in enumerate([1, 1, 0, 0, 0]):
+        d.submit(WorkItem(cost=1.0, priority=priority, id=k))
+    out = d.device_down("d0")
+    assert not [i for i in out if isinstance(i, Run) and i.device_id == "d0"]
+    d.validate_state()

@@ -351,14 +351,17 @@ class Dispatcher:
         rec = self._running_record(item_id, "requeue")
         i = rec.device
         out: list[Instruction] = []
+        self._requeue(rec, reason, out)
+        self._refill(i, out)
+        return out
+
+    def _requeue(self, rec: ItemRecord, reason: str, out: list[Instruction]) -> None:
         self._release(rec, running=True)
         rec.attempts -= 1  # the lost attempt does not count
         rec.move(RETRYING)
         rec.reason = reason
         self.waiting += 1
         self._place(rec, out)
-        self._refill(i, out)
-        return out
 
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
         """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
@@ -469,12 +472,7 @@ class Dispatcher:
         out = self.drain_device(device_id)
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, f"{reason} ({device_id})"))
-            self._release(rec, running=True)
-            rec.attempts -= 1
-            rec.move(RETRYING)
-            rec.reason = reason
-            self.waiting += 1
-            self._place(rec, out)
+            self._requeue(rec, reason, out)
         self._removed.add(i)
         return out
 
@@ -938,11 +936,15 @@ class Dispatcher:
         victim = heap[0][2]
         j = victim.device
         if rec.device != j:
-            # The newcomer takes the victim's slot, if its memory fits there beside the victim's
-            # (the victim stays queued on that device, holding its memory).
+            # The newcomer takes the victim's slot, if it may run there (a device going down
+            # still lists its running items until they are moved) and its memory fits beside the
+            # victim's (the victim stays queued on that device, holding its memory).
             view = self.view
-            if rec.item.memory > view.mem_total[j] - view.mem_used[j] - view.mem_external[j] or (
-                rec.only is not None and not rec.only[j]
+            if (
+                not view.usable[j]
+                or (rec.excluded is not None and j in rec.excluded)
+                or (rec.only is not None and not rec.only[j])
+                or rec.item.memory > view.mem_total[j] - view.mem_used[j] - view.mem_external[j]
             ):
                 return
             self._move(rec, j)
