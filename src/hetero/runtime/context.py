@@ -61,7 +61,7 @@ from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
 from hetero.sched.item import ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
-from hetero.units import parse_size
+from hetero.units import format_size, parse_size
 
 __all__ = ["Context", "TaskFuture", "get_memory_usage"]
 
@@ -217,8 +217,6 @@ class Context:
             "slots": [1 + prefetch] * len(fleet),
             # A long-lived context must not keep a record per task it ever ran.
             "keep_finished": False,
-            # The context keeps its own backlog instead of refusing work (see _admit).
-            "max_queue_size": sched.max_queue_size,
             # Emulated devices do speed × (1 / time_scale) work units per second: priors in the
             # units the model will measure.
             "perf": PerfModel(
@@ -455,8 +453,6 @@ class Context:
         )
         if cost is not None:
             task.cost, task.declared = cost
-        elif options.cost is None:
-            task.cost, task.declared = 1.0, False
         if self.checkpoint_dir is not None:
             task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
         parents = [a for a in (*task.args, *task.kwargs.values()) if isinstance(a, Future)]
@@ -599,7 +595,7 @@ class Context:
                 out = self.dispatcher.submit(
                     item, only=task.only, retries=options.retries, timeout=options.timeout
                 )
-            except QueueFull:
+            except QueueFull:  # the context keeps a backlog instead of refusing work
                 self._backlog.append(task)
                 return
             except HeteroError as exc:
@@ -1150,7 +1146,7 @@ class _ProfileBlock:
 
 def _usage(sample: DeviceSample) -> str:
     used, total = sample.memory_used or 0, sample.memory_total or 0
-    return f"{used / 1e9:.1f} of {total / 1e9:.1f} GB used"
+    return f"{format_size(used)} of {format_size(total)} used"
 
 
 def get_memory_usage() -> dict[str, dict[str, int]]:

@@ -80,6 +80,7 @@ class LocalBackend(Backend):
         self._wake_r, self._wake_w = socket.socketpair()
         self._reader: threading.Thread | None = None
         self._recycled: deque[tuple[str, int]] = deque()
+        self._started: list[_Worker] = []  # spawned, not yet watched by the reader
 
     # ---------------------------------------------------------------------------- Backend
 
@@ -197,6 +198,7 @@ class LocalBackend(Backend):
             )
             worker.outbox.append(("init", setup, PROTOCOL))
             self._workers[index] = worker
+            self._started.append(worker)
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")  # the reader picks up the new connection
         log.debug("started worker pid %d for %s", proc.pid, device.id)
@@ -257,15 +259,16 @@ class LocalBackend(Backend):
         events = self._events
         assert events is not None
         wake = self._wake_r
+        # Every worker's connection is watched until its end of file, also after the worker
+        # was replaced, so that each is closed once; new ones arrive through _started.
+        by_conn: dict[Any, _Worker] = {}
         while True:
             with self._lock:
-                if self._closed and not any(self._workers):
-                    live = []
-                else:
-                    live = [w for w in self._workers if w is not None]
-            by_conn: dict[Any, _Worker] = {w.conn: w for w in live}
-            if self._closed and not live:
-                return
+                for w in self._started:
+                    by_conn[w.conn] = w
+                self._started.clear()
+                if self._closed and not by_conn:
+                    return
             ready = wait([wake, *by_conn])
             for obj in ready:
                 if obj is wake:
@@ -276,6 +279,7 @@ class LocalBackend(Backend):
                 try:
                     messages = pickle.loads(worker.conn.recv_bytes())
                 except (EOFError, OSError):
+                    del by_conn[obj]
                     self._lost(worker)
                     continue
                 if self._workers[worker.index] is not worker:

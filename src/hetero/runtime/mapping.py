@@ -202,13 +202,8 @@ class MapRun(Iterator[Any]):
 
     def _submit(self, chunk: list[Any]) -> None:
         options = self._spec.options
-        if callable(options.cost):
-            cost = sum(options.cost_of((x,), {})[0] for x in chunk)
-            declared = True
-        elif options.cost is not None:
-            cost, declared = float(options.cost) * len(chunk), True
-        else:
-            cost, declared = float(len(chunk)), False
+        cost = sum(options.cost_of((x,), {})[0] for x in chunk)
+        declared = options.cost is not None
         self._cost_sum += cost
         number = self._next_batch
         self._next_batch += 1
