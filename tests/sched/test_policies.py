@@ -84,6 +84,19 @@ def test_sed_prefers_fast_until_its_queue_makes_slow_quicker() -> None:
     assert policy.choose(WorkItem(cost=1.0), view) == "d1"
 
 
+def test_sed_counts_an_items_own_service_time_on_a_many_slot_device() -> None:
+    # d0: speed 4 over 4 slots runs each item at 1; d1: one slot at 2. Idle, d1 finishes a unit
+    # item in 0.5 s and d0 in 1 s, although d0's total throughput is twice d1's.
+    devices = make_devices([4.0, 2.0])
+    view = FleetView(devices, PerfModel(devices), ManualClock(), slots=[4, 1])
+    assert bound("shortest_expected_delay", view).pick(WorkItem(cost=1.0), view, None) == 1
+    assert view.delay_at(0, 1.0, 0.25, 2.0) == pytest.approx(1.0)  # power_of_two's measure
+    assert view.expected_delay("default", 1.0).tolist() == pytest.approx([1.0, 0.5])
+    view.outstanding[1] = 3.0  # d1 busy: (3 + 1) / 2 = 2 s; d0 still 1 s
+    view.size_order = False
+    assert bound("shortest_expected_delay", view).pick(WorkItem(cost=1.0), view, None) == 0
+
+
 def test_weighted_least_connections_and_least_work() -> None:
     view = view_of([2.5, 1.0])
     wlc = bound("weighted_least_connections", view)

@@ -72,6 +72,7 @@ class FleetView:
         self.slots: IntArray = np.array(slots if slots is not None else [1] * n, dtype=np.int64)
         if self.slots.shape != (n,) or (self.slots < 1).any():
             raise ValueError(f"slots must be {n} integers >= 1, got {list(self.slots)}")
+        self.multi_slot = bool((self.slots > 1).any())
         # Lists, not arrays: only the dispatcher reads these one device at a time, and a list
         # element costs a fraction of a numpy scalar update on the hot path.
         self.running: list[int] = [0] * n
@@ -107,6 +108,7 @@ class FleetView:
         self.index[device.id] = i
         self.n += 1
         self.slots = np.append(self.slots, np.int64(slots))
+        self.multi_slot = self.multi_slot or slots > 1
         self.running.append(0)
         self.in_flight = np.append(self.in_flight, np.int64(0))
         self.outstanding = np.append(self.outstanding, 0.0)
@@ -174,6 +176,10 @@ class FleetView:
         large ones need (weight 1 is the total latency the placement adds; more favours the
         large).
 
+        A device of speed ``s`` with ``k`` slots runs each item at ``s / k``, so an item never
+        finishes sooner than its own service time ``cost × k / s``, however idle the device: on
+        an idle many-slot device the work-ahead sum alone would promise ``k`` times too soon.
+
         A free item (cost 0) would finish at once on every idle device: ties are broken by the
         items in flight, so that free items spread instead of all landing on the first
         device."""
@@ -186,15 +192,18 @@ class FleetView:
 
     def _delay(self, cost: float, inv: FloatArray, overtake_weight: float) -> FloatArray:
         if not self.size_order:
-            return (self.outstanding + cost) * inv
-        # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this
-        # runs for every item placed.
-        k = self.size_class(cost) + 1
-        score: FloatArray = self.queued_from[k] * (cost * overtake_weight)
-        score += self.running_work
-        score += self.queued_below[k]
-        score += cost
-        score *= inv
+            score: FloatArray = (self.outstanding + cost) * inv
+        else:
+            # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this
+            # runs for every item placed.
+            k = self.size_class(cost) + 1
+            score = self.queued_from[k] * (cost * overtake_weight)
+            score += self.running_work
+            score += self.queued_below[k]
+            score += cost
+            score *= inv
+        if self.multi_slot:
+            np.maximum(score, self.slots * (cost * inv), out=score)
         return score
 
     def delay_at(self, index: int, cost: float, inv: float, overtake_weight: float) -> float:
@@ -203,11 +212,13 @@ class FleetView:
             return np.inf  # 0 × inf would be NaN
         tie = _TIE * float(self.in_flight[index]) if cost == 0 else 0.0
         if not self.size_order:
-            return (float(self.outstanding[index]) + cost) * inv + tie
-        k = self.size_class(cost) + 1
-        ahead = float(self.running_work[index]) + float(self.queued_below[k, index])
-        passed = float(self.queued_from[k, index])
-        return (ahead + cost * (1.0 + overtake_weight * passed)) * inv + tie
+            delay = (float(self.outstanding[index]) + cost) * inv
+        else:
+            k = self.size_class(cost) + 1
+            ahead = float(self.running_work[index]) + float(self.queued_below[k, index])
+            passed = float(self.queued_from[k, index])
+            delay = (ahead + cost * (1.0 + overtake_weight * passed)) * inv
+        return max(delay, cost * int(self.slots[index]) * inv) + tie
 
     def expected_delay(self, kind: str, cost: float) -> FloatArray:
         """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``),
