@@ -34,6 +34,7 @@ __all__ = [
     "DeviceConfig",
     "HeteroConfig",
     "LoggingConfig",
+    "ReplicaConfig",
     "SchedulerConfig",
     "load_config",
     "parse_config",
@@ -165,10 +166,60 @@ class LoggingConfig(_Strict):
     ] = "INFO"
 
 
-class HeteroConfig(_Strict):
-    """A whole ``hetero_config.yaml``."""
+class ReplicaConfig(_Strict):
+    """One line of ``replicas:``: an inference server that ``hetero serve`` routes to.
 
-    devices: list[DeviceConfig] = Field(min_length=1)
+    ``speed`` is how fast one request runs there (relative, V100 = 1.0); without it, the
+    catalog ``device``'s memory bandwidth gives it (decoding is bandwidth-bound). ``slots`` is how
+    many requests it serves at once; without it, ``hetero fit`` derives it from ``device`` and
+    ``fit_model`` at ``context`` tokens, else 8.
+    """
+
+    url: str = Field(description="base URL of an OpenAI-compatible server")
+    device: str | None = Field(default=None, description="catalog name of its GPU")
+    speed: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    slots: int | None = Field(default=None, ge=1, le=100_000)
+    models: list[str] = Field(
+        default_factory=list, description="models it serves (default: asked at /v1/models)"
+    )
+    name: str | None = Field(default=None, min_length=1)
+    fit_model: str | None = Field(default=None, description="model shape for hetero fit")
+    context: int = Field(default=4096, ge=1, description="tokens per request for hetero fit")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise ValueError(f"expected http://HOST[:PORT] or https://HOST[:PORT], got {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str | None) -> str | None:
+        return DeviceConfig._known_model(value)
+
+    @model_validator(mode="after")
+    def _speed_source(self) -> ReplicaConfig:
+        if self.device is None and self.speed is None:
+            raise ValueError(
+                f"replica {self.url}: give its GPU (device: a catalog name) or its speed"
+            )
+        return self
+
+
+class HeteroConfig(_Strict):
+    """A whole ``hetero_config.yaml``: ``devices`` for the engine and the simulator,
+    ``replicas`` for ``hetero serve`` (a file needs one or the other)."""
+
+    devices: list[DeviceConfig] = Field(default_factory=list, min_length=1)
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     communication: CommunicationConfig = Field(default_factory=CommunicationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -181,6 +232,8 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
             [("", f"{source}: expected a mapping with a 'devices' list, got {show(data)}")]
         )
     problems: list[tuple[str, str]] = []
+    if "devices" not in data and not data.get("replicas"):
+        problems.append(("devices", "required field is missing"))
     config: HeteroConfig | None = None
     try:
         config = HeteroConfig.model_validate(data)

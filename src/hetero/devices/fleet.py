@@ -24,6 +24,11 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
     Real entries are matched against discovered devices (GPU by index, UUID or PCI bus id);
     emulated entries become ``count`` devices with the catalog spec of ``model``.
     """
+    if not config.devices:
+        raise DeviceError(
+            "the config lists no devices (only replicas, which hetero serve routes to); "
+            "add a devices: section to run work here"
+        )
     if discovered is None and any(not d.emulate for d in config.devices):
         discovered = get_device_list()
     per_model: Counter[str] = Counter()

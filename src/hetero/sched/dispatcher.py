@@ -305,12 +305,16 @@ class Dispatcher:
         self._place(rec, out)
         return out
 
-    def complete(self, item_id: int | str, service_time: float | None = None) -> list[Instruction]:
+    def complete(
+        self, item_id: int | str, service_time: float | None = None, work: float | None = None
+    ) -> list[Instruction]:
         """The executor reports that ``item_id`` finished successfully.
 
         ``service_time`` is how long the device itself worked on it, when the executor knows
         (a worker that runs one item at a time while the next waits in its inbox); by default,
-        the time since the item started.
+        the time since the item started. ``work`` is what the item turned out to cost when that
+        differs from its estimate (an LLM request that stopped before ``max_tokens``): the
+        performance model learns from it; 0 teaches it nothing (a request the server refused).
         """
         rec = self.records.get(item_id)
         if rec is None or rec.state is not RUNNING:
@@ -327,10 +331,11 @@ class Dispatcher:
         latency = now - rec.submitted
         item = rec.item
         self.metrics.record(i, latency, busy, item.cost, now)
+        done = item.cost if work is None else work
         if busy > 0:
-            self.perf.observe(i, item.kind, item.cost, busy, concurrency)
+            self.perf.observe(i, item.kind, done, busy, concurrency)
         if self._policy_learns:
-            self.policy.observe(Completed(i, item.kind, item.cost, busy, latency))
+            self.policy.observe(Completed(i, item.kind, done, busy, latency))
         self._end(rec, out, DONE, "", now)
         self._refill(i, out)
         return out

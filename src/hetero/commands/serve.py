@@ -1,0 +1,210 @@
+"""``hetero serve``: the heterogeneity-aware router in front of OpenAI-compatible replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from hetero._cli_util import fail, print_problems
+from hetero.config import load_config
+from hetero.errors import ConfigError, HeteroError
+from hetero.sched.registry import policy_names
+
+if TYPE_CHECKING:
+    from hetero.serve.app import Server
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to ``app``."""
+    app.command("serve")(serve)
+
+
+def serve(
+    replica: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica",
+            "-r",
+            metavar="URL=GPU|speed:N[,slots=N,models=a|b,name=X,fit_model=M,context=N]",
+            help="A replica: its base URL and its GPU (catalog name) or per-request speed "
+            "(V100 = 1.0). Repeat for each. Slots: requests it serves at once (default: from "
+            "`hetero fit` with fit_model, else 8). Models: default asked at its /v1/models.",
+            show_default=False,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Fleet config with a replicas: section (and scheduler:).",
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (0.0.0.0 to accept other machines).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one.")] = 8080,
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            help="Routing policy (see `hetero policies list`). Default: the config's, else "
+            "shortest_expected_delay.",
+            show_default=False,
+        ),
+    ] = None,
+    queue_size: Annotated[
+        int, typer.Option(help="Requests waiting in the router before it answers 429.")
+    ] = 1000,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a request may take from arrival; then 504.")
+    ] = 600.0,
+    max_retries: Annotated[
+        int, typer.Option(help="Failed attempts retried on another replica before a 502.")
+    ] = 2,
+    default_max_tokens: Annotated[
+        int, typer.Option(help="Output cap assumed for requests that give no max_tokens.")
+    ] = 256,
+    prefill_weight: Annotated[
+        float,
+        typer.Option(help="Cost of a prompt token relative to an output token, for routing."),
+    ] = 0.02,
+    rate_limit: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests per second per API key (Authorization: Bearer KEY).", show_default=False
+        ),
+    ] = None,
+    max_body: Annotated[int, typer.Option(help="Largest request body in bytes (then 413).")] = (
+        8 * 2**20
+    ),
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="HETERO_ADMIN_KEY",
+            help="Key of the admin API (add, drain, remove replicas); without it there is none.",
+            show_default=False,
+        ),
+    ] = None,
+    admin_host: Annotated[str, typer.Option(help="Address of the admin API.")] = "127.0.0.1",
+    admin_port: Annotated[
+        int | None,
+        typer.Option(help="Port of the admin API (default: --port + 1).", show_default=False),
+    ] = None,
+    health_interval: Annotated[
+        float, typer.Option(help="Seconds between health checks of each replica.")
+    ] = 2.0,
+    access_log: Annotated[
+        str | None,
+        typer.Option(
+            help="Write one JSON line per request to this file ('-': stderr).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Route OpenAI-compatible requests to replicas by their speed and capacity.
+
+    Each request goes to the replica that would finish it soonest, counting its prompt and
+    expected output, what each replica is already doing and how fast each has proven to be;
+    when every replica is full it waits in the router instead of overloading a small GPU.
+
+    Examples:
+
+      hetero serve --port 8080 -r http://10.0.0.5:8000=A100-80GB -r http://10.0.0.6:8000=T4
+
+      hetero serve -c fleet.yaml --admin-key secret
+
+      hetero serve --port 0 -r http://127.0.0.1:9001=speed:6,slots=20
+    """
+    from hetero.serve.app import ServeOptions, Server
+    from hetero.serve.replicas import parse_replica_flag, replica_from_config
+    from hetero.serve.router import DEFAULT_STRATEGY, Router, RouterOptions
+
+    try:
+        file = load_config(config) if config is not None else None
+        entries = list(file.replicas) if file is not None else []
+        entries += [parse_replica_flag(text) for text in replica or []]
+        if not entries:
+            raise ConfigError(
+                [("--replica", "no replicas: give --replica URL=GPU, or a config with replicas:")]
+            )
+        if strategy is not None and strategy not in policy_names() and ":" not in strategy:
+            raise ConfigError(
+                [
+                    (
+                        "--strategy",
+                        f"unknown strategy {strategy!r}; allowed: {', '.join(policy_names())}",
+                    )
+                ]
+            )
+        scheduler = file.scheduler if file is not None else None
+        options = RouterOptions(
+            strategy=strategy or (scheduler.strategy if scheduler else DEFAULT_STRATEGY),
+            strategy_options=dict(scheduler.options) if scheduler and not strategy else {},
+            queue_size=queue_size,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_max_tokens=default_max_tokens,
+            prefill_weight=prefill_weight,
+        )
+        router = Router([replica_from_config(e) for e in entries], options)
+        server = Server(
+            router,
+            ServeOptions(
+                host=host,
+                port=port,
+                admin_host=admin_host,
+                admin_port=admin_port,
+                admin_key=admin_key,
+                max_body=max_body,
+                rate_limit=rate_limit,
+                health_interval=health_interval,
+            ),
+        )
+    except ConfigError as exc:
+        print_problems(exc, "error: ")
+        raise typer.Exit(1) from None
+    except (HeteroError, ValueError) as exc:
+        fail(str(exc))
+    if access_log is not None:
+        _open_access_log(access_log)
+    try:
+        asyncio.run(_run(server))
+    except OSError as exc:  # the port is taken, the address is not ours
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+def _open_access_log(target: str) -> None:
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if target == "-" else logging.FileHandler(target)
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("hetero.serve.access")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+async def _run(server: Server) -> None:
+    url = await server.start()
+    router = server.router
+    admin = f", admin API on {server.admin_url}" if server.admin_url else ""
+    print(
+        f"hetero serve listening on {url} ({len(router.replicas)} replicas, "
+        f"strategy {router.options.strategy}{admin})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"hetero serve: draining {len(router.tickets)} requests", file=sys.stderr, flush=True)
+    await server.drain()

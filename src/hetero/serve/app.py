@@ -1,0 +1,412 @@
+"""``hetero serve``'s HTTP side: the OpenAI-compatible front, the admin API, health checks.
+
+The front (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``,
+``/status``, ``/metrics``, ``/health``) listens where the user says; the admin API
+(``/admin/replicas``...) listens on its own address, 127.0.0.1 unless told otherwise, and only
+when an admin key is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from hetero.config import ReplicaConfig
+from hetero.errors import ConfigError, QueueFull
+from hetero.sched import Finish
+from hetero.serve.cost import prompt_tokens, requested_max_tokens
+from hetero.serve.metrics import ServeMetrics
+from hetero.serve.proxy import Outcome, forward, forward_stream
+from hetero.serve.ratelimit import RateLimiter
+from hetero.serve.replicas import replica_from_config
+from hetero.serve.router import NoReplica, Router, Ticket, UnknownModel
+
+__all__ = ["ServeOptions", "Server"]
+
+log = logging.getLogger("hetero.serve")
+access_log = logging.getLogger("hetero.serve.access")
+
+_COMPLETIONS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """The HTTP side's settings (``hetero serve`` flags of the same names)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: port + 1 (or a free port when port is 0)
+    admin_key: str | None = None
+    max_body: int = 8 * 2**20
+    rate_limit: float | None = None  # requests per second per API key
+    health_interval: float = 2.0
+    drain_timeout: float = 30.0
+
+
+def _error(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
+    return web.Response(status=status, text=body, content_type="application/json", headers=headers)
+
+
+def _api_key(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        return auth[7:]
+    return request.headers.get("x-api-key", "")
+
+
+class Server:
+    """The router behind its HTTP listeners. ``start()``, then ``stop()`` (or ``drain()``)."""
+
+    def __init__(self, router: Router, options: ServeOptions | None = None) -> None:
+        self.router = router
+        self.options = options = options or ServeOptions()
+        self.metrics = ServeMetrics(router)
+        self.limiter = RateLimiter(options.rate_limit) if options.rate_limit else None
+        self.session: aiohttp.ClientSession | None = None
+        self._runners: list[web.AppRunner] = []
+        self._health: asyncio.Task[None] | None = None
+        self.url = ""
+        self.admin_url: str | None = None
+        app = web.Application(client_max_size=options.max_body)
+        for path in _COMPLETIONS:
+            app.router.add_post(path, self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._healthz)
+        self.app = app
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> str:
+        """Listen, learn what the replicas serve, and start health checks; returns the URL."""
+        o = self.options
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=self.router.options.timeout, sock_connect=5),
+        )
+        await asyncio.gather(*(self._probe(s, models=True) for s in self.router.replicas))
+        self.url = await self._listen(self.app, o.host, o.port)
+        if o.admin_key:
+            admin = web.Application()
+            admin.router.add_get("/admin/replicas", self._admin_list)
+            admin.router.add_post("/admin/replicas", self._admin_add)
+            admin.router.add_post("/admin/replicas/{name}/drain", self._admin_drain)
+            admin.router.add_post("/admin/replicas/{name}/undrain", self._admin_undrain)
+            admin.router.add_delete("/admin/replicas/{name}", self._admin_remove)
+            port = o.admin_port if o.admin_port is not None else (o.port + 1 if o.port else 0)
+            self.admin_url = await self._listen(admin, o.admin_host, port)
+        self._health = asyncio.create_task(self._health_loop())
+        return self.url
+
+    async def _listen(self, app: web.Application, host: str, port: int) -> str:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runners.append(runner)
+        server = site._server
+        assert server is not None
+        sock = server.sockets[0]  # type: ignore[attr-defined]
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        return f"http://{shown}:{bound_port}"
+
+    async def drain(self) -> None:
+        """Graceful shutdown: refuse new requests (503), let admitted ones finish (up to
+        ``drain_timeout`` seconds), then stop."""
+        self.router.closing = True
+        deadline = time.monotonic() + self.options.drain_timeout
+        while self.router.tickets and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+            self._health = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    # ------------------------------------------------------------------ health
+
+    async def _health_loop(self) -> None:
+        rounds = 0
+        while True:
+            await asyncio.sleep(self.options.health_interval)
+            rounds += 1
+            # What the replicas serve is asked again now and then (a replica may load a model).
+            learn = rounds % 15 == 0
+            await asyncio.gather(
+                *(self._probe(s, models=learn) for s in self.router.replicas if not s.removed)
+            )
+
+    async def _probe(self, state: Any, models: bool) -> None:
+        assert self.session is not None
+        replica = state.replica
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.options.health_interval))
+        try:
+            if models and not replica.declared_models:
+                async with self.session.get(replica.url + "/v1/models", timeout=timeout) as r:
+                    data = await r.json(content_type=None)
+                    if r.status != 200 or not isinstance(data, dict):
+                        raise ValueError(f"/v1/models answered HTTP {r.status}")
+                    names = {m["id"] for m in data.get("data", []) if isinstance(m, dict)}
+                    self.router.set_models(state, names)
+            else:
+                async with self.session.get(replica.url + "/health", timeout=timeout) as r:
+                    if r.status == 404:  # no /health: any answer from /v1/models will do
+                        async with self.session.get(
+                            replica.url + "/v1/models", timeout=timeout
+                        ) as r2:
+                            status = r2.status
+                    else:
+                        status = r.status
+                    if status != 200:
+                        raise ValueError(f"health check answered HTTP {status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError) as exc:
+            self.metrics.errors.labels(replica.name, "health").inc()
+            self.router.replica_failed(state, f"health check: {type(exc).__name__}: {exc}")
+            return
+        self.router.probe_ok(state)
+
+    # ------------------------------------------------------------------ the front
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(
+                413,
+                f"request body is over the limit of {self.options.max_body} bytes "
+                "(hetero serve --max-body)",
+                "invalid_request_error",
+            )
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(payload, dict):
+            return _error(400, "request body must be a JSON object", "invalid_request_error")
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            return _error(
+                400,
+                "field 'model' is required: the name of a served model (GET /v1/models)",
+                "invalid_request_error",
+            )
+        raw_priority = request.headers.get("x-priority", "0")
+        try:
+            priority = int(raw_priority)
+        except ValueError:
+            return _error(
+                400,
+                f"header x-priority must be an integer (higher first), got {raw_priority!r}",
+                "invalid_request_error",
+            )
+        embeddings = request.path == "/v1/embeddings"
+        try:
+            max_tokens = 0 if embeddings else requested_max_tokens(payload)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        if self.limiter is not None:
+            wait = self.limiter.take(_api_key(request))
+            if wait:
+                return _error(
+                    429,
+                    "rate limit of this API key reached",
+                    "rate_limit_error",
+                    {"Retry-After": str(max(1, round(wait)))},
+                )
+        try:
+            ticket = self.router.admit(model, prompt_tokens(payload), max_tokens, priority)
+        except UnknownModel as exc:
+            return _error(404, str(exc), "model_not_found")
+        except NoReplica as exc:
+            return _error(503, str(exc), "service_unavailable")
+        except QueueFull:
+            return _error(
+                429,
+                f"the router's queue is full ({self.router.options.queue_size} waiting)",
+                "rate_limit_error",
+                {"Retry-After": "1"},
+            )
+        stream = payload.get("stream") is True and not embeddings
+        outcome = Outcome()
+        response = await self._serve(request, ticket, body, stream, outcome)
+        self._answered(request, ticket, response, outcome, arrived, model, priority)
+        return response
+
+    async def _serve(
+        self, request: web.Request, ticket: Ticket, body: bytes, stream: bool, outcome: Outcome
+    ) -> web.StreamResponse:
+        router = self.router
+        assert self.session is not None
+        try:
+            while True:
+                placed = await ticket.waiter
+                if isinstance(placed, Finish):
+                    status = 504 if placed.reason.startswith("timed out") else 502
+                    return _error(status, f"request failed: {placed.reason}", "upstream_error")
+                state = router.replicas[placed]
+                ticket.task = asyncio.current_task()
+                try:
+                    if stream:
+                        response = await forward_stream(
+                            self.session,
+                            router,
+                            ticket,
+                            state,
+                            request.path,
+                            body,
+                            request,
+                            outcome,
+                            self.metrics,
+                        )
+                    else:
+                        response = await forward(
+                            self.session, router, ticket, state, request.path, body, outcome
+                        )
+                except asyncio.CancelledError:
+                    if not ticket.stopped:
+                        raise
+                    task = asyncio.current_task()
+                    if task is not None and hasattr(task, "uncancel"):
+                        task.uncancel()
+                    continue  # the dispatcher placed it again, or finished it
+                finally:
+                    ticket.task = None
+                if response is not None:
+                    return response
+                self.metrics.errors.labels(state.replica.name, "attempt").inc()
+        finally:
+            if not ticket.ended:
+                router.cancel(ticket, "client disconnected")
+
+    def _answered(
+        self,
+        request: web.Request,
+        ticket: Ticket,
+        response: web.StreamResponse,
+        outcome: Outcome,
+        arrived: float,
+        model: str,
+        priority: int,
+    ) -> None:
+        latency = time.monotonic() - arrived
+        replica = self.router.replicas[ticket.replica].replica.name if ticket.replica >= 0 else "-"
+        self.metrics.answered(
+            replica, response.status, latency, outcome.output_tokens, outcome.ttft
+        )
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                json.dumps(
+                    {
+                        "time": round(time.time(), 3),
+                        "path": request.path,
+                        "model": model,
+                        "status": response.status,
+                        "replica": replica,
+                        "attempts": ticket.attempts,
+                        "latency_s": round(latency, 4),
+                        "ttft_s": None if outcome.ttft is None else round(outcome.ttft, 4),
+                        "prompt_tokens_est": ticket.prompt,
+                        "output_tokens": outcome.output_tokens,
+                        "priority": priority,
+                        "client": request.remote,
+                    }
+                )
+            )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        models = sorted(
+            {m for s in self.router.replicas if not s.removed for m in s.replica.models}
+        )
+        data = [{"id": m, "object": "model", "owned_by": "hetero"} for m in models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.router.status())
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        up = any(s for s in self.router.status()["replicas"] if s["state"] == "up")
+        if self.router.closing or not up:
+            return _error(
+                503,
+                "no healthy replica" if not self.router.closing else "shutting down",
+                "service_unavailable",
+            )
+        return web.json_response({"status": "ok"})
+
+    # ------------------------------------------------------------------ admin
+
+    def _authorized(self, request: web.Request) -> web.Response | None:
+        key = self.options.admin_key or ""
+        given = _api_key(request)
+        if not given:
+            return _error(401, "admin API key missing (Authorization: Bearer KEY)", "auth_error")
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            return _error(401, "wrong admin API key", "auth_error")
+        return None
+
+    async def _admin_list(self, request: web.Request) -> web.Response:
+        return self._authorized(request) or web.json_response(self.router.status())
+
+    async def _admin_add(self, request: web.Request) -> web.Response:
+        denied = self._authorized(request)
+        if denied:
+            return denied
+        try:
+            data = await request.json()
+            replica = replica_from_config(ReplicaConfig.model_validate(data))
+        except ValueError as exc:  # bad JSON, pydantic's ValidationError, ConfigError
+            return _error(400, f"bad replica: {exc}", "invalid_request_error")
+        try:
+            state = self.router.add(replica)
+        except ConfigError as exc:
+            return _error(409, str(exc), "conflict")
+        await self._probe(state, models=True)
+        return web.json_response({"added": replica.name}, status=201)
+
+    async def _admin_member(self, request: web.Request, action: str) -> web.Response:
+        denied = self._authorized(request)
+        if denied:
+            return denied
+        name = request.match_info["name"]
+        try:
+            getattr(self.router, action)(name)
+        except ConfigError as exc:
+            return _error(404, str(exc), "not_found")
+        return web.json_response({action: name})
+
+    async def _admin_drain(self, request: web.Request) -> web.Response:
+        return await self._admin_member(request, "drain")
+
+    async def _admin_undrain(self, request: web.Request) -> web.Response:
+        return await self._admin_member(request, "undrain")
+
+    async def _admin_remove(self, request: web.Request) -> web.Response:
+        return await self._admin_member(request, "remove")

@@ -1,0 +1,75 @@
+"""What a request will cost a replica, estimated in microseconds before it is sent.
+
+A fast estimate, not a tokenizer: about four characters per token for the prompt, and for the
+output the smaller of ``max_tokens`` and what the model's replies have been so far (an EWMA of
+``usage.completion_tokens``), since most replies stop well before their cap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero.sched.item import CostModel
+
+__all__ = ["CHARS_PER_TOKEN", "OutputLengths", "prompt_tokens", "requested_max_tokens"]
+
+#: Characters per token of the prompt estimate (English text in BPE vocabularies: 3.5 to 4.5).
+CHARS_PER_TOKEN = 4
+
+
+def _chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    if isinstance(value, dict):  # a content part: {"type": "text", "text": ...}
+        return _chars(value.get("text")) + _chars(value.get("content"))
+    return 0
+
+
+def prompt_tokens(payload: dict[str, Any]) -> int:
+    """Estimated prompt tokens of a chat, completion or embedding request body."""
+    chars = 0
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if isinstance(message, dict):
+                chars += _chars(message.get("content"))
+    chars += _chars(payload.get("prompt")) + _chars(payload.get("input"))
+    return max(1, -(-chars // CHARS_PER_TOKEN))
+
+
+def requested_max_tokens(payload: dict[str, Any]) -> int | None:
+    """The output cap a request asks for (``max_completion_tokens`` or ``max_tokens``)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = payload.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+            return value
+    return None
+
+
+class OutputLengths:
+    """Per model, the mean output length of finished replies (EWMA), for cost estimates."""
+
+    def __init__(self, cost_model: CostModel, default_max_tokens: int, alpha: float = 0.05):
+        self.cost_model = cost_model
+        self.default_max_tokens = default_max_tokens
+        self.alpha = alpha
+        self._mean: dict[str, float] = {}
+
+    def expected(self, model: str, max_tokens: int | None) -> float:
+        cap = self.default_max_tokens if max_tokens is None else max_tokens
+        mean = self._mean.get(model)
+        return float(cap) if mean is None else min(float(cap), mean)
+
+    def cost(self, model: str, prompt: int, max_tokens: int | None) -> float:
+        model_cost = self.cost_model
+        return prompt * model_cost.prefill + self.expected(model, max_tokens) * model_cost.decode
+
+    def observe(self, model: str, output_tokens: int) -> None:
+        mean = self._mean.get(model)
+        self._mean[model] = (
+            float(output_tokens) if mean is None else mean + self.alpha * (output_tokens - mean)
+        )

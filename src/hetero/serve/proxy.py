@@ -1,0 +1,247 @@
+"""Forwarding one attempt of a request to its replica, and judging the answer.
+
+Each function returns the response for the client when the request ended (well or badly), or
+``None`` when the attempt failed before anything reached the client: the router has then been
+told (``fail``/``busy``) and the ticket's waiter says where the retry goes. Once a stream has
+started, a failure ends it with an error event instead: tokens already sent cannot be unsent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from hetero.serve.router import ReplicaState, Router, Ticket
+
+if TYPE_CHECKING:
+    from hetero.serve.metrics import ServeMetrics
+
+__all__ = ["Outcome", "forward", "forward_stream", "retry_after"]
+
+_JSON = {"Content-Type": "application/json"}
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+class Outcome:
+    """What the access log and the metrics learn about one answered request."""
+
+    __slots__ = ("output_tokens", "ttft")
+
+    def __init__(self) -> None:
+        self.output_tokens: int | None = None
+        self.ttft: float | None = None
+
+
+def retry_after(headers: Any) -> float:
+    """Seconds from a ``Retry-After`` header (1 when absent or not a number)."""
+    try:
+        return min(max(float(headers.get("Retry-After", 1)), 0.05), 60.0)
+    except ValueError:
+        return 1.0
+
+
+def _short(data: bytes) -> str:
+    return data[:200].decode("utf-8", "replace").strip()
+
+
+def _error_body(message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind}}).encode()
+
+
+async def forward(
+    session: aiohttp.ClientSession,
+    router: Router,
+    ticket: Ticket,
+    state: ReplicaState,
+    path: str,
+    body: bytes,
+    outcome: Outcome,
+) -> web.Response | None:
+    """One non-streaming attempt."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        async with session.post(state.replica.url + path, data=body, headers=_JSON) as reply:
+            data = await reply.read()
+            status = reply.status
+            headers = reply.headers
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        router.fail(ticket, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return None
+    if status == 429:
+        router.busy(ticket, retry_after(headers))
+        return None
+    if status >= 500:
+        router.fail(ticket, f"HTTP {status}: {_short(data)}")
+        return None
+    latency = loop.time() - started
+    if status != 200:
+        # The request's own fault (bad parameters): pass the replica's answer on.
+        router.complete(ticket, 0, latency)
+        return web.Response(status=status, body=data, headers=_JSON)
+    try:
+        answer = json.loads(data)
+        usage = answer.get("usage") or {}
+        tokens = usage.get("completion_tokens")
+        tokens = tokens if isinstance(tokens, int) and tokens >= 0 else None
+    except (ValueError, AttributeError):
+        router.fail(ticket, f"answered something that is not a JSON object: {_short(data)!r}")
+        return None
+    outcome.output_tokens = tokens
+    router.complete(ticket, tokens, latency)
+    return web.Response(body=data, headers=_JSON)
+
+
+async def _first_event(content: aiohttp.StreamReader) -> list[bytes]:
+    """The lines of the first SSE event (up to its blank line), or what came before EOF."""
+    lines: list[bytes] = []
+    while True:
+        line = await content.readline()
+        if not line:
+            return lines
+        lines.append(line)
+        if line in (b"\n", b"\r\n") and len(lines) > 1:
+            return lines
+
+
+def _event_problem(line: bytes, counts: list[int]) -> str | None:
+    """Check one SSE line; counts[0] gathers content chunks and counts[1] the usage's
+    completion tokens (-1 until seen). Returns what is wrong with the line, if anything."""
+    stripped = line.strip()
+    if not stripped:
+        return None
+    if not stripped.startswith(_SSE_FIELDS):
+        return f"answered a line that is not server-sent events: {_short(stripped)!r}"
+    if not stripped.startswith(b"data:"):
+        return None
+    payload = stripped[5:].strip()
+    if payload == b"[DONE]":
+        return None
+    try:
+        chunk = json.loads(payload)
+    except ValueError:
+        return f"answered an event that is not JSON: {_short(payload)!r}"
+    if not isinstance(chunk, dict):
+        return f"answered an event that is not a JSON object: {_short(payload)!r}"
+    if "error" in chunk:
+        return f"sent an error event: {_short(payload)}"
+    if chunk.get("choices"):
+        counts[0] += 1
+    usage = chunk.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        counts[1] = usage["completion_tokens"]
+    return None
+
+
+async def forward_stream(
+    session: aiohttp.ClientSession,
+    router: Router,
+    ticket: Ticket,
+    state: ReplicaState,
+    path: str,
+    body: bytes,
+    request: web.Request,
+    outcome: Outcome,
+    metrics: ServeMetrics | None = None,
+) -> web.StreamResponse | None:
+    """One streaming attempt, passed through chunk by chunk."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    name = state.replica.name
+    try:
+        reply = await session.post(state.replica.url + path, data=body, headers=_JSON)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        router.fail(ticket, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        return None
+    response: web.StreamResponse | None = None
+    counts = [0, -1]
+    try:
+        if reply.status != 200:
+            data = await reply.read()
+            if reply.status == 429:
+                router.busy(ticket, retry_after(reply.headers))
+                return None
+            if reply.status >= 500:
+                router.fail(ticket, f"HTTP {reply.status}: {_short(data)}")
+                return None
+            router.complete(ticket, 0, loop.time() - started)
+            return web.Response(status=reply.status, body=data, headers=_JSON)
+        try:
+            first = await _first_event(reply.content)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            router.fail(ticket, f"stream broke before its first event: {exc}")
+            return None
+        problem = next((p for p in (_event_problem(x, counts) for x in first) if p), None)
+        if not first or problem:
+            router.fail(ticket, problem or "closed the stream before its first event")
+            return None
+        # Committed: from here a failure ends the stream instead of retrying it.
+        outcome.ttft = loop.time() - started
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(b"".join(first))
+        async for line in reply.content:
+            problem = _event_problem(line, counts)
+            if problem:
+                raise _BrokenStream(problem)
+            await response.write(line)
+    except asyncio.CancelledError:
+        if not ticket.stopped or response is None:
+            raise
+        _uncancel()
+        await _end_with_error(response, f"request stopped: {ticket.stopped}", "timeout")
+        router.cancel(ticket, ticket.stopped)
+        return response
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+        if response is None or not _client_gone(request):
+            raise _BrokenStream(str(exc)) from exc
+        router.cancel(ticket, "client disconnected")
+        return response
+    except (_BrokenStream, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        assert response is not None
+        reason = f"stream broke: {exc}" if not isinstance(exc, _BrokenStream) else str(exc)
+        if metrics is not None:
+            metrics.errors.labels(name, "stream").inc()
+        router.fail(ticket, reason, retryable=False)
+        await _end_with_error(response, f"replica {name} failed mid-stream: {reason}", "upstream")
+        return response
+    finally:
+        reply.release()
+    tokens = counts[1] if counts[1] >= 0 else counts[0]
+    outcome.output_tokens = tokens
+    router.complete(ticket, tokens, loop.time() - started)
+    await response.write_eof()
+    return response
+
+
+class _BrokenStream(Exception):
+    pass
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _uncancel() -> None:
+    # The router cancelled this task on purpose (a Stop); Python 3.11+ counts cancellations.
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):
+        task.uncancel()
+
+
+async def _end_with_error(response: web.StreamResponse, message: str, kind: str) -> None:
+    try:
+        await response.write(b"data: " + _error_body(message, kind) + b"\n\n")
+        await response.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass  # the client is gone too

@@ -1,0 +1,489 @@
+"""The router's brain: requests become work items of the core's ``Dispatcher``.
+
+Nothing here balances load itself. A request is ``submit``-ted on arrival; the dispatcher's
+``Run`` says which replica takes it (or it waits in the router's queue while every replica it
+may use is full); ``complete``/``fail`` report how it ended, and the ``PerfModel`` learns each
+replica's speed from the real output length and time. The HTTP side (``app.py``) awaits a
+``Ticket`` and forwards the request; health, the circuit breakers and membership are here too,
+all on the event loop's thread, so no lock is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetero.errors import ConfigError, HeteroError
+from hetero.sched import (
+    CostModel,
+    Dispatcher,
+    Finish,
+    Instruction,
+    ItemState,
+    MonotonicClock,
+    PerfModel,
+    Run,
+    Stop,
+    WorkItem,
+    make_policy,
+)
+from hetero.serve.cost import OutputLengths
+from hetero.serve.health import Breaker, CircuitState, gray_replicas
+from hetero.serve.replicas import Replica
+
+__all__ = ["DEFAULT_STRATEGY", "NoReplica", "Router", "RouterOptions", "Ticket", "UnknownModel"]
+
+log = logging.getLogger("hetero.serve")
+
+#: The strategy ``hetero serve`` routes with unless told otherwise (the benchmark's best).
+DEFAULT_STRATEGY = "shortest_expected_delay"
+
+
+class UnknownModel(HeteroError):
+    """No replica serves the requested model (HTTP 404)."""
+
+
+class NoReplica(HeteroError):
+    """Replicas serve the model, but none of them is healthy now (HTTP 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """How the router routes; every field has a ``hetero serve`` flag of the same name."""
+
+    strategy: str = DEFAULT_STRATEGY
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    queue_size: int = 1000
+    timeout: float | None = 600.0
+    max_retries: int = 2
+    default_max_tokens: int = 256
+    prefill_weight: float = 0.02  # work units per prompt token (an output token is 1)
+    unit_rate: float = 50.0  # output tokens per second of one request on a speed-1.0 replica
+    breaker_threshold: int = 3
+    breaker_cooldown: float = 5.0
+    gray_ratio: float = 0.35
+    gray_min_done: int = 20
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.queue_size < 1:
+            problems.append(("queue_size", f"must be >= 1, got {self.queue_size}"))
+        if self.timeout is not None and not self.timeout > 0:
+            problems.append(("timeout", f"must be > 0 seconds, got {self.timeout!r}"))
+        if self.default_max_tokens < 1:
+            problems.append(("default_max_tokens", f"must be >= 1, got {self.default_max_tokens}"))
+        if not self.prefill_weight >= 0:
+            problems.append(("prefill_weight", f"must be >= 0, got {self.prefill_weight!r}"))
+        if not self.unit_rate > 0:
+            problems.append(("unit_rate", f"must be > 0, got {self.unit_rate!r}"))
+        if not 0 < self.gray_ratio < 1:
+            problems.append(("gray_ratio", f"must be between 0 and 1, got {self.gray_ratio!r}"))
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One admitted request, from ``admit`` until the dispatcher finishes it.
+
+    ``waiter`` resolves to the replica's position when the dispatcher runs the request there,
+    or to the ``Finish`` that ended it (timed out, failed everywhere, cancelled).
+    """
+
+    id: int
+    model: str
+    prompt: int  # estimated prompt tokens
+    waiter: asyncio.Future[int | Finish]
+    submitted: float
+    replica: int = -1
+    attempts: int = 0
+    stopped: str = ""  # why the dispatcher stopped the running attempt
+    task: asyncio.Task[Any] | None = None  # the handler, while it talks to a replica
+    ended: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    replica: Replica
+    index: int
+    breaker: Breaker
+    completed: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+    latency_sum: float = 0.0
+    gray: bool = False
+    draining: bool = False
+    removed: bool = False
+    held_until: float = 0.0  # answered 429: no new requests before then
+
+
+class Router:
+    """Admits requests, places them through the dispatcher, and tracks replica health."""
+
+    def __init__(self, replicas: Sequence[Replica], options: RouterOptions | None = None) -> None:
+        if not replicas:
+            raise ConfigError([("replicas", "the router needs at least one replica")])
+        names = [r.name for r in replicas]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            raise ConfigError([("replicas", f"duplicate replica name {dup!r}; give each a name")])
+        self.options = options = options or RouterOptions()
+        self.clock = MonotonicClock()
+        devices = [r.device() for r in replicas]
+        self.perf = PerfModel(devices, unit_rate=options.unit_rate)
+        self.policy = make_policy(options.strategy, options.strategy_options)
+        self.dispatcher = Dispatcher(
+            devices,
+            self.policy,
+            self.clock,
+            perf=self.perf,
+            slots=[r.slots for r in replicas],
+            max_queue_size=options.queue_size,
+            timeout=options.timeout,
+            max_retries=options.max_retries,
+            keep_finished=False,
+        )
+        self.replicas: list[ReplicaState] = [
+            ReplicaState(r, i, Breaker(options.breaker_threshold, options.breaker_cooldown))
+            for i, r in enumerate(replicas)
+        ]
+        self.by_name = {s.replica.name: s for s in self.replicas}
+        self.outputs = OutputLengths(
+            CostModel(prefill=options.prefill_weight, decode=1.0), options.default_max_tokens
+        )
+        self.tickets: dict[int, Ticket] = {}
+        self._ids = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._model_masks: dict[str, list[str]] = {}
+        self.started = time.time()
+        self.closing = False
+        self.decisions: dict[str, int] = {}  # replica name -> requests placed there
+
+    # ------------------------------------------------------------------ admission
+
+    def replicas_for(self, model: str) -> list[str]:
+        """Names of the replicas (not removed) that serve ``model``; ``UnknownModel`` if none."""
+        names = self._model_masks.get(model)
+        if names is None:
+            names = [
+                s.replica.name for s in self.replicas if not s.removed and model in s.replica.models
+            ]
+            if not names:
+                served = sorted(
+                    {m for s in self.replicas if not s.removed for m in s.replica.models}
+                )
+                raise UnknownModel(
+                    f"model {model!r} is not served here; models: {', '.join(served) or 'none'}"
+                )
+            self._model_masks[model] = names
+        return names
+
+    def admit(self, model: str, prompt: int, max_tokens: int | None, priority: int = 0) -> Ticket:
+        """Submit one request. Raises ``UnknownModel``, ``NoReplica`` or ``QueueFull``."""
+        names = self.replicas_for(model)
+        if self.closing or not any(self._takes_work(self.by_name[n]) for n in names):
+            raise NoReplica(
+                "the router is shutting down"
+                if self.closing
+                else f"no healthy replica serves {model!r} now ({', '.join(names)}: "
+                + "; ".join(self._why_down(self.by_name[n]) for n in names)
+                + ")"
+            )
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(next(self._ids), model, prompt, loop.create_future(), self.clock.now())
+        cost = self.outputs.cost(model, prompt, max_tokens)
+        item = WorkItem(cost=cost, priority=priority, id=ticket.id)
+        self.tickets[ticket.id] = ticket
+        only = names if len(names) < len(self.replicas) else None
+        try:
+            out = self.dispatcher.submit(item, only=only)
+        except BaseException:
+            del self.tickets[ticket.id]
+            raise
+        self._apply(out)
+        self._arm_timer()
+        return ticket
+
+    def _takes_work(self, state: ReplicaState) -> bool:
+        return bool(self.dispatcher.view.usable[state.index]) or (
+            state.held_until > 0 and not state.draining and not state.removed
+        )
+
+    def _why_down(self, state: ReplicaState) -> str:
+        if state.removed:
+            return f"{state.replica.name} removed"
+        if state.draining:
+            return f"{state.replica.name} draining" + (" (gray failure)" if state.gray else "")
+        return f"{state.replica.name} circuit {state.breaker.state}: {state.breaker.last_error}"
+
+    # ------------------------------------------------------------------ outcomes
+
+    def complete(self, ticket: Ticket, output_tokens: int | None, latency: float) -> None:
+        """The replica answered; ``output_tokens`` is the real output length (None: unknown,
+        0: it refused the request, which teaches the speed model nothing)."""
+        state = self.replicas[ticket.replica]
+        work = None
+        if output_tokens is not None:
+            work = (
+                self.outputs.cost_model.cost(ticket.prompt, output_tokens) if output_tokens else 0.0
+            )
+            if output_tokens:
+                self.outputs.observe(ticket.model, output_tokens)
+                state.output_tokens += output_tokens
+        state.completed += 1
+        state.latency_sum += latency
+        if state.breaker.success():
+            self._circuit_closed(state)
+        self._finish(ticket)
+        self._apply(self.dispatcher.complete(ticket.id, work=work))
+        if state.completed % 16 == 0:
+            self._check_gray()
+
+    def fail(self, ticket: Ticket, reason: str, retryable: bool = True) -> None:
+        """The attempt on ``ticket.replica`` failed (the replica's fault). The dispatcher retries
+        it elsewhere or ends it; either way ``ticket.waiter`` says what happens next."""
+        state = self.replicas[ticket.replica]
+        state.failed += 1
+        self._rearm(ticket)
+        self._apply(self.dispatcher.fail(ticket.id, f"{state.replica.name}: {reason}", retryable))
+        self.replica_failed(state, reason)
+
+    def busy(self, ticket: Ticket, retry_after: float) -> None:
+        """The replica answered 429: hold it for ``retry_after`` seconds and place the request
+        again without charging it an attempt."""
+        state = self.replicas[ticket.replica]
+        self._rearm(ticket)
+        self._apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
+        if state.held_until == 0 and not state.draining and not state.removed:
+            state.held_until = self.clock.now() + retry_after
+            self._apply(self.dispatcher.drain_device(state.replica.name))
+            asyncio.get_running_loop().call_later(retry_after, self._release_hold, state)
+
+    def _release_hold(self, state: ReplicaState) -> None:
+        state.held_until = 0.0
+        if not (state.draining or state.removed or state.breaker.state is CircuitState.OPEN):
+            self._apply(self.dispatcher.device_up(state.replica.name))
+
+    def cancel(self, ticket: Ticket, reason: str) -> None:
+        """The client went away or the stream cannot go on: end the request for good."""
+        if not ticket.ended and ticket.id in self.dispatcher.records:
+            rec = self.dispatcher.records[ticket.id]
+            if rec.state not in (ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED):
+                self._apply(self.dispatcher.cancel(ticket.id, reason))
+        self._finish(ticket)
+
+    def _finish(self, ticket: Ticket) -> None:
+        ticket.ended = True
+        ticket.task = None
+        self.tickets.pop(ticket.id, None)
+
+    def _rearm(self, ticket: Ticket) -> None:
+        # A fresh waiter before the dispatcher is told, since its answer (a retry's Run, or the
+        # Finish) comes back in the same call.
+        ticket.waiter = asyncio.get_running_loop().create_future()
+        ticket.stopped = ""
+
+    # ------------------------------------------------------------------ instructions
+
+    def _apply(self, out: list[Instruction]) -> None:
+        for ins in out:
+            ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type]
+            if ticket is None:
+                continue
+            if isinstance(ins, Run):
+                ticket.replica = ins.device
+                ticket.attempts += 1
+                name = ins.device_id
+                self.decisions[name] = self.decisions.get(name, 0) + 1
+                if not ticket.waiter.done():
+                    ticket.waiter.set_result(ins.device)
+            elif isinstance(ins, Stop):
+                ticket.stopped = ins.reason
+                task = ticket.task
+                ticket.waiter = asyncio.get_running_loop().create_future()
+                if task is not None:
+                    task.cancel()
+            elif isinstance(ins, Finish):
+                ticket.ended = True
+                self.tickets.pop(ticket.id, None)
+                if not ticket.waiter.done():
+                    ticket.waiter.set_result(ins)
+
+    def _arm_timer(self) -> None:
+        deadline = self.dispatcher.next_deadline()
+        if deadline is None or deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer_at = deadline
+        # The loop's clock and MonotonicClock are both time.monotonic.
+        self._timer = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        self._apply(self.dispatcher.expire())
+        self._arm_timer()
+
+    # ------------------------------------------------------------------ health
+
+    def replica_failed(self, state: ReplicaState, reason: str) -> None:
+        """A request or a probe failed on this replica: count it on its circuit breaker."""
+        if state.breaker.failure(self.clock.now(), reason) and not state.removed:
+            log.warning("replica %s: circuit open (%s)", state.replica.name, reason)
+            self._apply(self.dispatcher.device_down(state.replica.name, f"circuit open: {reason}"))
+
+    def probe_ok(self, state: ReplicaState) -> None:
+        """A health probe succeeded."""
+        if state.breaker.state is CircuitState.OPEN and not state.breaker.may_probe(
+            self.clock.now()
+        ):
+            return
+        if state.breaker.success():
+            self._circuit_closed(state)
+
+    def _circuit_closed(self, state: ReplicaState) -> None:
+        log.info("replica %s: circuit closed", state.replica.name)
+        if not (state.draining or state.removed or state.held_until):
+            self._apply(self.dispatcher.device_up(state.replica.name))
+
+    def _check_gray(self) -> None:
+        speeds = self.perf.speed().tolist()
+        priors = [self.perf.prior(d, "default") for d in self.perf.devices]
+        done = [s.completed if not s.removed else 0 for s in self.replicas]
+        options = self.options
+        for i in gray_replicas(speeds, priors, done, options.gray_ratio, options.gray_min_done):
+            state = self.replicas[i]
+            if state.gray or state.draining:
+                continue
+            state.gray = True
+            log.warning(
+                "replica %s: gray failure, %.2fx its device class's speed relative to the "
+                "fleet; drained (undrain it through the admin API)",
+                state.replica.name,
+                speeds[i] / priors[i],
+            )
+            self.drain(state.replica.name)
+
+    # ------------------------------------------------------------------ membership
+
+    def add(self, replica: Replica) -> ReplicaState:
+        """A replica joins at run time."""
+        if replica.name in self.by_name and not self.by_name[replica.name].removed:
+            raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
+        self._apply(self.dispatcher.add_device(replica.device(), replica.slots))
+        old = self.by_name.get(replica.name)
+        if old is not None:  # joined again under its name: the dispatcher kept its position
+            old.replica, old.removed, old.draining, old.gray = replica, False, False, False
+            state = old
+        else:
+            state = ReplicaState(
+                replica,
+                len(self.replicas),
+                Breaker(self.options.breaker_threshold, self.options.breaker_cooldown),
+            )
+            self.replicas.append(state)
+            self.by_name[replica.name] = state
+        self._model_masks.clear()
+        return state
+
+    def state_of(self, name: str) -> ReplicaState:
+        state = self.by_name.get(name)
+        if state is None or state.removed:
+            names = ", ".join(s.replica.name for s in self.replicas if not s.removed)
+            raise ConfigError([("replica", f"unknown replica {name!r}; replicas: {names}")])
+        return state
+
+    def drain(self, name: str) -> None:
+        state = self.state_of(name)
+        state.draining = True
+        self._apply(self.dispatcher.drain_device(name))
+
+    def undrain(self, name: str) -> None:
+        state = self.state_of(name)
+        state.draining = state.gray = False
+        if state.breaker.state is CircuitState.CLOSED and not state.held_until:
+            self._apply(self.dispatcher.device_up(name))
+
+    def remove(self, name: str) -> None:
+        state = self.state_of(name)
+        state.removed = True
+        self._apply(self.dispatcher.remove_device(name, "replica removed"))
+        self._model_masks.clear()
+
+    def set_models(self, state: ReplicaState, models: set[str]) -> None:
+        """What a replica serves, as learned from its ``/v1/models``."""
+        if models != state.replica.models:
+            state.replica.models = models
+            self._model_masks.clear()
+
+    # ------------------------------------------------------------------ reporting
+
+    def status(self) -> dict[str, Any]:
+        d = self.dispatcher
+        view = d.view
+        speed = self.perf.speed()
+        rate = self.options.unit_rate
+        replicas = []
+        for s in self.replicas:
+            i, r = s.index, s.replica
+            if s.removed:
+                continue
+            queued = int(view.in_flight[i]) - int(view.running[i])
+            replicas.append(
+                {
+                    "name": r.name,
+                    "url": r.url,
+                    "device": r.device_model,
+                    "models": sorted(r.models),
+                    "slots": r.slots,
+                    "speed": r.speed,
+                    "learned_speed": round(float(speed[i]) / r.slots / rate, 4),
+                    "in_flight": int(view.running[i]),
+                    "queued": queued,
+                    "completed": s.completed,
+                    "failed": s.failed,
+                    "output_tokens": s.output_tokens,
+                    "mean_latency_s": round(s.latency_sum / s.completed, 4)
+                    if s.completed
+                    else None,
+                    "circuit": str(s.breaker.state),
+                    "state": self._state_word(s),
+                    "last_error": s.breaker.last_error or None,
+                }
+            )
+        return {
+            "strategy": self.options.strategy,
+            "uptime_s": round(time.time() - self.started, 1),
+            "waiting": d.waiting,
+            "pending": d.waiting - d.queued_total,
+            "active": d.active,
+            "queue_size": self.options.queue_size,
+            "closing": self.closing,
+            "replicas": replicas,
+        }
+
+    def _state_word(self, s: ReplicaState) -> str:
+        if s.gray:
+            return "gray"
+        if s.draining:
+            return "draining"
+        if s.breaker.state is not CircuitState.CLOSED:
+            return "down"
+        if s.held_until:
+            return "busy"
+        return "up" if self.dispatcher.view.usable[s.index] else "down"
+
+    def learned_speeds(self) -> np.ndarray:
+        """Per-request speed of each replica as learned (relative, like the declared one)."""
+        slots = self.dispatcher.view.slots
+        return self.perf.speed() / slots / self.options.unit_rate
