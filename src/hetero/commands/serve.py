@@ -197,7 +197,7 @@ async def _run(server: Server) -> None:
     router = server.router
     admin = f", admin API on {server.admin_url}" if server.admin_url else ""
     print(
-        f"hetero serve listening on {url} ({len(router.replicas)} replicas, "
+        f"hetero serve listening on {url} ({_count(len(router.replicas), 'replica')}, "
         f"strategy {router.options.strategy}{admin})",
         flush=True,
     )
@@ -208,3 +208,7 @@ async def _run(server: Server) -> None:
     await stop.wait()
     print(f"hetero serve: draining {len(router.tickets)} requests", file=sys.stderr, flush=True)
     await server.drain()
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

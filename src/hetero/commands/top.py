@@ -66,6 +66,15 @@ def top(
         int | None,
         typer.Option("--pid", help="Watch the Context of this process id.", show_default=False),
     ] = None,
+    serve: Annotated[
+        str | None,
+        typer.Option(
+            "--serve",
+            metavar="URL",
+            help="Watch the replicas of a running `hetero serve` at URL instead.",
+            show_default=False,
+        ),
+    ] = None,
     once: Annotated[bool, typer.Option("--once", help="Print one view and exit.")] = False,
     interval: Annotated[
         float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")
@@ -77,12 +86,19 @@ def top(
 
     With --once, or when the output is not a terminal, it prints one view and exits.
 
-    Examples: `hetero top`, `hetero top --pid 4242 --once`, `hetero top -c fleet.yaml`.
+    With --serve URL: the replicas of a running router, per replica its state, learned and
+    declared speed, requests running and waiting, output tokens/s and mean latency.
+
+    Examples: `hetero top`, `hetero top --pid 4242 --once`, `hetero top -c fleet.yaml`,
+    `hetero top --serve http://127.0.0.1:8080`.
     """
     from hetero.runtime.status import read_statuses
 
     if not (interval > 0 and math.isfinite(interval)):
         fail(f"--interval must be a positive number of seconds, got {interval:g}", code=2)
+    if serve is not None:
+        _top_serve(serve, once, interval)
+        return
     statuses = read_statuses()
     if pid is not None:
         chosen = _find(statuses, pid)
@@ -100,6 +116,18 @@ def top(
         console.print(_status_view(chosen, time.time()))
     else:
         _watch(console, chosen["pid"], interval)
+
+
+def _top_serve(url: str, once: bool, interval: float) -> None:
+    from hetero.commands.top_serve import fetch_status, serve_view, watch_serve
+
+    try:
+        if once or not console.is_terminal:
+            console.print(serve_view(fetch_status(url), url))
+        else:
+            watch_serve(console, url, interval)
+    except OSError as exc:
+        fail(f"--serve {url}: {exc}", code=1)
 
 
 def _find(statuses: list[StatusSnapshot], pid: int) -> StatusSnapshot | None:

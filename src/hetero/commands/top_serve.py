@@ -1,0 +1,93 @@
+"""``hetero top --serve URL``: the replicas of a running ``hetero serve``, from its ``/status``."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from hetero._tables import SplitTable
+
+__all__ = ["fetch_status", "serve_view", "watch_serve"]
+
+_TEXT = ("replica", "state", "models")
+_COLUMNS = (*_TEXT, "speed", "run", "queue", "slots", "done", "fail", "tok/s", "latency")
+_STATE_STYLE = {"up": "green", "busy": "yellow", "draining": "yellow", "gray": "red", "down": "red"}
+
+
+def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """``GET URL/status``; ``OSError`` with a readable message when the router cannot be read."""
+    target = url.rstrip("/") + "/status"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as reply:
+            data = json.loads(reply.read())
+    except (urllib.error.URLError, ValueError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise OSError(f"cannot read {target}: {reason}") from None
+    if not isinstance(data, dict) or "replicas" not in data:
+        raise OSError(f"{target} is not a hetero serve status (no 'replicas')")
+    return data
+
+
+def serve_view(
+    status: dict[str, Any], url: str, rates: dict[str, float] | None = None
+) -> RenderableType:
+    """The router's totals and a table of its replicas; ``rates``: output tokens/s each."""
+    head = Text(
+        f"hetero serve {url} · strategy {status['strategy']} · up {status['uptime_s']:.0f}s"
+        f"{' · shutting down' if status.get('closing') else ''}\n"
+        f"requests: {status['active']:,} active, {status['waiting']:,} waiting in the router "
+        f"(of {status['queue_size']:,})"
+    )
+    table = SplitTable(
+        caption="speed: learned / declared per request (V100 = 1.0); latency: mean seconds",
+        caption_justify="left",
+    )
+    for header in _COLUMNS:
+        table.add_column(header, justify="left" if header in _TEXT else "right")
+    for r in status["replicas"]:
+        style = _STATE_STYLE.get(r["state"], "white")
+        rate = (rates or {}).get(r["name"])
+        latency = r.get("mean_latency_s")
+        table.add_row(
+            Text(r["name"]),
+            Text(r["state"], style=style),
+            Text(",".join(r["models"]) or "—"),
+            f"{r['learned_speed']:.2f} / {r['speed']:.2f}",
+            f"{r['in_flight']:,}",
+            f"{r['queued']:,}",
+            f"{r['slots']:,}",
+            f"{r['completed']:,}",
+            f"{r['failed']:,}",
+            "—" if rate is None else f"{rate:,.0f}",
+            "—" if latency is None else f"{latency:.2f}",
+        )
+    return Group(head, table)
+
+
+def watch_serve(out: Console, url: str, interval: float) -> None:
+    """Redraw every ``interval`` seconds until Ctrl-C; token rates from successive polls."""
+    last: dict[str, int] = {}
+    last_at = 0.0
+    try:
+        with Live(console=out, auto_refresh=False) as live:
+            while True:
+                status = fetch_status(url)
+                now = time.monotonic()
+                tokens = {r["name"]: r["output_tokens"] for r in status["replicas"]}
+                rates = (
+                    {k: (v - last.get(k, v)) / (now - last_at) for k, v in tokens.items()}
+                    if last_at
+                    else None
+                )
+                last, last_at = tokens, now
+                live.update(serve_view(status, url, rates), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return

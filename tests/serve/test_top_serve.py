@@ -1,0 +1,67 @@
+"""``hetero top --serve URL`` against a real router on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from typer.testing import CliRunner
+
+from hetero.cli import app
+from hetero.serve.app import ServeOptions, Server
+from hetero.serve.mock import MockConfig, MockReplica
+from hetero.serve.replicas import Replica
+from hetero.serve.router import Router
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def router_url() -> Iterator[str]:
+    """A mock replica and a router on their own event loop thread; yields the router's URL."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[MockReplica, Server, str]:
+        mock = MockReplica(MockConfig(models=("m",), speed=2.0, slots=4, decode_time=0.001))
+        mock_url = await mock.start()
+        server = Server(
+            Router([Replica("fast", mock_url, 2.0, 4, set(), False)]), ServeOptions(port=0)
+        )
+        url = await server.start()
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "m", "prompt": "hello", "max_tokens": 3}
+            async with session.post(url + "/v1/completions", json=body) as reply:
+                assert reply.status == 200
+        return mock, server, url
+
+    mock, server, url = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    yield url
+
+    async def stop() -> None:
+        await server.stop()
+        await mock.stop()
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_top_serve_shows_each_replica(router_url: str) -> None:
+    result = runner.invoke(app, ["top", "--serve", router_url, "--once"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "strategy shortest_expected_delay" in result.output
+    row = next(line for line in result.output.splitlines() if "fast" in line)
+    assert "up" in row and " m " in row and "/ 2.00" in row
+    assert row.split("│")[-5].strip() == "1"  # done
+
+
+def test_top_serve_unreachable_is_a_clear_error() -> None:
+    result = runner.invoke(app, ["top", "--serve", "http://127.0.0.1:9", "--once"])
+    assert result.exit_code == 1
+    assert "cannot read http://127.0.0.1:9/status" in result.output
+    assert "Traceback" not in result.output
