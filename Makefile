@@ -21,6 +21,7 @@ demo: $(BIN)/hetero
 	$(BIN)/hetero fit llama-3-8b --device A100-80GB --seq 8192 --batch 16
 	$(BIN)/hetero plan examples/plan.yaml --verify
 	$(BIN)/python examples/engine_demo.py
+	$(BIN)/python examples/serve_demo.py
 
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench examples

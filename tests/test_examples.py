@@ -70,3 +70,18 @@ def test_engine_demo_prints_its_table_and_writes_both_reports(tmp_path: Path) ->
     for strategy in ("round_robin", "shortest_expected_delay"):
         assert (tmp_path / f"{strategy}.html").is_file()
         assert (tmp_path / f"{strategy}.trace.json").is_file()
+
+
+@pytest.mark.timeout(150)
+def test_serve_demo_routes_every_request_and_reports_both_ways() -> None:
+    out = run_example("serve_demo.py", "--requests", "60")
+    assert "router on http://127.0.0.1:" in out
+    assert re.search(r"│ h100 +│ up +│ demo-llm", out)
+    lines = out.splitlines()
+    header = next(line for line in lines if "replica" in line and "done" in line)
+    column = [c.strip() for c in header.split("┃")].index("done")
+    rows = [line.split("│") for line in lines if re.match(r"│ (t4|l40s|h100) ", line)]
+    done = [int(row[column]) for row in rows if len(row) > column and row[column].strip()]
+    assert sum(done) == 60  # every routed request counted once
+    assert re.search(r"hetero serve +│ +[\d.]+ │", out)
+    assert re.search(r"round robin, no router +│ +[\d.]+ │", out)

@@ -77,6 +77,13 @@ def serve(
         float,
         typer.Option(help="Cost of a prompt token relative to an output token, for routing."),
     ] = 0.02,
+    unit_rate: Annotated[
+        float,
+        typer.Option(
+            help="Output tokens per second of one request on a speed-1.0 replica: the scale of "
+            "declared speeds, so that learned ones read alike.",
+        ),
+    ] = 50.0,
     rate_limit: Annotated[
         float | None,
         typer.Option(
@@ -153,6 +160,7 @@ def serve(
             max_retries=max_retries,
             default_max_tokens=default_max_tokens,
             prefill_weight=prefill_weight,
+            unit_rate=unit_rate,
         )
         router = Router([replica_from_config(e) for e in entries], options)
         server = Server(
