@@ -317,3 +317,20 @@ def test_from_config() -> None:
     assert d.preemption and not d.stealing
     assert d.perf.batch_sizes(100)[2] == 4
     assert d.submit(WorkItem(id=1))[0].device_id.startswith(("a100", "t4"))
+
+
+def test_complete_learns_from_the_work_an_item_turned_out_to_be() -> None:
+    # An LLM request costed at its max_tokens (100) stops after 25 tokens: the device did 25
+    # units in 1 s, so its speed (1.0 by the catalog) must move towards 25, not 100.
+    clock = ManualClock()
+    d = Dispatcher(make_devices([1.0]), Fastest(), clock)
+    d.perf.alpha = 1.0  # take the last observation as it is
+    d.submit(WorkItem(cost=100.0, id="short"))
+    clock.advance(1.0)
+    d.complete("short", work=25.0)
+    assert d.perf.speed()[0] == pytest.approx(25.0)
+    d.submit(WorkItem(cost=100.0, id="refused"))
+    clock.advance(0.001)
+    d.complete("refused", work=0.0)  # no work done: nothing learned
+    assert d.perf.speed()[0] == pytest.approx(25.0)
+    assert d.state_of("refused") is ItemState.DONE
