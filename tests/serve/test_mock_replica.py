@@ -1,0 +1,523 @@
+"""The emulated replica: OpenAI wire format, pacing, slots, faults, and its command line."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import inspect
+import json
+import math
+import random
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from typer.testing import CliRunner
+
+from hetero.cli import app
+from hetero.errors import ConfigError
+from hetero.serve.mock import (
+    EMBEDDING_DIM,
+    OUTPUT_DISTS,
+    MockConfig,
+    MockReplica,
+    _Slots,
+    draw_output_length,
+)
+
+Start = Callable[..., Awaitable[tuple[MockReplica, str]]]
+
+CHAT = "/v1/chat/completions"
+INSTANT = {"decode_time": 0.0, "prefill_time": 0.0}
+FIXED = {"output_dist": "fixed", "output_mean": 10}
+
+
+def chat(content: str = "hello world!", **extra: Any) -> dict[str, Any]:
+    return {"model": "mock-llm", "messages": [{"role": "user", "content": content}], **extra}
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Start replicas of ``MockConfig(**fields)``; every one is stopped after the test."""
+    replicas: list[MockReplica] = []
+
+    async def start(**fields: Any) -> tuple[MockReplica, str]:
+        replica = MockReplica(MockConfig(**fields))
+        replicas.append(replica)
+        return replica, await replica.start()
+
+    yield start
+    for replica in replicas:
+        await replica.stop()
+        stats = replica.stats
+        assert (stats["in_flight"], stats["waiting"]) == (0, 0), "a slot leaked"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def sse_events(text: str) -> list[str]:
+    """The ``data:`` payloads of a server-sent event stream, in order."""
+    events = [e for e in text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e.removeprefix("data: ") for e in events]
+
+
+async def cancel(*tasks: asyncio.Task[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def wait_for(check: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+# --- wire format -------------------------------------------------------------------------------
+
+
+async def test_chat_completion_shape(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(**INSTANT, **FIXED)
+    async with http.post(url + CHAT, json=chat("x" * 40, max_tokens=50)) as r:
+        assert r.status == 200
+        body = await r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "mock-llm"
+    assert body["id"].startswith("chatcmpl-") and isinstance(body["created"], int)
+    (choice,) = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": " tok" * 10}
+    assert choice["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+
+
+async def test_text_completion_shape(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(**INSTANT, **FIXED)
+    prompt = {"model": "mock-llm", "prompt": ["ab" * 10, "cd" * 10]}
+    async with http.post(url + "/v1/completions", json=prompt) as r:
+        body = await r.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == " tok" * 10
+    assert body["usage"]["prompt_tokens"] == 10  # 40 characters, about 4 a token
+    tokens = {"model": "mock-llm", "prompt": [1, 2, 3]}
+    async with http.post(url + "/v1/completions", json=tokens) as r:
+        assert (await r.json())["usage"]["prompt_tokens"] == 3
+
+
+async def test_chat_stream_shape(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(decode_time=0.002, **FIXED)
+    request = chat(stream=True, stream_options={"include_usage": True})
+    async with http.post(url + CHAT, json=request) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        events = sse_events(await r.text())
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    *tokens, finish, usage = chunks
+    assert len(tokens) == 10  # one token a chunk at 2 ms a token
+    assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] for c in tokens) == " tok" * 10
+    assert finish["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 10
+
+
+async def test_text_stream_without_usage(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(**INSTANT, **FIXED)
+    request = {"model": "mock-llm", "prompt": "hi", "stream": True, "max_tokens": 4}
+    async with http.post(url + "/v1/completions", json=request) as r:
+        events = sse_events(await r.text())
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]" and {c["object"] for c in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == " tok" * 4
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in c for c in chunks)
+
+
+async def test_openai_client_parses_every_route(start: Start) -> None:
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    _, url = await start(**INSTANT, **FIXED)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "hello"}]
+        done = await client.chat.completions.create(model="mock-llm", messages=messages)
+        assert done.choices[0].message.content == " tok" * 10
+        assert done.usage is not None and done.usage.completion_tokens == 10
+        stream = await client.chat.completions.create(
+            model="mock-llm",
+            messages=messages,
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == " tok" * 3 and chunks[-1].usage is not None
+        completion = await client.completions.create(model="mock-llm", prompt="hi", max_tokens=2)
+        assert completion.choices[0].finish_reason == "length"
+        embedded = await client.embeddings.create(model="mock-llm", input=["a", "b"])
+        assert [len(d.embedding) for d in embedded.data] == [EMBEDDING_DIM] * 2
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["mock-llm"]
+    finally:
+        await client.close()
+
+
+# --- lengths and pacing ------------------------------------------------------------------------
+
+
+async def test_max_tokens_caps_the_output(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(**INSTANT, output_dist="fixed", output_mean=50, default_max_tokens=20)
+    cases = [
+        ({"max_tokens": 10}, 10, "length"),
+        ({"max_completion_tokens": 12}, 12, "length"),
+        ({"max_tokens": 100}, 50, "stop"),
+        ({}, 20, "length"),  # default_max_tokens
+        ({"max_tokens": 100, "ignore_eos": True}, 100, "length"),
+    ]
+    for extra, tokens, reason in cases:
+        async with http.post(url + CHAT, json=chat(**extra)) as r:
+            body = await r.json()
+        assert body["usage"]["completion_tokens"] == tokens, extra
+        assert body["choices"][0]["finish_reason"] == reason, extra
+
+
+async def test_output_lengths_repeat_for_a_seed(start: Start, http: aiohttp.ClientSession) -> None:
+    async def lengths(seed: int) -> list[int]:
+        _, url = await start(**INSTANT, seed=seed, output_mean=40, default_max_tokens=10_000)
+        out = []
+        for _ in range(8):
+            async with http.post(url + CHAT, json=chat()) as r:
+                out.append((await r.json())["usage"]["completion_tokens"])
+        return out
+
+    first = await lengths(3)
+    assert first == await lengths(3)
+    assert first != await lengths(4)
+    assert len(set(first)) > 1  # lognormal: lengths vary
+
+
+@pytest.mark.parametrize("dist", OUTPUT_DISTS)
+def test_output_length_distributions_have_the_mean(dist: str) -> None:
+    rng = random.Random(0)
+    draws = [draw_output_length(rng, dist, 100) for _ in range(20_000)]
+    assert min(draws) >= 1
+    # Pareto with alpha 1.5 has no variance: its sample mean wanders, so its bound is loose.
+    tolerance = 0.3 if dist == "pareto" else 0.05
+    assert sum(draws) / len(draws) == pytest.approx(100, rel=tolerance)
+
+
+async def test_service_time_scales_with_speed(start: Start, http: aiohttp.ClientSession) -> None:
+    async def service_time(speed: float) -> float:
+        _, url = await start(speed=speed, decode_time=0.02, prefill_time=0.0, **FIXED)
+        t0 = time.perf_counter()
+        async with http.post(url + CHAT, json=chat()) as r:
+            await r.read()
+        return time.perf_counter() - t0
+
+    slow, fast = await service_time(1.0), await service_time(4.0)  # 0.2 s and 0.05 s
+    assert fast >= 0.04 and slow > 2 * fast
+
+
+async def test_one_slot_serves_one_request_at_a_time(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    async def overlap(slots: int) -> bool:
+        """Whether the second of two streams got its first chunk before the first ended."""
+        replica, url = await start(slots=slots, decode_time=0.01, prefill_time=0.0, **FIXED)
+        log: list[str] = []
+
+        async def stream(name: str) -> None:
+            async with http.post(url + CHAT, json=chat(stream=True)) as r:
+                await r.content.readline()
+                log.append(f"{name} first")
+                await r.read()
+                log.append(f"{name} done")
+
+        first = asyncio.create_task(stream("a"))
+        await wait_for(lambda: replica.stats["in_flight"] == 1)
+        await asyncio.gather(first, stream("b"))
+        return log.index("b first") < log.index("a done")
+
+    assert not await overlap(slots=1)
+    assert await overlap(slots=2)
+
+
+# --- admission and faults ----------------------------------------------------------------------
+
+
+async def test_full_queue_answers_429(start: Start, http: aiohttp.ClientSession) -> None:
+    replica, url = await start(slots=1, queue_limit=1, decode_time=1.0, **FIXED)
+    running = asyncio.create_task(http.post(url + CHAT, json=chat()))
+    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    waiting = asyncio.create_task(http.post(url + CHAT, json=chat()))
+    await wait_for(lambda: replica.stats["waiting"] == 1)
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 429 and r.headers["Retry-After"] == "1"
+        assert (await r.json())["error"]["type"] == "rate_limit_error"
+    await cancel(running, waiting)
+
+
+async def test_fail_rate_one_answers_500(start: Start, http: aiohttp.ClientSession) -> None:
+    replica, url = await start(fail_rate=1.0)
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 500
+        assert (await r.json())["error"]["type"] == "server_error"
+    assert replica.stats["failed"] == 1 and replica.stats["completed"] == 0
+
+
+async def test_garbage_rate_one_answers_broken_bodies(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    _, url = await start(garbage_rate=1.0)
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 200
+        with pytest.raises(ValueError):
+            json.loads(await r.text())
+    async with http.post(url + CHAT, json=chat(stream=True)) as r:
+        assert r.status == 200
+        events = sse_events(await r.text())
+    assert "[DONE]" not in events
+    with pytest.raises(ValueError):
+        json.loads(events[0])
+
+
+async def test_configure_at_run_time(start: Start, http: aiohttp.ClientSession) -> None:
+    replica, url = await start(**INSTANT)
+    replica.configure(fail_rate=1.0)
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 500
+    async with http.post(url + "/mock/config", json={"fail_rate": 0, "speed": 3}) as r:
+        assert r.status == 200 and (await r.json())["speed"] == 3
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 200
+    with pytest.raises(ConfigError, match=r"slowdown: must be a positive .*got -1"):
+        replica.configure(slowdown=-1)
+    async with http.post(url + "/mock/config", json={"slots": 2}) as r:
+        assert r.status == 400 and "settable: speed" in (await r.json())["error"]["message"]
+    async with http.post(url + "/mock/config", json={"garbage_rate": 2}) as r:
+        assert r.status == 400 and "from 0 to 1" in (await r.json())["error"]["message"]
+    assert replica.config.speed == 3 and replica.config.slowdown == 1
+    async with http.get(url + "/mock/stats") as r:
+        assert await r.json() == replica.stats
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"model": "mock-llm"}).encode(), "'messages' must be a non-empty list"),
+        (json.dumps(chat(max_tokens=0)).encode(), "'max_tokens' must be an integer >= 1, got 0"),
+        (json.dumps(chat(stream="yes")).encode(), "'stream' must be true or false"),
+        (json.dumps({"messages": []}).encode(), "'model' must be a string"),
+    ],
+)
+async def test_bad_requests_answer_400(
+    start: Start, http: aiohttp.ClientSession, body: bytes, message: str
+) -> None:
+    _, url = await start()
+    async with http.post(url + CHAT, data=body) as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert error["type"] == "invalid_request_error" and message in error["message"]
+
+
+async def test_unknown_model_answers_404(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(models=("a", "b"))
+    async with http.post(url + CHAT, json=dict(chat(), model="c")) as r:
+        assert r.status == 404
+        error = (await r.json())["error"]
+    assert error["code"] == "model_not_found" and "serves: a, b" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_that_leaves_frees_its_slot(start: Start, stream: bool) -> None:
+    replica, url = await start(slots=1, decode_time=0.2, prefill_time=0.0, **FIXED)
+    async with aiohttp.ClientSession() as leaving:
+        if stream:  # hang up after the first chunk
+            response = await leaving.post(url + CHAT, json=chat(stream=True))
+            await response.content.readline()
+            response.close()
+        else:  # hang up while waiting for the answer
+            request = asyncio.create_task(leaving.post(url + CHAT, json=chat()))
+            await wait_for(lambda: replica.stats["in_flight"] == 1)
+            await cancel(request)
+    await wait_for(lambda: replica.stats["in_flight"] == 0)
+    assert replica.stats["cancelled"] == 1 and replica.stats["completed"] == 0
+    replica.configure(speed=1000)  # the next one is quick: the slot is free again
+    async with aiohttp.ClientSession() as http, http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("release_first", [False, True])
+async def test_slot_handed_to_a_waiter_as_it_is_cancelled_is_not_lost(release_first: bool) -> None:
+    # The race a disconnect can hit: the slot frees and the waiter is cancelled in one loop step.
+    slots = _Slots(1)
+    await slots.acquire()
+    waiter = asyncio.create_task(slots.acquire())
+    await wait_for(lambda: slots.waiting == 1)
+    if release_first:
+        slots.release()
+        waiter.cancel()
+    else:
+        waiter.cancel()
+        slots.release()
+    await cancel(waiter)
+    assert (slots.free, slots.waiting) == (1, 0)
+    await slots.acquire()  # and it can be had again at once
+
+
+async def test_stop_cuts_requests_in_flight(start: Start, http: aiohttp.ClientSession) -> None:
+    replica, url = await start(slots=1, decode_time=1.0, **FIXED)  # 10 s a request
+    requests = [asyncio.create_task(http.post(url + CHAT, json=chat())) for _ in range(3)]
+    await wait_for(lambda: replica.stats["waiting"] == 2)
+    t0 = time.perf_counter()
+    await replica.stop()
+    assert time.perf_counter() - t0 < 2
+    for request in requests:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await request
+    assert replica.stats["cancelled"] == 3
+
+
+# --- other routes ------------------------------------------------------------------------------
+
+
+async def test_embeddings(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(**INSTANT)
+    request = {"model": "mock-llm", "input": ["hello", "world", "hello"]}
+    async with http.post(url + "/v1/embeddings", json=request) as r:
+        body = await r.json()
+    vectors = [d["embedding"] for d in body["data"]]
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert all(len(v) == EMBEDDING_DIM for v in vectors)
+    assert all(math.isclose(math.hypot(*v), 1.0) for v in vectors)
+    assert vectors[0] == vectors[2] != vectors[1]
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    request = {"model": "mock-llm", "input": "hello", "encoding_format": "base64"}
+    async with http.post(url + "/v1/embeddings", json=request) as r:
+        packed = base64.b64decode((await r.json())["data"][0]["embedding"])
+    assert struct.unpack(f"<{EMBEDDING_DIM}f", packed) == pytest.approx(vectors[0], rel=1e-6)
+    async with http.post(url + "/v1/embeddings", json={"model": "mock-llm", "input": 3}) as r:
+        assert r.status == 400
+
+
+async def test_models_health_and_worker_info(start: Start, http: aiohttp.ClientSession) -> None:
+    replica, url = await start(models=["big", "small"], slots=1, decode_time=1.0, **FIXED)
+    async with http.get(url + "/v1/models") as r:
+        listed = await r.json()
+    assert listed["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in listed["data"]] == [
+        ("big", "model", "hetero-mock"),
+        ("small", "model", "hetero-mock"),
+    ]
+    for path in ("/health", "/health_generate"):
+        async with http.get(url + path) as r:
+            assert r.status == 200
+    for path in ("/get_server_info", "/get_model_info"):
+        async with http.get(url + path) as r:
+            assert (await r.json())["model_path"] == "big"
+    busy = asyncio.create_task(http.post(url + CHAT, json=dict(chat("x" * 40), model="big")))
+    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    async with http.get(url + "/get_load") as r:
+        (load,) = await r.json()
+    assert load["num_reqs"] == 1 and load["num_tokens"] == 20  # 10 prompt + 10 output
+    await cancel(busy)
+
+
+def test_config_lists_every_bad_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        MockConfig(speed=0, slots=0, output_dist="normal", queue_limit=-1)
+    fields = [field for field, _ in caught.value.problems]
+    assert fields == ["speed", "slots", "output_dist", "queue_limit"]
+    assert "output_dist: must be one of lognormal, pareto" in str(caught.value)
+    assert "got 'normal'" in str(caught.value)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_help_names_every_option() -> None:
+    result = runner.invoke(app, ["mock-replica", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in ("--model", "--speed", "--slots", "--port", "--queue-limit", "--output-dist"):
+        assert option in result.stdout
+    assert "Example: `hetero mock-replica" in result.stdout
+
+
+def test_cli_defaults_match_the_config() -> None:
+    from hetero.commands.mock_replica import mock_replica
+
+    fields = {"max_tokens": "default_max_tokens", "model": None, "host": None, "port": None}
+    config = MockConfig()
+    for name, param in inspect.signature(mock_replica).parameters.items():
+        field = fields.get(name, name)
+        if field is not None:
+            assert getattr(config, field) == param.default, name
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--speed", "-1"], "--speed: must be a positive finite number, got -1.0"),
+        (["--output-dist", "normal"], "--output-dist: must be one of lognormal"),
+        (["--max-tokens", "0"], "--max-tokens: must be an integer >= 1, got 0"),
+    ],
+)
+def test_cli_bad_value_is_a_clear_error(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["mock-replica", *args])
+    assert result.exit_code == 2
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_cli_serves_until_sigterm() -> None:
+    args = ["--port", "0", "--model", "m1", "--speed", "2.5", "--slots", "4"]
+    args += ["--decode-time", "0", "--prefill-time", "0"]
+    command = [sys.executable, "-m", "hetero", "mock-replica", *args]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            match = re.fullmatch(
+                r"hetero mock-replica listening on (http://127\.0\.0\.1:\d+) "
+                r"\(model m1, speed 2\.5, slots 4\)\n",
+                line,
+            )
+            assert match, line
+            request = urllib.request.Request(
+                match[1] + "/v1/completions",
+                data=json.dumps({"model": "m1", "prompt": "hi", "max_tokens": 3}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=5) as r:
+                assert json.load(r)["usage"]["completion_tokens"] == 3
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=5)
+            assert proc.returncode == 0
+            assert out == "" and err == ""  # the one line, then nothing: no traceback, no noise
+        finally:
+            proc.kill()  # a no-op once it has exited
