@@ -264,7 +264,12 @@ class Server:
         assert self.session is not None
         try:
             while True:
-                placed = await ticket.waiter
+                waiter = ticket.waiter
+                placed = await waiter
+                if waiter is not ticket.waiter:
+                    # Stopped (and placed again, or ended) before this task woke up: a Run
+                    # that is no longer true. The new waiter says what happens now.
+                    continue
                 if isinstance(placed, Finish):
                     status = 504 if placed.reason.startswith("timed out") else 502
                     return _error(status, f"request failed: {placed.reason}", "upstream_error")
