@@ -96,7 +96,10 @@ class Server:
         o = self.options
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=self.router.options.timeout, sock_connect=5),
+            # No total: the dispatcher's deadline ends a request (a Stop). A second timer of
+            # the same length fires in the same loop turn, and aiohttp then turns the Stop's
+            # cancellation into a TimeoutError that would read as the replica's fault.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         await asyncio.gather(*(self._probe(s, models=True) for s in self.router.replicas))
         self.url = await self._listen(self.app, o.host, o.port)
