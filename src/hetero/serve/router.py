@@ -261,11 +261,12 @@ class Router:
         again without charging it an attempt."""
         state = self.replicas[ticket.replica]
         self._rearm(ticket)
-        self._apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
+        # Hold it first, so that the request is not placed straight back on it.
         if state.held_until == 0 and not state.draining and not state.removed:
             state.held_until = self.clock.now() + retry_after
             self._apply(self.dispatcher.drain_device(state.replica.name))
             asyncio.get_running_loop().call_later(retry_after, self._release_hold, state)
+        self._apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
 
     def _release_hold(self, state: ReplicaState) -> None:
         state.held_until = 0.0
