@@ -439,6 +439,9 @@ class Dispatcher:
             return self.device_up(device.id)
         self.perf.add(device)
         i = self.view.add(device, slots)
+        for rec in self.records.values():  # a device joins outside every only= list
+            if rec.only is not None and rec.state not in TERMINAL:
+                rec.only = np.append(rec.only, False)
         self.metrics.add_device()
         self._queues.append([])
         self._tails.append([])
