@@ -202,9 +202,9 @@ class Router:
         cost = self.outputs.cost(model, prompt, max_tokens)
         item = WorkItem(cost=cost, priority=priority, id=ticket.id)
         self.tickets[ticket.id] = ticket
-        only = names if len(names) < len(self.replicas) else None
         try:
-            out = self.dispatcher.submit(item, only=only)
+            # Always restricted: a replica that joins later may serve other models.
+            out = self.dispatcher.submit(item, only=names)
         except BaseException:
             del self.tickets[ticket.id]
             raise
