@@ -493,6 +493,199 @@ def _engine_overhead(fig: dict[str, Any]) -> str:
     )
 
 
+def _serve_at(doc: dict[str, Any]) -> str:
+    revision = doc.get("revision") or {}
+    commit = revision.get("commit")
+    if not commit:
+        return ""
+    after = (doc.get("revision_after") or {}).get("commit")
+    return (
+        f" at commit `{commit[:7]}`"
+        + (" (src/ modified)" if revision.get("src_modified") else "")
+        + (f" (`{after[:7]}` by the end of the run)" if after and after != commit else "")
+    )
+
+
+def _skipped(row: dict[str, Any], width: int) -> list[Any]:
+    reason = row["skipped"].splitlines()[0]
+    return [row["config"], f"skipped: {reason[:120]}", *["-"] * (width - 2)]
+
+
+def serve(doc: dict[str, Any]) -> str:
+    sglang = doc.get("sglang_router") or {}
+    anchor = (
+        f"sglang-router {sglang['version']} (`{sglang['command']}`)"
+        if sglang.get("version")
+        else f"no sglang-router anchor ({sglang.get('reason')})"
+    )
+    parts = [
+        "## Serving\n\n"
+        f"`{doc['command']}` — `hetero serve`{_serve_at(doc)} against {anchor} and against "
+        "routing in the client, in the same run on this machine, in front of emulated replicas "
+        "(`hetero.serve.mock`: an aiohttp server that sleeps as long as a replica of its speed "
+        "would take). The load generator runs in processes of its own (`bench/_serve_load.py`)"
+        "; open loops send at times fixed in advance and count latency from the scheduled "
+        "send time."
+    ]
+    figures = doc["figures"]
+    for name, render in (("goodput", _serve_goodput), ("overhead", _serve_overhead)):
+        if name in figures:
+            fig = figures[name]
+            rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
+            parts.append(render(fig) + "\n\n" + _conditions(fig) + rerun)
+    return "\n\n".join(parts)
+
+
+def _serve_goodput(fig: dict[str, Any]) -> str:
+    fleet, work, cap, slo = fig["fleet"], fig["workload"], fig["capacity"], fig["slo"]
+    rows = []
+    for r in fig["configs"]:
+        if "skipped" in r:
+            rows.append(_skipped(r, 9))
+            continue
+        lat = r["latency_s"]
+        shares = " / ".join(
+            "-" if x["share_of_completed"] is None else f"{x['share_of_completed']:.0%}"
+            for x in r["replicas"]
+        )
+        label = (
+            f"**{r['config']}**"
+            if r["kind"] == "hetero" and "(default)" in r["config"]
+            else r["config"]
+        )
+        rows.append(
+            [
+                label,
+                f"{r['slo_attainment']:.1%}",
+                r["goodput_rps"],
+                lat["p50"],
+                lat["p99"],
+                lat["mean"],
+                r["failed"],
+                r["unfinished"],
+                shares,
+            ]
+        )
+    ratios = fig["ratios"]
+    verdict = ""
+    best = ratios.get("vs_best_baseline")
+    if best:
+        others = "; ".join(
+            f"{name}: {'-' if ratio is None else f'{ratio} ×'}"
+            for name, ratio in ratios["vs"].items()
+            if name.startswith("sglang-router")
+        )
+        verdict = (
+            f"\n\n`hetero serve`'s default: {ratios['hetero_default_goodput_rps']} requests/s "
+            f"within the SLO, **{best['ratio']} ×** the best router a user would pick instead "
+            f"({best['baseline']}, {best['goodput_rps']}/s)"
+            + (f". Against each sglang-router policy: {others}." if others else ".")
+        )
+    speeds = " : ".join(f"{s:g}" for s in fleet["speeds"])
+    slots = " : ".join(str(n) for n in fleet["slots"])
+    memory = ", ".join(f"{m} GB" for m in fleet["memory_gb"])
+    if "slack" in slo:
+        bound = (
+            f"latency ≤ {slo['slack']:g} × the request's own service time alone on the slowest "
+            "replica (latency / completion tokens ≤ (decode time + prefill time × prompt tokens"
+            f" / completion tokens) / {slo['slowest_speed']:g}); a request the slowest replica "
+            "serves unloaded misses it by its HTTP round trip"
+        )
+    else:
+        bound = f"latency / completion tokens ≤ {slo['per_token_s']} s"
+    return (
+        "### Goodput on a mixed fleet\n\n"
+        f"Three mock replicas of relative speeds {speeds} with {slots} slots (in proportion "
+        f"to the memory of a {memory} card), in one process started afresh for each "
+        f"configuration. Poisson arrivals at {work['rate_rps']} requests/s, {work['load']:.0%} "
+        f"of the fleet's capacity of {cap['requests_per_second']}/s (Σ slots × speed / "
+        f"{cap['service_seconds_at_speed_1']} s, the mean service time at speed 1: "
+        f"{fig['mock']['prefill_time']} s × {cap['expected_prompt_tokens']} prompt tokens + "
+        f"{fig['mock']['decode_time']} s × {cap['expected_completion_tokens']} output tokens), "
+        f"for {work['duration_s']:g} s: {work['requests']:,} non-streaming chat requests, the "
+        "same send times and prompts for every configuration (lognormal prompt lengths, mean "
+        f"{work['prompt_tokens']['mean']:g} tokens), `max_tokens` {work['max_tokens']}; each "
+        f"replica draws output lengths ({fig['mock']['output_dist']}, mean "
+        f"{fig['mock']['output_mean']:g}, capped by `max_tokens`). SLO: {bound}. Goodput = "
+        "requests within the SLO per second of arrivals. Requests not back "
+        f"{work['grace_s']:g} s after the last send are *unfinished* (failures; long enough for "
+        "any request that could still meet the SLO). Latencies in seconds, of the requests "
+        "answered; *shares* are each replica's part of the requests it completed, slowest "
+        "first.\n\n"
+        + _table(
+            [
+                "configuration",
+                "SLO attainment",
+                "goodput req/s",
+                "p50",
+                "p99",
+                "mean",
+                "failed",
+                "unfinished",
+                "shares",
+            ],
+            rows,
+        )
+        + verdict
+    )
+
+
+def _serve_overhead(fig: dict[str, Any]) -> str:
+    rows = []
+    for r in fig["configs"]:
+        if "skipped" in r:
+            rows.append(_skipped(r, 7))
+            continue
+        cpu = [run["closed"]["cpu_us_per_request"].get("router") for run in r["runs"]]
+        cpu = sorted(c for c in cpu if c is not None)
+        rows.append(
+            [
+                r["config"],
+                r["p50_ms"],
+                r["p99_ms"],
+                r.get("added_p50_ms", "-"),
+                r.get("added_p99_ms", "-"),
+                f"{r['throughput_rps']:,}",
+                cpu[(len(cpu) - 1) // 2] if cpu else "-",
+            ]
+        )
+    lines = [
+        f"- against {name}: added p50 × {v['added_p50_ratio']}, added p99 × "
+        f"{v['added_p99_ratio']}, throughput × {v['throughput_ratio']}, router CPU per request "
+        f"× {v['router_cpu_per_request_ratio']}"
+        for name, v in fig["ratios"].get("hetero_default_vs", {}).items()
+    ]
+    opened, closed = fig["open_loop"], fig["closed_loop"]
+    return (
+        "### Router overhead\n\n"
+        "One instant mock replica (no prefill or decode time, "
+        f"{fig['mock']['slots']} slots) straight and behind each router. Open loop: Poisson "
+        f"arrivals at {opened['rate_rps']:g} requests/s for {opened['duration_s']:g} s; "
+        "*added* = routed minus direct percentile, in ms. Closed loop: "
+        f"{closed['concurrency']} clients for {closed['duration_s']:g} s "
+        f"({closed['generator_processes']} generator process"
+        f"{'es' if closed['generator_processes'] != 1 else ''}), requests/s answered after "
+        f"the first {closed['warmup_s']:g} s; router CPU is the router process's µs of CPU per "
+        "request in the closed loop. Everything shares this machine's 2 cores, so the closed "
+        "loop measures the generator, the router and the mock together: the router's CPU per "
+        f"request is the figure to compare. Medians of {fig['repeats']} repeats, the "
+        "configurations in turns.\n\n"
+        + _table(
+            [
+                "configuration",
+                "p50 ms",
+                "p99 ms",
+                "added p50 ms",
+                "added p99 ms",
+                "closed-loop req/s",
+                "router CPU µs/request",
+            ],
+            rows,
+        )
+        + ("\n\n`hetero serve` (default strategy):\n\n" + "\n".join(lines) if lines else "")
+    )
+
+
 def main() -> int:
     parts = [
         "# Benchmarks\n\nGenerated by `python bench/tables.py` from `bench/results/*.json`."
@@ -505,6 +698,7 @@ def main() -> int:
         ("quality.json", quality),
         ("plan.json", plan),
         ("engine.json", engine),
+        ("serve.json", serve),
     ):
         doc = _load(name)
         if doc is not None:
