@@ -1,0 +1,148 @@
+"""Fixtures of the router's HTTP tests: real mock replicas and a real ``Server`` on 127.0.0.1.
+
+``serve(...)`` starts one ``MockReplica`` per spec and a router in front of them; after the test
+every request must have ended (no ticket left, the dispatcher's invariants hold, nothing active)
+and everything is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import pytest
+
+from hetero.serve.app import ServeOptions, Server
+from hetero.serve.mock import MockConfig, MockReplica
+from hetero.serve.replicas import Replica
+from hetero.serve.router import Router, RouterOptions
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+#: A mock that answers at once with 10 tokens (deterministic, no sleeping).
+QUICK: dict[str, Any] = {
+    "models": ("m",),
+    "decode_time": 0.0,
+    "prefill_time": 0.0,
+    "output_dist": "fixed",
+    "output_mean": 10,
+}
+
+
+def chat(content: str = "hello world", model: str = "m", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def mock(**fields: Any) -> MockConfig:
+    """``QUICK`` with these fields changed."""
+    return MockConfig(**{**QUICK, **fields})
+
+
+@dataclass
+class Spec:
+    """One replica of a test fleet: how the mock behaves and what the router is told."""
+
+    config: MockConfig = field(default_factory=mock)
+    speed: float = 1.0  # declared to the router
+    slots: int = 4  # declared to the router
+    models: set[str] = field(default_factory=set)  # declared (empty: asked at /v1/models)
+
+
+@dataclass
+class Fleet:
+    mocks: list[MockReplica]
+    router: Router
+    server: Server
+    url: str
+    session: aiohttp.ClientSession
+
+    @property
+    def admin_url(self) -> str:
+        assert self.server.admin_url is not None
+        return self.server.admin_url
+
+    def status_of(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.router.status()["replicas"] if r["name"] == name)
+
+    async def replicas(self) -> dict[str, dict[str, Any]]:
+        """The replicas as ``GET /status`` lists them, by name."""
+        async with self.session.get(self.url + "/status") as reply:
+            assert reply.status == 200
+            return {r["name"]: r for r in (await reply.json())["replicas"]}
+
+    async def post(
+        self, body: Any, path: str = CHAT, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        """POST ``body`` (JSON) and return (status, parsed JSON answer)."""
+        async with self.session.post(self.url + path, json=body, headers=headers) as reply:
+            return reply.status, await reply.json(content_type=None)
+
+
+class Serve(Protocol):
+    def __call__(
+        self,
+        *specs: Spec,
+        options: RouterOptions | None = None,
+        serve_options: ServeOptions | None = None,
+    ) -> Awaitable[Fleet]: ...
+
+
+async def wait_for(check: Callable[[], bool], what: str, limit: float = 10.0) -> None:
+    """Poll ``check`` until it holds (``limit`` only bounds a broken test; nothing is timed)."""
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.005)
+
+
+def assert_settled(router: Router) -> None:
+    """Every admitted request has ended, in the router and in its dispatcher."""
+    assert not router.tickets, f"tickets left: {sorted(router.tickets)}"
+    router.dispatcher.validate_state()
+    assert router.dispatcher.active == 0
+    assert router.dispatcher.waiting == 0
+    assert not router.dispatcher.records  # keep_finished=False: only live items are kept
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    fleets: list[Fleet] = []
+    mocks: list[MockReplica] = []
+
+    async def start(
+        *specs: Spec,
+        options: RouterOptions | None = None,
+        serve_options: ServeOptions | None = None,
+    ) -> Fleet:
+        started = [MockReplica(s.config) for s in specs]
+        mocks.extend(started)
+        urls = [await m.start() for m in started]
+        replicas = [
+            Replica(f"r{i}", url, s.speed, s.slots, set(s.models), bool(s.models))
+            for i, (url, s) in enumerate(zip(urls, specs, strict=True))
+        ]
+        router = Router(replicas, options)
+        # Health checks only when a test asks for them: they would race with its faults.
+        server = Server(router, serve_options or ServeOptions(port=0, health_interval=3600))
+        url = await server.start()
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        fleet = Fleet(started, router, server, url, session)
+        fleets.append(fleet)
+        return fleet
+
+    yield start
+    try:
+        for fleet in fleets:
+            await fleet.session.close()
+            await wait_for(lambda f=fleet: not f.router.tickets, "every request ended")  # type: ignore[misc]
+            assert_settled(fleet.router)
+    finally:
+        for fleet in fleets:
+            await fleet.server.stop()
+        for m in mocks:
+            await m.stop()
