@@ -9,7 +9,7 @@ SPEC (written by ``run_load``):
   Poisson times fixed in advance) or ``closed`` (``concurrency`` clients, each sending its next
   request when the last one is answered, for ``duration`` seconds);
 - ``targets``: base URLs; request i goes to ``targets[i % len(targets)]`` (round robin: with one
-  URL, all to it); ``path``; ``bodies`` (one JSON text per request, used in turn) ;
+  URL, all to it); ``path``; ``bodies`` (one JSON text per request, used in turn);
 - ``grace``: seconds to wait after the last send (open) or after ``duration`` (closed) for what
   is still in flight; what is not back by then is cancelled and recorded as unfinished;
 - ``usage``: parse each response for ``usage`` (else only the status is checked).
