@@ -129,3 +129,22 @@ def test_draining_lets_running_work_finish_and_removing_moves_it_uncharged() -> 
     with pytest.raises(ConfigError, match="already in the fleet"):
         d.add_device(d.view.devices[0])
     d.validate_state()
+
+
+def test_a_draining_device_that_goes_down_stops_what_it_runs() -> None:
+    d = Dispatcher(make_devices([1.0, 1.0]), make_policy("round_robin"), ManualClock())
+    for k in range(2):
+        d.submit(WorkItem(cost=1.0, id=k))  # 0 on d0, 1 on d1
+    d.drain_device("d1")
+    out = d.device_down("d1", "circuit open")
+    assert [(type(i).__name__, i.item.id) for i in out][:1] == [("Stop", 1)]
+    assert d.records[1].device == 0 and d.records[1].failures == 1  # charged: it failed there
+    assert d.device_down("d1") == []  # already down
+    d.validate_state()
+    d.device_up("d1")  # healthy again: takes work, no longer draining
+    d.complete(0)
+    d.complete(1)
+    d.submit(WorkItem(cost=1.0, id=2))
+    d.submit(WorkItem(cost=1.0, id=3))
+    assert {d.records[k].device for k in (2, 3)} == {0, 1}
+    d.validate_state()

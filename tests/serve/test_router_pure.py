@@ -460,12 +460,6 @@ async def test_request_waits_for_a_replica_that_serves_its_model() -> None:
     assert_settled(router)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Router.fail lets the dispatcher refill the failing replica before its breaker "
-    "opens: a request queued there is started, then stopped by device_down and charged an "
-    "attempt it never made (with max_retries=0 it fails without being sent anywhere)",
-)
 async def test_request_queued_behind_a_replica_whose_circuit_opens_is_not_charged() -> None:
     options = RouterOptions(max_retries=0, breaker_threshold=1)
     router = Router([replica("a", speed=10.0), replica("b")], options)

@@ -393,13 +393,17 @@ class Dispatcher:
         return out
 
     def device_down(self, device_id: str, reason: str = "device unhealthy") -> list[Instruction]:
-        """Mark a device unhealthy: it gets nothing more; its items move elsewhere."""
+        """Mark a device unhealthy: it gets nothing more; its items move elsewhere (a draining
+        device's running items too: it is down now)."""
         i = self._device(device_id)
         out: list[Instruction] = []
         if not self.view.usable[i]:
-            return out
-        self._free_slots -= int(self.view.slots[i] - self.view.running[i])
-        self.view.set_usable(i, False)
+            if i not in self._draining or i in self._removed:
+                return out
+            self._draining.discard(i)
+        else:
+            self._free_slots -= int(self.view.slots[i] - self.view.running[i])
+            self.view.set_usable(i, False)
         why = f"{reason} ({device_id})"
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, why))

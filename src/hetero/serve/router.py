@@ -253,8 +253,15 @@ class Router:
         state = self.replicas[ticket.replica]
         state.failed += 1
         self._rearm(ticket)
-        self._apply(self.dispatcher.fail(ticket.id, f"{state.replica.name}: {reason}", retryable))
-        self.replica_failed(state, reason)
+        name = state.replica.name
+        opens = self._breaker_opens(state, reason)
+        if opens:
+            # No new work there before this attempt is failed: its slot must not start the
+            # request queued behind it (which device_down would then stop and charge).
+            self._apply(self.dispatcher.drain_device(name))
+        self._apply(self.dispatcher.fail(ticket.id, f"{name}: {reason}", retryable))
+        if opens:
+            self._apply(self.dispatcher.device_down(name, f"circuit open: {reason}"))
 
     def busy(self, ticket: Ticket, retry_after: float) -> None:
         """The replica answered 429: hold it for ``retry_after`` seconds and place the request
@@ -338,10 +345,16 @@ class Router:
     # ------------------------------------------------------------------ health
 
     def replica_failed(self, state: ReplicaState, reason: str) -> None:
-        """A request or a probe failed on this replica: count it on its circuit breaker."""
+        """A probe failed on this replica: count it on its circuit breaker."""
+        if self._breaker_opens(state, reason):
+            self._apply(self.dispatcher.device_down(state.replica.name, f"circuit open: {reason}"))
+
+    def _breaker_opens(self, state: ReplicaState, reason: str) -> bool:
+        """Count a failure; True when it opened the replica's circuit."""
         if state.breaker.failure(self.clock.now(), reason) and not state.removed:
             log.warning("replica %s: circuit open (%s)", state.replica.name, reason)
-            self._apply(self.dispatcher.device_down(state.replica.name, f"circuit open: {reason}"))
+            return True
+        return False
 
     def probe_ok(self, state: ReplicaState) -> None:
         """A health probe succeeded."""
