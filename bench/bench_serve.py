@@ -78,6 +78,12 @@ HETERO_STRATEGIES = (DEFAULT_STRATEGY, "round_robin", "least_connections", "powe
 # sglang-router's policies but ``manual``, which routes by a routing key the client sends
 # (sticky sessions) and without one picks at random.
 SGLANG_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
+#: Policies also measured as the routers users run them: no queue in the router (see Config).
+FORWARD_STRATEGIES = ("round_robin", "least_connections")
+FORWARD_SLOTS = 100_000
+#: SLO bounds (× a request's service time alone on the slowest replica) reported beside the
+#: chosen one, so that the comparison can be read at any bound.
+SLO_CURVE = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 SGLANG_DEFAULT = "cache_aware"
 LOAD_SCRIPT = Path(__file__).resolve().with_name("_serve_load.py")
 RECORD_COLUMNS = (
@@ -113,15 +119,19 @@ class Goodput:
     slo_slack: float = 1.0
     slo_per_token: float | None = None
     strategies: tuple[str, ...] = HETERO_STRATEGIES
+    forward_strategies: tuple[str, ...] = FORWARD_STRATEGIES
     sglang_policies: tuple[str, ...] = SGLANG_POLICIES
     seed: int = 0
 
-    def slo_bound(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """Seconds a request may take (its per-token bound times its completion tokens)."""
-        if self.slo_per_token is not None:
+    def slo_bound(
+        self, prompt_tokens: int, completion_tokens: int, slack: float | None = None
+    ) -> float:
+        """Seconds a request may take (its per-token bound times its completion tokens);
+        ``slack`` overrides ``slo_slack``."""
+        if self.slo_per_token is not None and slack is None:
             return self.slo_per_token * completion_tokens
         work = self.prefill_time * prompt_tokens + self.decode_time * completion_tokens
-        return self.slo_slack * work / min(self.speeds)
+        return (self.slo_slack if slack is None else slack) * work / min(self.speeds)
 
 
 @dataclass(frozen=True)
@@ -159,14 +169,15 @@ def poisson_times(rate: float, duration: float, seed: int) -> list[float]:
     return [round(float(t), 6) for t in times[times < duration]]
 
 
-def chat_body(content: str, max_tokens: int) -> str:
-    return json.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-        }
-    )
+def chat_body(content: str, max_tokens: int, seed: int | None = None) -> str:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+    if seed is not None:
+        body["seed"] = seed  # the mock draws this request's output length from it
+    return json.dumps(body)
 
 
 def prompt_lengths(w: Goodput, n: int, seed: int) -> list[int]:
@@ -183,9 +194,11 @@ def prompts(w: Goodput, n: int) -> tuple[list[str], list[int]]:
     rng = np.random.default_rng(w.seed + 2)
     bodies = [
         chat_body(
-            rng.integers(97, 123, size=4 * t, dtype=np.uint8).tobytes().decode(), w.max_tokens
+            rng.integers(97, 123, size=4 * t, dtype=np.uint8).tobytes().decode(),
+            w.max_tokens,
+            seed=i,
         )
-        for t in tokens
+        for i, t in enumerate(tokens)
     ]
     return bodies, tokens
 
@@ -302,12 +315,19 @@ class Config:
     label: str
     kind: str  # hetero | client | sglang
     name: str  # strategy or policy
+    # hetero serve told each replica has FORWARD_SLOTS slots: it forwards every request at once
+    # and the replica queues what it cannot start, as routers that count connections do.
+    forward: bool = False
 
 
 def goodput_configs(w: Goodput) -> list[Config]:
     configs = [
         Config(f"hetero serve, {s}" + (" (default)" if s == DEFAULT_STRATEGY else ""), "hetero", s)
         for s in w.strategies
+    ]
+    configs += [
+        Config(f"hetero serve, {s}, forwarding at once", "hetero", s, forward=True)
+        for s in w.forward_strategies
     ]
     configs.append(Config("client-side round robin (no router)", "client", "round_robin"))
     configs += [
@@ -329,7 +349,8 @@ def start_router(
     """The router of ``config`` in front of ``urls``: it and the targets to send to."""
     if config.kind == "hetero":
         replicas = [
-            f"{u}=speed:{s:g},slots={n}" for u, s, n in zip(urls, speeds, slots, strict=True)
+            f"{u}=speed:{s:g},slots={FORWARD_SLOTS if config.forward else n}"
+            for u, s, n in zip(urls, speeds, slots, strict=True)
         ]
         child, url = start_hetero_serve(children, replicas, config.name)
         return child, [url]
@@ -345,6 +366,7 @@ def summarize_goodput(
     n = len(records["index"])
     ok_latency, met, unfinished, failed = [], 0, 0, 0
     per_token = []
+    curve = dict.fromkeys(SLO_CURVE, 0)
     for i, status, latency, pt, ct in zip(
         records["index"],
         records["status"],
@@ -363,8 +385,11 @@ def summarize_goodput(
         ct = max(1, ct)
         per_token.append(latency / ct)
         # The mock's prompt count is the one it paced by; ours is the same number.
-        if latency <= w.slo_bound(pt if pt is not None else prompt_tokens[i], ct):
+        pt = pt if pt is not None else prompt_tokens[i]
+        if latency <= w.slo_bound(pt, ct):
             met += 1
+        for slack in curve:
+            curve[slack] += latency <= w.slo_bound(pt, ct, slack)
     lag = records["lag"]
     return {
         "requests": n,
@@ -376,6 +401,7 @@ def summarize_goodput(
         "slo_met": met,
         "slo_attainment": round(met / n, 4) if n else None,
         "goodput_rps": round(met / duration, 3),
+        "slo_curve": {f"{k:g}": round(v / n, 4) if n else None for k, v in curve.items()},
         "throughput_rps": round(len(ok_latency) / duration, 3),
         "latency_s": _percentiles(ok_latency, 1.0, 4),
         "seconds_per_output_token": _percentiles(per_token, 1.0, 5),
@@ -412,6 +438,8 @@ def run_goodput_config(
             children.stop(router)
         children.stop(mocks)
     row = {"config": config.label, "kind": config.kind, "name": config.name}
+    if config.forward:
+        row["forward"] = True
     row |= summarize_goodput(w, records, prompt_tokens, duration)
     done = sum(s["completed"] for s in stats)
     row["replicas"] = [
@@ -495,8 +523,8 @@ def goodput(
                 "sample_mean": round(float(np.mean(tokens)), 2),
             },
             "max_tokens": w.max_tokens,
-            "same_for_every_configuration": "send times, prompts and max_tokens; each replica "
-            "draws output lengths from its own seed in the order its requests arrive",
+            "same_for_every_configuration": "send times, prompts, max_tokens and output "
+            "lengths (each request carries a seed the mock draws its length from)",
             "grace_s": grace,
             "generator_processes": 1,
         },
@@ -549,7 +577,12 @@ def goodput_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if default is None:
         return {"note": "hetero serve's default strategy was not measured"}
     ours = default["goodput_rps"]
-    baselines = [r for r in rows if r["kind"] != "hetero" and "skipped" not in r]
+    # Baselines: what routes without hetero's placement — no router, sglang-router, and
+    # speed-blind policies forwarding at once. The speed-blind policies behind hetero's own
+    # queue are an ablation (how much the queue alone gives), reported but not a baseline.
+    baselines = [
+        r for r in rows if "skipped" not in r and (r["kind"] != "hetero" or r.get("forward"))
+    ]
     best = max(baselines, key=lambda r: r["goodput_rps"], default=None)
     return {
         "hetero_default_goodput_rps": ours,
@@ -570,7 +603,7 @@ def goodput_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    keys = ("config", "skipped", "requests", "slo_attainment", "goodput_rps", "failed")
+    keys = ("config", "skipped", "requests", "slo_attainment", "goodput_rps", "failed", "slo_curve")
     brief = {k: row[k] for k in keys if k in row}
     if "latency_s" in row:
         brief |= {"p50": row["latency_s"]["p50"], "p99": row["latency_s"]["p99"]}

@@ -505,7 +505,15 @@ class MockReplica:
         except _BadRequest as exc:
             self._failed += 1
             return _error(exc.status, exc.message, code=exc.code)
-        natural = draw_output_length(self._lengths, cfg.output_dist, cfg.output_mean)
+        # OpenAI's ``seed`` makes a request's length its own (the same on every replica, for
+        # benchmarks that compare routers); without it lengths follow arrival order.
+        seed = body.get("seed")
+        lengths = (
+            random.Random(f"{cfg.seed}/{seed}")
+            if isinstance(seed, int) and not isinstance(seed, bool)
+            else self._lengths
+        )
+        natural = draw_output_length(lengths, cfg.output_dist, cfg.output_mean)
         capped = ignore_eos or natural > cap
         job = _Generation(
             chat=chat,
