@@ -216,6 +216,23 @@ async def test_output_lengths_repeat_for_a_seed(start: Start, http: aiohttp.Clie
     assert len(set(first)) > 1  # lognormal: lengths vary
 
 
+async def test_a_requests_seed_fixes_its_length_on_every_replica(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    _, one = await start(**INSTANT, output_mean=40, default_max_tokens=10_000)
+    _, two = await start(**INSTANT, output_mean=40, default_max_tokens=10_000, speed=3.0)
+
+    async def length(url: str, seed: int) -> int:
+        async with http.post(url + CHAT, json={**chat(), "seed": seed}) as r:
+            return int((await r.json())["usage"]["completion_tokens"])
+
+    on_one = [await length(one, k) for k in range(6)]
+    # The other replica, in another order, after unrelated requests: the same lengths.
+    await length(two, 99)
+    assert [await length(two, k) for k in reversed(range(6))] == on_one[::-1]
+    assert len(set(on_one)) > 1
+
+
 @pytest.mark.parametrize("dist", OUTPUT_DISTS)
 def test_output_length_distributions_have_the_mean(dist: str) -> None:
     rng = random.Random(0)
