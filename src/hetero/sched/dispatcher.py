@@ -198,6 +198,7 @@ class Dispatcher:
         self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
         self._draining: set[int] = set()  # take no new work (drain_device)
+        self._only_masks: dict[tuple[str, ...], BoolArray] = {}  # submit's only= sets
         self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
         self._steal_on_place = stealing and not policy.places_by_delay
         # Only build completion events for policies that learn from them.
@@ -255,13 +256,24 @@ class Dispatcher:
         """
         mask = None
         if only is not None:
-            mask = np.zeros(self.view.n, dtype=bool)
-            mask[[self._device(d) for d in only]] = True
-            if not mask.any():
-                raise NoCapableDevice(f"work item {item.id!r} may run on no device (only=[])")
+            # Callers pass the same few sets again and again (a router: the replicas of a
+            # model), so their masks are kept; records share them and never write to them.
+            key = only if isinstance(only, tuple) else tuple(only)
+            mask = self._only_masks.get(key)
+            if mask is None:
+                mask = np.zeros(self.view.n, dtype=bool)
+                mask[[self._device(d) for d in key]] = True
+                if not mask.any():
+                    raise NoCapableDevice(f"work item {item.id!r} may run on no device (only=[])")
+                if len(self._only_masks) < 256:
+                    self._only_masks[key] = mask
         if retries is not None and not (isinstance(retries, int) and retries >= 0):
             raise ConfigError([("retries", f"must be an integer >= 0, got {retries!r}")])
-        largest = self._largest_memory if mask is None else int(self.view.mem_total[mask].max())
+        largest = (
+            self._largest_memory
+            if mask is None or not item.memory
+            else int(self.view.mem_total[mask].max())
+        )
         if item.memory > largest:
             totals = (
                 self.view.mem_total if mask is None else np.where(mask, self.view.mem_total, -1)
@@ -443,6 +455,7 @@ class Dispatcher:
             return self.device_up(device.id)
         self.perf.add(device)
         i = self.view.add(device, slots)
+        self._only_masks.clear()  # one device short now
         for rec in self.records.values():  # a device joins outside every only= list
             if rec.only is not None and rec.state not in TERMINAL:
                 rec.only = np.append(rec.only, False)

@@ -96,6 +96,7 @@ class Server:
         o = self.options
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            cookie_jar=aiohttp.DummyCookieJar(),  # replicas set no cookies worth keeping
             # No total: the dispatcher's deadline ends a request (a Stop). A second timer of
             # the same length fires in the same loop turn, and aiohttp then turns the Stop's
             # cancellation into a TimeoutError that would read as the replica's fault.

@@ -4,7 +4,7 @@ read from the router's state at scrape time (so the request path does not pay fo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -104,16 +104,28 @@ class ServeMetrics:
             registry=self.registry,
         )
         self.registry.register(_RouterState(router))
+        self._children: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
 
     def answered(
         self, replica: str, code: int, latency: float, tokens: int | None, ttft: float | None
     ) -> None:
-        self.requests.labels(replica, str(code)).inc()
-        self.latency.labels(replica).observe(latency)
+        # The labelled children, looked up once per (replica, code): labels() takes a lock and
+        # builds a tuple, a third of this method's cost on the request path.
+        children = self._children.get((replica, code))
+        if children is None:
+            children = self._children[(replica, code)] = (
+                self.requests.labels(replica, str(code)),
+                self.latency.labels(replica),
+                self.tokens.labels(replica),
+                self.ttft.labels(replica),
+            )
+        requests, latency_child, tokens_child, ttft_child = children
+        requests.inc()
+        latency_child.observe(latency)
         if tokens:
-            self.tokens.labels(replica).inc(tokens)
+            tokens_child.inc(tokens)
         if ttft is not None:
-            self.ttft.labels(replica).observe(ttft)
+            ttft_child.observe(ttft)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -162,20 +162,20 @@ class Router:
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
-        self._model_masks: dict[str, list[str]] = {}
+        self._model_masks: dict[str, tuple[str, ...]] = {}
         self.started = time.time()
         self.closing = False
         self.decisions: dict[str, int] = {}  # replica name -> requests placed there
 
     # ------------------------------------------------------------------ admission
 
-    def replicas_for(self, model: str) -> list[str]:
+    def replicas_for(self, model: str) -> tuple[str, ...]:
         """Names of the replicas (not removed) that serve ``model``; ``UnknownModel`` if none."""
         names = self._model_masks.get(model)
         if names is None:
-            names = [
+            names = tuple(
                 s.replica.name for s in self.replicas if not s.removed and model in s.replica.models
-            ]
+            )
             if not names:
                 served = sorted(
                     {m for s in self.replicas if not s.removed for m in s.replica.models}
