@@ -70,11 +70,21 @@ from _serve_procs import (
 )
 
 import hetero
+from hetero.serve.router import DEFAULT_STRATEGY
 
 FIGURES = ("goodput", "overhead")
 MODEL = "mock-llm"
-DEFAULT_STRATEGY = "shortest_expected_delay"
-HETERO_STRATEGIES = (DEFAULT_STRATEGY, "round_robin", "least_connections", "power_of_two")
+HETERO_STRATEGIES = tuple(
+    dict.fromkeys(
+        (
+            DEFAULT_STRATEGY,
+            "shortest_expected_delay",
+            "round_robin",
+            "least_connections",
+            "power_of_two",
+        )
+    )
+)
 # sglang-router's policies but ``manual``, which routes by a routing key the client sends
 # (sticky sessions) and without one picks at random.
 SGLANG_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")

@@ -15,6 +15,7 @@ from hetero._cli_util import fail, print_problems
 from hetero.config import load_config
 from hetero.errors import ConfigError, HeteroError
 from hetero.sched.registry import policy_names
+from hetero.serve.router import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:
     from hetero.serve.app import Server
@@ -57,7 +58,7 @@ def serve(
         str | None,
         typer.Option(
             help="Routing policy (see `hetero policies list`). Default: the config's, else "
-            "shortest_expected_delay.",
+            f"{DEFAULT_STRATEGY}.",
             show_default=False,
         ),
     ] = None,
@@ -132,7 +133,7 @@ def serve(
     """
     from hetero.serve.app import ServeOptions, Server
     from hetero.serve.replicas import parse_replica_flag, replica_from_config
-    from hetero.serve.router import DEFAULT_STRATEGY, Router, RouterOptions
+    from hetero.serve.router import Router, RouterOptions
 
     try:
         file = load_config(config) if config is not None else None
@@ -152,9 +153,11 @@ def serve(
                 ]
             )
         scheduler = file.scheduler if file is not None else None
+        # The config's strategy only when it names one: the engine's default is not the router's.
+        chosen = scheduler if scheduler and "strategy" in scheduler.model_fields_set else None
         options = RouterOptions(
-            strategy=strategy or (scheduler.strategy if scheduler else DEFAULT_STRATEGY),
-            strategy_options=dict(scheduler.options) if scheduler and not strategy else {},
+            strategy=strategy or (chosen.strategy if chosen else DEFAULT_STRATEGY),
+            strategy_options=dict(chosen.options) if chosen and not strategy else {},
             queue_size=queue_size,
             timeout=timeout,
             max_retries=max_retries,
