@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -565,9 +566,10 @@ def test_cli_process_without_replicas_exits_1_without_a_traceback() -> None:
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
-async def test_cli_serves_and_drains_on_sigterm() -> None:
+async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     replica = MockReplica(mock())
     url = await replica.start()
+    access = tmp_path / "access.jsonl"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -579,6 +581,8 @@ async def test_cli_serves_and_drains_on_sigterm() -> None:
         "3600",
         "-r",
         f"{url}=speed:2",
+        "--access-log",
+        str(access),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -603,6 +607,9 @@ async def test_cli_serves_and_drains_on_sigterm() -> None:
         err = (await proc.stderr.read()).decode()
         assert "draining 0 requests" in err and "Traceback" not in err
         assert await proc.stdout.read() == b""
+        (entry,) = [json.loads(line) for line in access.read_text().splitlines()]
+        assert entry["path"] == CHAT and entry["status"] == 200 and entry["output_tokens"] == 3
+        assert entry["replica"] == url.removeprefix("http://") and entry["attempts"] == 1
     finally:
         if proc.returncode is None:
             proc.kill()
