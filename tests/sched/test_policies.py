@@ -95,6 +95,11 @@ def test_sed_counts_an_items_own_service_time_on_a_many_slot_device() -> None:
     view.outstanding[1] = 3.0  # d1 busy: (3 + 1) / 2 = 2 s; d0 still 1 s
     view.size_order = False
     assert bound("shortest_expected_delay", view).pick(WorkItem(cost=1.0), view, None) == 0
+    # Slots that only hold the next item ready (parallel 1): d0 runs each item at its full 4.
+    view = FleetView(devices, PerfModel(devices), ManualClock(), slots=[4, 1], parallel=[1, 1])
+    assert view.expected_delay("default", 1.0).tolist() == pytest.approx([0.25, 0.5])
+    with pytest.raises(ValueError, match="parallel must be 2 integers from 1 to the slots"):
+        FleetView(devices, PerfModel(devices), ManualClock(), slots=[4, 1], parallel=[1, 2])
 
 
 def test_weighted_least_connections_and_least_work() -> None:

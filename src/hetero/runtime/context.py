@@ -215,6 +215,8 @@ class Context:
         self.devices = fleet
         overrides: dict[str, Any] = {
             "slots": [1 + prefetch] * len(fleet),
+            # A worker runs one task at a time; its other slots hold the next ones ready.
+            "parallel": [1] * len(fleet),
             # A long-lived context must not keep a record per task it ever ran.
             "keep_finished": False,
             # Emulated devices do speed × (1 / time_scale) work units per second: priors in the

@@ -103,6 +103,8 @@ class Dispatcher:
         clock: the only source of time.
         perf: speeds per (device, kind); default: catalog priors.
         slots: items each device runs at once (default 1 each).
+        parallel: of those, how many it really works on together, each at speed / parallel
+            (default: all its slots; 1 for a worker whose other slots hold prefetched items).
         max_queue_size: items waiting (pending + queued) before ``submit`` raises ``QueueFull``.
         timeout: seconds from submit after which an unfinished item fails (``None``: never);
             an item's own ``deadline`` wins.
@@ -129,6 +131,7 @@ class Dispatcher:
         *,
         perf: PerfModel | None = None,
         slots: Sequence[int] | None = None,
+        parallel: Sequence[int] | None = None,
         max_queue_size: int = 10_000,
         timeout: float | None = None,
         max_retries: int = 2,
@@ -161,7 +164,7 @@ class Dispatcher:
             raise ConfigError(problems)
         self.clock = clock
         self.perf = perf if perf is not None else PerfModel(devices)
-        self.view = FleetView(devices, self.perf, clock, slots)
+        self.view = FleetView(devices, self.perf, clock, slots, parallel)
         self.policy = policy
         self.max_queue_size = max_queue_size
         self.timeout = timeout
@@ -442,11 +445,17 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------ membership
 
-    def add_device(self, device: Device, slots: int = 1) -> list[Instruction]:
+    def add_device(
+        self, device: Device, slots: int = 1, parallel: int | None = None
+    ) -> list[Instruction]:
         """A device joins the fleet (a replica, a node's GPU): it takes pending work and steals
         queued work at once. A device removed earlier may join again under its id."""
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ConfigError([("slots", f"must be an integer >= 1, got {slots!r}")])
+        if parallel is not None and not (isinstance(parallel, int) and 1 <= parallel <= slots):
+            raise ConfigError(
+                [("parallel", f"must be an integer from 1 to slots ({slots}), got {parallel!r}")]
+            )
         i = self.view.index.get(device.id)
         if i is not None:
             if i not in self._removed:
@@ -454,7 +463,7 @@ class Dispatcher:
             self._removed.discard(i)
             return self.device_up(device.id)
         self.perf.add(device)
-        i = self.view.add(device, slots)
+        i = self.view.add(device, slots, parallel)
         self._only_masks.clear()  # one device short now
         for rec in self.records.values():  # a device joins outside every only= list
             if rec.only is not None and rec.state not in TERMINAL:

@@ -56,6 +56,7 @@ class FleetView:
         perf: PerfModel,
         clock: Clock,
         slots: Sequence[int] | None = None,
+        parallel: Sequence[int] | None = None,
     ) -> None:
         if not devices:
             raise ValueError("a fleet needs at least one device")
@@ -72,7 +73,20 @@ class FleetView:
         self.slots: IntArray = np.array(slots if slots is not None else [1] * n, dtype=np.int64)
         if self.slots.shape != (n,) or (self.slots < 1).any():
             raise ValueError(f"slots must be {n} integers >= 1, got {list(self.slots)}")
-        self.multi_slot = bool((self.slots > 1).any())
+        # Items each device runs at the same time, each at speed / parallel: its slots, unless
+        # some slots only hold the next item ready (the engine's prefetch).
+        self.parallel: IntArray = (
+            self.slots.copy() if parallel is None else np.array(parallel, dtype=np.int64)
+        )
+        if (
+            self.parallel.shape != (n,)
+            or (self.parallel < 1).any()
+            or (self.parallel > self.slots).any()
+        ):
+            raise ValueError(
+                f"parallel must be {n} integers from 1 to the slots, got {list(self.parallel)}"
+            )
+        self.multi_slot = bool((self.parallel > 1).any())
         # Lists, not arrays: only the dispatcher reads these one device at a time, and a list
         # element costs a fraction of a numpy scalar update on the hot path.
         self.running: list[int] = [0] * n
@@ -97,7 +111,7 @@ class FleetView:
         for i in np.flatnonzero(~self.usable):
             perf.set_usable(int(i), False)
 
-    def add(self, device: Device, slots: int) -> int:
+    def add(self, device: Device, slots: int, parallel: int | None = None) -> int:
         """Append ``device`` (idle, usable) to every per-device array; returns its position.
         The performance model must have the device already."""
         if device.id in self.index:
@@ -108,7 +122,9 @@ class FleetView:
         self.index[device.id] = i
         self.n += 1
         self.slots = np.append(self.slots, np.int64(slots))
-        self.multi_slot = self.multi_slot or slots > 1
+        together = slots if parallel is None else parallel
+        self.parallel = np.append(self.parallel, np.int64(together))
+        self.multi_slot = self.multi_slot or together > 1
         self.running.append(0)
         self.in_flight = np.append(self.in_flight, np.int64(0))
         self.outstanding = np.append(self.outstanding, 0.0)
@@ -176,9 +192,10 @@ class FleetView:
         large ones need (weight 1 is the total latency the placement adds; more favours the
         large).
 
-        A device of speed ``s`` with ``k`` slots runs each item at ``s / k``, so an item never
-        finishes sooner than its own service time ``cost × k / s``, however idle the device: on
-        an idle many-slot device the work-ahead sum alone would promise ``k`` times too soon.
+        A device of speed ``s`` running ``k`` items at once (``parallel``, by default its slots)
+        runs each at ``s / k``, so an item never finishes sooner than its own service time
+        ``cost × k / s``, however idle the device: on an idle many-slot device the work-ahead
+        sum alone would promise ``k`` times too soon.
 
         A free item (cost 0) would finish at once on every idle device: ties are broken by the
         items in flight, so that free items spread instead of all landing on the first
@@ -203,7 +220,7 @@ class FleetView:
             score += cost
             score *= inv
         if self.multi_slot:
-            np.maximum(score, self.slots * (cost * inv), out=score)
+            np.maximum(score, self.parallel * (cost * inv), out=score)
         return score
 
     def delay_at(self, index: int, cost: float, inv: float, overtake_weight: float) -> float:
@@ -218,7 +235,7 @@ class FleetView:
             ahead = float(self.running_work[index]) + float(self.queued_below[k, index])
             passed = float(self.queued_from[k, index])
             delay = (ahead + cost * (1.0 + overtake_weight * passed)) * inv
-        return max(delay, cost * int(self.slots[index]) * inv) + tie
+        return max(delay, cost * int(self.parallel[index]) * inv) + tie
 
     def expected_delay(self, kind: str, cost: float) -> FloatArray:
         """Seconds until an item of ``cost`` placed now would finish on each device (or ``inf``),
