@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,3 +44,25 @@ def emit(doc: dict[str, Any], out: str | None) -> int:
         with open(out, "w") as f:
             f.write(text + "\n")
     return 0
+
+
+def revision() -> dict[str, Any]:
+    """The commit measured, and whether ``src/`` differed from it (others edit it meanwhile)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {
+        "commit": git("rev-parse", "HEAD") or None,
+        "src_modified": bool(git("status", "--porcelain", "--", "src")),
+    }
+
+
+def command(script: str, argv: Sequence[str]) -> str:
+    """The command line that reruns ``script`` (``bench/NAME.py``) with ``argv``."""
+    python = os.path.relpath(sys.executable) if sys.prefix != sys.base_prefix else "python"
+    if python.startswith(".."):
+        python = "python"
+    return " ".join([python, script, *map(shlex.quote, argv)])

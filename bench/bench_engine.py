@@ -44,9 +44,7 @@ import itertools
 import json
 import math
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _common
 import numpy as np
 import psutil
 from _common import calibration_seconds, emit
@@ -551,27 +550,6 @@ def _overhead_one(backend: str, strategy: str, n: int, tasks: int, sizes: Sizes)
 # ------------------------------------------------------------------------------------ main
 
 
-def _revision() -> dict[str, Any]:
-    """The commit measured, and whether ``src/`` differed from it (others edit it meanwhile)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return {
-        "commit": git("rev-parse", "HEAD") or None,
-        "src_modified": bool(git("status", "--porcelain", "--", "src")),
-    }
-
-
-def _command(argv: Sequence[str]) -> str:
-    python = os.path.relpath(sys.executable) if sys.prefix != sys.base_prefix else "python"
-    if python.startswith(".."):
-        python = "python"
-    return " ".join([python, "bench/bench_engine.py", *map(shlex.quote, argv)])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -594,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         ray, reason = ray_module()
         if ray is None:
             print(f"Ray anchors skipped: {reason}", file=sys.stderr)
-    command = _command(argv)
+    command = _common.command("bench/bench_engine.py", argv)
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "throughput": lambda: throughput(sizes, ray),
         "map": lambda: makespan(sizes, ray, args.seed),
@@ -602,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": lambda: overhead(sizes),
     }
     figures: dict[str, Any] = {}
-    revision = _revision()
+    revision = _common.revision()
     started = time.perf_counter()
     for name in [args.only] if args.only else FIGURES:
         calibration = calibration_seconds()
@@ -623,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         "ray_reason": reason,
         "hetero": hetero.__version__,
         "revision": revision,
-        "revision_after": _revision(),
+        "revision_after": _common.revision(),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     if args.only and args.out and Path(args.out).exists():

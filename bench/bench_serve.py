@@ -41,7 +41,6 @@ import math
 import os
 import random
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import _common
 import numpy as np
 from _common import calibration_seconds, emit
 from _serve_procs import (
@@ -902,27 +902,6 @@ def print_tables(figures: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------------ main
 
 
-def _revision() -> dict[str, Any]:
-    """The commit measured, and whether ``src/`` differed from it (others edit it meanwhile)."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    return {
-        "commit": git("rev-parse", "HEAD") or None,
-        "src_modified": bool(git("status", "--porcelain", "--", "src")),
-    }
-
-
-def _command(argv: Sequence[str]) -> str:
-    python = os.path.relpath(sys.executable) if sys.prefix != sys.base_prefix else "python"
-    if python.startswith(".."):
-        python = "python"
-    return " ".join([python, "bench/bench_serve.py", *map(shlex.quote, argv)])
-
-
 def _template(command: list[str]) -> str:
     """A child's command line for the record, with ``python`` for this interpreter's path."""
     return " ".join(["python", *command[1:]] if command[0] == sys.executable else command)
@@ -1054,8 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{who}: {reason}", file=sys.stderr)
 
     signal.signal(signal.SIGTERM, _interrupt)
-    command = _command(argv)
-    revision = _revision()
+    command = _common.command("bench/bench_serve.py", argv)
+    revision = _common.revision()
     runners: dict[str, Callable[[Children], dict[str, Any]]] = {
         "goodput": lambda c: goodput(c, g, hetero_reason, sglang_reason),
         "overhead": lambda c: overhead(c, o, hetero_reason, sglang_reason),
@@ -1097,7 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
         },
         "revision": revision,
-        "revision_after": _revision(),
+        "revision_after": _common.revision(),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
     if args.only and args.out and Path(args.out).exists():
