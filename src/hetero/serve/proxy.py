@@ -77,17 +77,9 @@ async def forward(
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         router.fail(ticket, f"{type(exc).__name__}: {exc}".rstrip(": "))
         return None
-    if status == 429:
-        router.busy(ticket, retry_after(headers))
-        return None
-    if status >= 500:
-        router.fail(ticket, f"HTTP {status}: {_short(data)}")
-        return None
     latency = loop.time() - started
     if status != 200:
-        # The request's own fault (bad parameters): pass the replica's answer on.
-        router.complete(ticket, 0, latency)
-        return web.Response(status=status, body=data, headers=_JSON)
+        return _not_ok(router, ticket, status, data, headers, latency)
     try:
         answer = json.loads(data)
         usage = answer.get("usage") or {}
@@ -99,6 +91,22 @@ async def forward(
     outcome.output_tokens = tokens
     router.complete(ticket, tokens, latency)
     return web.Response(body=data, headers=_JSON)
+
+
+def _not_ok(
+    router: Router, ticket: Ticket, status: int, data: bytes, headers: Any, latency: float
+) -> web.Response | None:
+    """A replica's answer other than 200: 429 holds the replica and places the request again,
+    5xx fails the attempt (``None`` either way), any other is the request's own fault (bad
+    parameters), passed on to the client."""
+    if status == 429:
+        router.busy(ticket, retry_after(headers))
+        return None
+    if status >= 500:
+        router.fail(ticket, f"HTTP {status}: {_short(data)}")
+        return None
+    router.complete(ticket, 0, latency)
+    return web.Response(status=status, body=data, headers=_JSON)
 
 
 async def _first_event(content: aiohttp.StreamReader) -> list[bytes]:
@@ -167,14 +175,8 @@ async def forward_stream(
     try:
         if reply.status != 200:
             data = await reply.read()
-            if reply.status == 429:
-                router.busy(ticket, retry_after(reply.headers))
-                return None
-            if reply.status >= 500:
-                router.fail(ticket, f"HTTP {reply.status}: {_short(data)}")
-                return None
-            router.complete(ticket, 0, loop.time() - started)
-            return web.Response(status=reply.status, body=data, headers=_JSON)
+            latency = loop.time() - started
+            return _not_ok(router, ticket, reply.status, data, reply.headers, latency)
         try:
             first = await _first_event(reply.content)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
