@@ -92,6 +92,11 @@ class Serve(Protocol):
     ) -> Awaitable[Fleet]: ...
 
 
+#: Tests that expect a request on a given replica route deterministically; the router's default
+#: (power_of_two) samples at random.
+PINNED = "shortest_expected_delay"
+
+
 async def wait_for(check: Callable[[], bool], what: str, limit: float = 10.0) -> None:
     """Poll ``check`` until it holds (``limit`` only bounds a broken test; nothing is timed)."""
     deadline = time.monotonic() + limit
@@ -126,7 +131,7 @@ async def serve() -> AsyncIterator[Serve]:
             Replica(f"r{i}", url, s.speed, s.slots, set(s.models), bool(s.models))
             for i, (url, s) in enumerate(zip(urls, specs, strict=True))
         ]
-        router = Router(replicas, options)
+        router = Router(replicas, options or RouterOptions(strategy=PINNED))
         # Health checks only when a test asks for them: they would race with its faults.
         server = Server(router, serve_options or ServeOptions(port=0, health_interval=3600))
         url = await server.start()

@@ -21,7 +21,7 @@ from hetero.serve.health import Breaker, gray_replicas
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import DEFAULT_SLOTS, Replica, parse_replica_flag, replica_from_config
 from hetero.serve.router import NoReplica, Router, RouterOptions, Ticket, UnknownModel
-from tests.serve.conftest import assert_settled
+from tests.serve.conftest import PINNED, assert_settled
 
 URL = "http://127.0.0.1:9"  # never contacted
 
@@ -316,6 +316,7 @@ def test_replica_without_fit_model_gets_the_default_slots() -> None:
 def test_router_options_list_every_bad_field() -> None:
     with pytest.raises(ConfigError) as info:
         RouterOptions(
+            strategy=PINNED,
             queue_size=0,
             timeout=0.0,
             default_max_tokens=0,
@@ -331,7 +332,7 @@ def test_router_options_list_every_bad_field() -> None:
         "unit_rate",
         "gray_ratio",
     ]
-    assert RouterOptions(timeout=None).timeout is None
+    assert RouterOptions(strategy=PINNED, timeout=None).timeout is None
 
 
 def test_router_needs_replicas_with_distinct_names() -> None:
@@ -358,7 +359,9 @@ def ran_on(ticket: Ticket) -> int | None:
 
 
 async def test_admission_errors_say_what_is_wrong() -> None:
-    router = Router([replica("a", models="m|x"), replica("b")], RouterOptions(queue_size=1))
+    router = Router(
+        [replica("a", models="m|x"), replica("b")], RouterOptions(strategy=PINNED, queue_size=1)
+    )
     with pytest.raises(UnknownModel, match="model 'y' is not served here; models: m, x"):
         router.admit("y", 1, None)
     router.drain("a")
@@ -380,7 +383,7 @@ async def test_admission_errors_say_what_is_wrong() -> None:
 
 
 async def test_open_circuit_refuses_and_a_probe_after_cooldown_closes_it() -> None:
-    options = RouterOptions(breaker_threshold=2, breaker_cooldown=1e-9)
+    options = RouterOptions(strategy=PINNED, breaker_threshold=2, breaker_cooldown=1e-9)
     router = Router([replica("a")], options)
     state = router.by_name["a"]
     router.replica_failed(state, "health check: refused")
@@ -399,7 +402,7 @@ async def test_open_circuit_refuses_and_a_probe_after_cooldown_closes_it() -> No
 
 
 async def test_failed_attempt_is_retried_on_another_replica_then_ends() -> None:
-    router = Router([replica("a"), replica("b")], RouterOptions(max_retries=1))
+    router = Router([replica("a"), replica("b")], RouterOptions(strategy=PINNED, max_retries=1))
     ticket = router.admit("m", 1, None)
     first = ran_on(ticket)
     assert first is not None
@@ -416,7 +419,7 @@ async def test_failed_attempt_is_retried_on_another_replica_then_ends() -> None:
 
 async def test_busy_replica_is_held_and_its_request_placed_elsewhere() -> None:
     """A replica that answered 429 is held for Retry-After: the request goes elsewhere."""
-    router = Router([replica("fast", speed=10.0), replica("slow")])
+    router = Router([replica("fast", speed=10.0), replica("slow")], RouterOptions(strategy=PINNED))
     ticket = router.admit("m", 1, None)
     assert ran_on(ticket) == 0
     router.busy(ticket, retry_after=0.01)
@@ -461,7 +464,7 @@ async def test_request_waits_for_a_replica_that_serves_its_model() -> None:
 
 
 async def test_request_queued_behind_a_replica_whose_circuit_opens_is_not_charged() -> None:
-    options = RouterOptions(max_retries=0, breaker_threshold=1)
+    options = RouterOptions(strategy=PINNED, max_retries=0, breaker_threshold=1)
     router = Router([replica("a", speed=10.0), replica("b")], options)
     first = router.admit("m", 1, None)
     queued = router.admit("m", 1, None)
@@ -477,7 +480,7 @@ async def test_request_queued_behind_a_replica_whose_circuit_opens_is_not_charge
 
 
 async def test_removed_replica_stops_its_requests_and_can_rejoin() -> None:
-    router = Router([replica("a", slots=2), replica("b", slots=2)])
+    router = Router([replica("a", slots=2), replica("b", slots=2)], RouterOptions(strategy=PINNED))
     tickets = [router.admit("m", 1, None) for _ in range(4)]
     on_a = [t for t in tickets if ran_on(t) == 0]
     assert len(on_a) == 2
@@ -530,7 +533,11 @@ class RouterModel:
 
     def __init__(self) -> None:
         options = RouterOptions(
-            queue_size=12, max_retries=1, breaker_threshold=2, breaker_cooldown=1e-9
+            strategy=PINNED,
+            queue_size=12,
+            max_retries=1,
+            breaker_threshold=2,
+            breaker_cooldown=1e-9,
         )
         self.router = Router(
             [replica("a", 2.0, 2, "m|x"), replica("b", 1.0, 1, "m"), replica("c", 1.0, 2, "m|x")],

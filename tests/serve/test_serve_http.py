@@ -24,7 +24,7 @@ from hetero.serve.app import ServeOptions
 from hetero.serve.mock import MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import RouterOptions
-from tests.serve.conftest import CHAT, COMPLETIONS, Fleet, Serve, Spec, chat, mock, wait_for
+from tests.serve.conftest import CHAT, COMPLETIONS, PINNED, Fleet, Serve, Spec, chat, mock, wait_for
 
 ADMIN_KEY = "sekret"
 
@@ -91,7 +91,7 @@ async def test_unknown_model_answers_404_listing_the_served_ones(serve: Serve) -
 
 async def test_full_queue_answers_429_with_retry_after(serve: Serve) -> None:
     one = mock(decode_time=0.005, slots=1)
-    fleet = await serve(Spec(one, slots=1), options=RouterOptions(queue_size=1))
+    fleet = await serve(Spec(one, slots=1), options=RouterOptions(strategy=PINNED, queue_size=1))
     dispatcher = fleet.router.dispatcher
     running = await occupy(fleet)
     waiting = asyncio.create_task(fleet.post(chat()))
@@ -338,7 +338,7 @@ async def test_request_stopped_before_its_handler_woke_goes_where_it_was_placed_
     """The replica's failure that opens its circuit first starts the request queued behind it
     there, then stops it and places it elsewhere, all in one step: its handler, woken after,
     must follow the new placement, not forward it to the dead replica (and blame the other)."""
-    fleet = await serve(Spec(), options=RouterOptions(breaker_threshold=1))
+    fleet = await serve(Spec(), options=RouterOptions(strategy=PINNED, breaker_threshold=1))
     gate = GateReplica()
     url = await gate.start()
     try:
@@ -359,7 +359,7 @@ async def test_request_stopped_before_its_handler_woke_goes_where_it_was_placed_
 
 async def test_request_timeout_answers_504(serve: Serve) -> None:
     slow = mock(decode_time=0.05, output_mean=200)
-    fleet = await serve(Spec(slow), options=RouterOptions(timeout=0.3))
+    fleet = await serve(Spec(slow), options=RouterOptions(strategy=PINNED, timeout=0.3))
     status, answer = await fleet.post(chat())
     assert status == 504
     assert answer["error"]["message"].startswith("request failed: timed out after 0.3s")
@@ -423,7 +423,7 @@ async def test_gray_failure_is_detected_and_drained(serve: Serve) -> None:
         Spec(paced),
         Spec(paced),
         Spec(mock(decode_time=0.002, output_mean=10, slowdown=8.0)),
-        options=RouterOptions(gray_min_done=4),
+        options=RouterOptions(strategy=PINNED, gray_min_done=4),
     )
     sent = 0
     while fleet.status_of("r2")["state"] != "gray":
