@@ -119,9 +119,11 @@ def serve(
 ) -> None:
     """Route OpenAI-compatible requests to replicas by their speed and capacity.
 
-    Each request goes to the replica that would finish it soonest, counting its prompt and
-    expected output, what each replica is already doing and how fast each has proven to be;
-    when every replica is full it waits in the router instead of overloading a small GPU.
+    A request goes where it would finish soonest, by its prompt and expected output.
+
+    Speeds are learned from every reply; a replica that slows down gets less.
+
+    When every replica is full, requests wait here instead of overloading a small GPU.
 
     Examples:
 

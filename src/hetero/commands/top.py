@@ -86,8 +86,7 @@ def top(
 
     With --once, or when the output is not a terminal, it prints one view and exits.
 
-    With --serve URL: the replicas of a running router, per replica its state, learned and
-    declared speed, requests running and waiting, output tokens/s and mean latency.
+    With --serve URL: a running router's replicas (state, speeds, requests, tokens/s, latency).
 
     Examples: `hetero top`, `hetero top --pid 4242 --once`, `hetero top -c fleet.yaml`,
     `hetero top --serve http://127.0.0.1:8080`.
