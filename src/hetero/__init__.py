@@ -11,6 +11,7 @@ from hetero._lazy import lazy_exports
 from hetero._version import __version__
 
 if _TYPE_CHECKING:
+    from hetero.comm import recv, send
     from hetero.config import (
         CommunicationConfig,
         DeviceConfig,
@@ -112,12 +113,15 @@ if _TYPE_CHECKING:
         ProfileSummary,
         TaskTrace,
     )
+    from hetero.train import HeteroSampler
     from hetero.units import (
         format_size,
         parse_size,
     )
 
 _EXPORTS = {
+    "recv": "hetero.comm",
+    "send": "hetero.comm",
     "CommunicationConfig": "hetero.config",
     "DeviceConfig": "hetero.config",
     "HeteroConfig": "hetero.config",
@@ -204,6 +208,7 @@ _EXPORTS = {
     "Profile": "hetero.telemetry",
     "ProfileSummary": "hetero.telemetry",
     "TaskTrace": "hetero.telemetry",
+    "HeteroSampler": "hetero.train",
     "format_size": "hetero.units",
     "parse_size": "hetero.units",
 }
@@ -238,6 +243,7 @@ __all__ = [
     "FleetView",
     "HeteroConfig",
     "HeteroError",
+    "HeteroSampler",
     "InfeasiblePlan",
     "InvalidItem",
     "InvalidTransition",
@@ -295,7 +301,9 @@ __all__ = [
     "plan_fleet",
     "policy_names",
     "read_topology",
+    "recv",
     "restore",
+    "send",
     "set_log_level",
     "simulate",
     "task",
