@@ -20,7 +20,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import torch
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
 import torch.distributed as dist
 
 from hetero.errors import BackendError, ConfigError, HeteroError

@@ -14,7 +14,12 @@ import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
 from torch.utils.data import Sampler
 
 from hetero.errors import ConfigError
