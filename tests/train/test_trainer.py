@@ -1,0 +1,390 @@
+"""The Trainer on 3 gloo ranks over 127.0.0.1: exact gradients against one process training on the
+same global batches, shares that follow emulated speeds, rebalancing, a rank with share 0, the
+collective errors and the step reports.
+
+The three processes start once per module (starting torch costs most of the time) and run every
+scenario in order; the tests then check what each rank recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import pickle
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hetero import comm
+from hetero.errors import ConfigError, HeteroError
+from hetero.train import HeteroSampler, StepReport, Trainer, TrainerOptions
+
+WORLD = 3
+STEPS = 5
+Outcome = tuple[str, Any]  # ("ok", value) or ("error", "ErrorType: message")
+LOSS = nn.CrossEntropyLoss(reduction="sum")
+
+
+def _data(n: int = 60) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 8, generator=generator)
+    y = torch.randint(0, 4, (n,), generator=generator)
+    return TensorDataset(x, y)
+
+
+def _model(hidden: int = 16) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 4))
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _adam(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def _reference(
+    make_optimizer: Callable[[Any], torch.optim.Optimizer], options: TrainerOptions, steps: int
+) -> nn.Module:
+    """One process, no DDP: each step the mean loss of the whole global batch, the batches in
+    the sampler's order (global batch k of an epoch is order[k*B:(k+1)*B])."""
+    dataset, model = _data(), _model()
+    optimizer = make_optimizer(model.parameters())
+    size, batch = len(dataset), options.global_batch
+    done, epoch = 0, 0
+    while done < steps:
+        order = HeteroSampler.global_order(size, options.seed, epoch, options.shuffle)
+        for k in range(0, size, batch):
+            if done == steps:
+                break
+            x, y = dataset[order[k : k + batch]]
+            loss = LOSS(model(x), y) / len(x)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            done += 1
+        epoch += 1
+    return model
+
+
+def _exact(
+    make_optimizer: Callable[[Any], torch.optim.Optimizer], **kw: Any
+) -> Callable[[int], Any]:
+    def scenario(rank: int) -> Any:
+        options = TrainerOptions(global_batch=24, seed=3, **kw)
+        trainer = Trainer(_model(), make_optimizer, LOSS, _data(), options)
+        reports = trainer.train(STEPS, progress=False)
+        reference = _reference(make_optimizer, options, STEPS)
+        diff = max(
+            (a - b).abs().max().item()
+            for a, b in zip(trainer.model.parameters(), reference.parameters(), strict=True)
+        )
+        return {"diff": diff, "reports": [r.to_dict() for r in reports]}
+
+    return scenario
+
+
+def _speeds(rank: int) -> Any:
+    speed = (1.0, 0.5, 0.25)[rank]
+    options = TrainerOptions(
+        global_batch=28,
+        drop_last=True,
+        profile_steps=2,
+        rebalance_every=0,
+        speed=speed,
+        emulate_sample_time=0.002,
+        report_path=str(Path(_OUT, "speeds.jsonl")),
+    )
+    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    reports = trainer.train(4, progress=False)
+    return {
+        "shares": trainer.shares,
+        "throughputs": trainer.throughputs,
+        "reports": [r.to_dict() for r in reports],
+    }
+
+
+def _rebalance(rank: int) -> Any:
+    """Equal speeds, then rank 0 slows to a quarter (as a throttled device would) after step 3:
+    the rebalance at step 6 moves work away from it."""
+    options = TrainerOptions(
+        global_batch=24, rebalance_every=3, profile_steps=2, speed=1.0, emulate_sample_time=0.002
+    )
+    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    before = list(trainer.shares)
+    reports = trainer.train(3, progress=False)
+    if rank == 0:
+        trainer.options = dataclasses.replace(options, speed=0.25)
+    reports += trainer.train(4, progress=False)
+    return {"before": before, "after": trainer.shares, "reports": [r.to_dict() for r in reports]}
+
+
+def _options_run(**kw: Any) -> Callable[[int], Any]:
+    def scenario(rank: int) -> Any:
+        options = TrainerOptions(global_batch=24, profile_steps=1, **kw)
+        trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+        return [r.to_dict() for r in trainer.train(2, progress=False)]
+
+    return scenario
+
+
+def _batchnorm(rank: int) -> Any:
+    """A model with buffers, which DDP broadcasts at the first forward of each step, and a rank
+    with share 0: every rank must reach that broadcast before the barrier."""
+    torch.manual_seed(0)
+    norm = nn.BatchNorm1d(16)
+    model = nn.Sequential(nn.Linear(8, 16), norm, nn.Tanh(), nn.Linear(16, 4))
+    options = TrainerOptions(
+        global_batch=24, shares=(16, 8, 0), micro_batch=6, profile_steps=1, drop_last=True
+    )
+    trainer = Trainer(model, _sgd, LOSS, _data(), options)
+    trainer.train(3, progress=False)
+    return int(norm.num_batches_tracked)
+
+
+def _small_batch(rank: int) -> Any:
+    Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=2))
+
+
+def _other_model(rank: int) -> Any:
+    Trainer(_model(17 if rank == 2 else 16), _sgd, LOSS, _data(), TrainerOptions(global_batch=24))
+
+
+def _other_seed(rank: int) -> Any:
+    Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=24, seed=int(rank == 1)))
+
+
+SCENARIOS: dict[str, Callable[[int], Any]] = {
+    # Unequal shares; micro_batch 4 makes ranks 0 and 1 accumulate (14 = 4+4+3+3, 7 = 4+3).
+    # 60 samples: the third step is an epoch's partial last batch of 12, the fourth a new epoch.
+    "sgd": _exact(_sgd, shares=(14, 7, 3), micro_batch=4),
+    "adam": _exact(_adam, shares=(5, 16, 3), micro_batch=5),
+    "share0": _exact(_sgd, shares=(16, 8, 0), micro_batch=6),
+    "speeds": _speeds,
+    "rebalance": _rebalance,
+    "batchnorm": _batchnorm,
+    "bf16": _options_run(mixed_precision="bf16"),
+    "fp16": _options_run(mixed_precision="fp16"),
+    "fp16_compression": _options_run(compression="fp16", bucket_cap_mb=0.001),
+    "powersgd": _options_run(compression="powersgd"),
+    "small_batch": _small_batch,
+    "other_model": _other_model,
+    "other_seed": _other_seed,
+}
+_OUT = ""  # set in each worker: where scenarios write files
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    global _OUT
+    _OUT = out
+    torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
+    comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=30)
+    results: dict[str, Outcome] = {}
+    for name, scenario in SCENARIOS.items():
+        try:
+            results[name] = ("ok", scenario(rank))
+        except HeteroError as exc:
+            results[name] = ("error", f"{type(exc).__name__}: {exc}")
+    # DDP keeps reference cycles; freed after the process group is gone, gloo may abort.
+    gc.collect()
+    comm.destroy()
+    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trainer")
+    mp.spawn(_worker, args=(_free_port(), str(path)), nprocs=WORLD, join=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ranks(out: Path) -> list[dict[str, Outcome]]:
+    """What each of the 3 ranks recorded, by scenario."""
+    return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
+
+
+def each(ranks: list[dict[str, Outcome]], name: str) -> list[Any]:
+    """Every rank's value for ``name``, failing the test if a rank raised."""
+    outcomes = [r[name] for r in ranks]
+    assert all(kind == "ok" for kind, _ in outcomes), outcomes
+    return [value for _, value in outcomes]
+
+
+def errors(ranks: list[dict[str, Outcome]], name: str) -> str:
+    """The error ``name`` raised, the same on every rank."""
+    outcomes = [r[name] for r in ranks]
+    assert all(kind == "error" for kind, _ in outcomes), outcomes
+    assert len({message for _, message in outcomes}) == 1, outcomes
+    return str(outcomes[0][1])
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "share0"])
+def test_parameters_match_one_process_training_on_the_global_batches(
+    ranks: list[dict[str, Outcome]], name: str
+) -> None:
+    results = each(ranks, name)
+    diffs = [r["diff"] for r in results]
+    print(f"{name}: max abs difference per rank {diffs}")
+    assert max(diffs) <= 1e-5
+    reports = results[0]["reports"]
+    assert [r["global_batch"] for r in reports] == [24, 24, 12, 24, 24]
+    assert [r["epoch"] for r in reports] == [0, 0, 0, 1, 1]
+
+
+def test_a_share_above_micro_batch_accumulates_over_micro_batches(
+    ranks: list[dict[str, Outcome]],
+) -> None:
+    first = each(ranks, "sgd")[0]["reports"][0]
+    assert first["shares"] == [14, 7, 3]
+    assert [(r["samples"], r["micro_batches"]) for r in first["ranks"]] == [(14, 4), (7, 2), (3, 1)]
+    zero = each(ranks, "share0")[0]["reports"][0]
+    assert [(r["samples"], r["micro_batches"]) for r in zero["ranks"]] == [(16, 3), (8, 2), (0, 0)]
+
+
+def test_shares_follow_emulated_speeds(ranks: list[dict[str, Outcome]]) -> None:
+    results = each(ranks, "speeds")
+    assert all(r["shares"] == results[0]["shares"] for r in results)
+    shares = results[0]["shares"]
+    assert sum(shares) == 28
+    # 28 × 1 : 0.5 : 0.25 over 1.75 = 16 : 8 : 4; profiling on a busy machine may shift one.
+    for share, ideal in zip(shares, (16, 8, 4), strict=True):
+        assert abs(share - ideal) <= 1, shares
+    rates = results[0]["throughputs"]
+    assert rates[0] > 1.6 * rates[1] > 1.6 * 1.6 * rates[2], rates
+
+
+def test_step_reports_split_each_rank_time_and_measure_efficiency(
+    ranks: list[dict[str, Outcome]], out: Path
+) -> None:
+    reports = each(ranks, "speeds")[0]["reports"]
+    assert [r["step"] for r in reports] == [1, 2, 3, 4]
+    lines = [json.loads(line) for line in (out / "speeds.jsonl").read_text().splitlines()]
+    assert lines == reports
+    for report in reports:
+        assert report["global_batch"] == 28
+        for r in report["ranks"]:
+            assert min(r["compute_seconds"], r["comm_seconds"], r["idle_seconds"]) >= 0
+            assert r["compute_seconds"] + r["idle_seconds"] + r["comm_seconds"] <= (
+                r["step_seconds"] + 1e-6
+            )
+            assert r["samples_per_second"] == pytest.approx(r["samples"] / r["compute_seconds"])
+        # Emulated compute: samples × 2 ms / speed, real compute included.
+        speeds = (1, 0.5, 0.25)
+        emulated = [0.002 * r["samples"] / s for r, s in zip(report["ranks"], speeds, strict=True)]
+        for r, expected in zip(report["ranks"], emulated, strict=True):
+            assert expected <= r["compute_seconds"] < expected + 0.03
+        assert report["ideal_seconds"] == pytest.approx(28 / sum(report["throughputs"]))
+        assert 0.5 < report["efficiency"] <= 1.05
+        assert report["efficiency"] == pytest.approx(
+            report["ideal_seconds"] / report["step_seconds"]
+        )
+
+
+def test_rebalancing_moves_work_from_a_rank_that_slowed_down(
+    ranks: list[dict[str, Outcome]],
+) -> None:
+    results = each(ranks, "rebalance")
+    before, after = results[0]["before"], results[0]["after"]
+    assert max(before) - min(before) <= 1, before
+    assert after[0] <= 4 and sum(after) == 24, after
+    reports = results[0]["reports"]
+    # Only at the end of a window; the one at step 3 may shift a sample on measurement noise.
+    assert [i for i, r in enumerate(reports, 1) if r["rebalanced"]] in ([6], [3, 6])
+    assert reports[5]["next_shares"] == after
+    assert reports[6]["shares"] == after
+    assert all(r["after"] == after for r in results)
+
+
+def test_a_model_with_buffers_trains_with_a_rank_of_share_0(
+    ranks: list[dict[str, Outcome]],
+) -> None:
+    # Rank 0's buffers reach the others at the first forward of each step; in the last step
+    # rank 0 then ran 3 micro-batches, rank 1 two and rank 2 one empty pass.
+    tracked = each(ranks, "batchnorm")
+    assert [tracked[0] - t for t in tracked] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "fp16_compression", "powersgd"])
+def test_precision_and_compression_options_train(
+    ranks: list[dict[str, Outcome]], name: str
+) -> None:
+    reports = each(ranks, name)[0]
+    assert [r["global_batch"] for r in reports] == [24, 24]
+
+
+def test_a_global_batch_smaller_than_the_ranks_is_refused_on_every_rank(
+    ranks: list[dict[str, Outcome]],
+) -> None:
+    message = errors(ranks, "small_batch")
+    assert message == (
+        "ConfigError: global_batch: a global batch smaller than the number of ranks: "
+        "global_batch=2 with 3 ranks; use at least 3 (or fewer ranks)"
+    )
+
+
+def test_ranks_with_different_models_or_options_are_refused_on_every_rank(
+    ranks: list[dict[str, Outcome]],
+) -> None:
+    assert errors(ranks, "other_model") == (
+        "ConfigError: rank 2: rank 2's model differs from rank 0's: '0.weight' is [17, 8] "
+        "torch.float32 on rank 2, [16, 8] torch.float32 on rank 0"
+    )
+    assert errors(ranks, "other_seed") == (
+        "ConfigError: rank 1: option seed=1 differs from rank 0's 0: it must be the same on "
+        "every rank"
+    )
+
+
+# ------------------------------------------------------------------------- one process
+
+
+def test_options_name_every_bad_value() -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainerOptions(global_batch=0, micro_batch=0, compression="zip", speed=-1.0, shares=(1, 2))  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "5 problems:\n"
+        "  - global_batch: must be an integer >= 1, got 0\n"
+        "  - micro_batch: must be an integer >= 1 (the most samples one forward/backward on this"
+        " rank holds; None for no cap): a rank that cannot hold one sample cannot train, got 0\n"
+        "  - speed: must be a finite number > 0 or None, got -1.0\n"
+        "  - compression: must be one of none, fp16, powersgd, got 'zip'\n"
+        "  - shares: must sum to global_batch=0, got [1, 2] (sum 3)"
+    )
+
+
+def test_a_trainer_needs_a_process_group() -> None:
+    with pytest.raises(ConfigError, match=r"call hetero.comm.init\(\)"):
+        Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=8))
+
+
+def test_step_report_derives_ideal_time_and_efficiency() -> None:
+    from hetero.train.trainer import RankReport
+
+    ranks = (RankReport(0, 6, 1, 0.3, 0.0, 0.01, 0.4), RankReport(1, 2, 1, 0.2, 0.1, 0.01, 0.5))
+    report = StepReport(1, 0, (6, 2), (20.0, 10.0), ranks)
+    assert report.global_batch == 8
+    assert report.step_seconds == 0.5
+    assert report.ideal_seconds == pytest.approx(8 / 30)
+    assert report.efficiency == pytest.approx(8 / 30 / 0.5)
+    assert report.to_dict()["ranks"][0]["samples_per_second"] == 20.0
+    assert report.summary().startswith("step 1: 500.0 ms, ideal 266.7 ms (53%), shares 6/2")
