@@ -12,7 +12,10 @@ import dataclasses
 import gc
 import json
 import pickle
+import re
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -388,3 +391,17 @@ def test_step_report_derives_ideal_time_and_efficiency() -> None:
     assert report.efficiency == pytest.approx(8 / 30 / 0.5)
     assert report.to_dict()["ranks"][0]["samples_per_second"] == 20.0
     assert report.summary().startswith("step 1: 500.0 ms, ideal 266.7 ms (53%), shares 6/2")
+
+
+def test_the_example_spawns_its_ranks_and_prints_the_report(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    report = tmp_path / "steps.jsonl"
+    command = [sys.executable, str(root / "examples" / "train_mlp.py"), "--steps", "4"]
+    command += ["--sample-time", "0.001", "--report", str(report)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "3 ranks (gloo), global batch 63, speeds 1 : 0.5 : 0.25; shares after profiling: " in out
+    assert re.search(r"^median step [\d.]+ ms, ideal [\d.]+ ms .*: efficiency \d+%$", out, re.M)
+    assert re.search(r"^loss over the dataset: [\d.]+ -> [\d.]+$", out, re.M)
+    assert len(report.read_text().splitlines()) == 4

@@ -1,0 +1,149 @@
+"""Train a small MLP on synthetic data with hetero's Trainer, on ranks of different speeds.
+
+    python examples/train_mlp.py --nproc 3 --speeds 1,0.5,0.25 --steps 30
+    torchrun --nproc-per-node 3 examples/train_mlp.py --speeds 1,0.5,0.25 --steps 30
+
+Without torchrun the script starts ``--nproc`` gloo ranks on this machine itself. Rank i emulates
+a device of relative speed ``speeds[i]``: each of its micro-batches takes samples ×
+``--sample-time`` / speed seconds (``--sample-time 0``: its real compute time over the speed).
+The trainer profiles the ranks, splits every global batch in proportion to their measured
+throughput, and prints, on rank 0, how each rank spent its time and how close the step time came
+to the ideal (global batch / the sum of the ranks' samples/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import statistics
+import sys
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from hetero import comm
+from hetero.train import StepReport, Trainer, TrainerOptions
+
+FEATURES, CLASSES = 32, 10
+
+
+def dataset(samples: int, seed: int) -> TensorDataset:
+    """Inputs from a normal distribution, labelled by a fixed random linear teacher."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=generator)
+    teacher = torch.randn(FEATURES, CLASSES, generator=generator)
+    return TensorDataset(x, (x @ teacher).argmax(dim=1))
+
+
+def mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)  # the same start on every rank (DDP also broadcasts rank 0's)
+    return nn.Sequential(
+        nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, CLASSES)
+    )
+
+
+def mean_loss(model: nn.Module, data: TensorDataset) -> float:
+    with torch.no_grad():
+        x, y = data.tensors
+        return float(nn.functional.cross_entropy(model(x), y))
+
+
+def summary(speeds: list[float], reports: list[StepReport]) -> str:
+    last = reports[-1]
+    lines = ["rank  speed  share  samples/s  compute ms  comm ms  idle ms"]
+    for r, speed in enumerate(speeds):
+        ranks = [rep.ranks[r] for rep in reports]
+        lines.append(
+            f"{r:<5} {speed:<6g} {last.shares[r]:<6} {last.throughputs[r]:<10.0f} "
+            f"{statistics.mean(x.compute_seconds for x in ranks) * 1e3:<11.1f} "
+            f"{statistics.mean(x.comm_seconds for x in ranks) * 1e3:<8.1f} "
+            f"{statistics.mean(x.idle_seconds for x in ranks) * 1e3:.1f}"
+        )
+    step = statistics.median(rep.step_seconds for rep in reports)
+    ideal = statistics.median(rep.ideal_seconds for rep in reports)
+    lines.append(
+        f"median step {step * 1e3:.1f} ms, ideal {ideal * 1e3:.1f} ms (global batch / Σ "
+        f"samples/s): efficiency {ideal / step:.0%}"
+    )
+    return "\n".join(lines)
+
+
+def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> None:
+    if port is not None:  # started here, not by torchrun (which sets OMP_NUM_THREADS=1)
+        torch.set_num_threads(1)  # the ranks share this machine's cores
+    comm.init(rank, world, backend="gloo", master_port=port)
+    speeds = [float(s) for s in args.speeds.split(",")]
+    data = dataset(args.samples, args.seed)
+    model = mlp(args.seed)
+    options = TrainerOptions(
+        global_batch=args.global_batch,
+        micro_batch=args.micro_batch,
+        rebalance_every=args.rebalance_every,
+        seed=args.seed,
+        speed=speeds[rank],
+        emulate_sample_time=args.sample_time or None,
+        report_path=args.report,
+    )
+    before = mean_loss(model, data)
+    trainer = Trainer(
+        model,
+        lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+        nn.CrossEntropyLoss(reduction="sum"),
+        data,
+        options,
+    )
+    if rank == 0:
+        print(
+            f"{world} ranks (gloo), global batch {args.global_batch}, speeds "
+            f"{' : '.join(f'{s:g}' for s in speeds)}; shares after profiling: "
+            f"{'/'.join(map(str, trainer.shares))}",
+            flush=True,
+        )
+    reports = trainer.train(args.steps, progress=not args.quiet)
+    if rank == 0:
+        print(summary(speeds, reports))
+        print(f"loss over the dataset: {before:.3f} -> {mean_loss(model, data):.3f}")
+    del trainer
+    gc.collect()  # DDP holds reference cycles: free them while the process group is up
+    comm.destroy()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nproc", type=int, default=3, help="ranks to start (without torchrun)")
+    parser.add_argument("--speeds", default="1,0.5,0.25", help="relative speed of each rank")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch", type=int, default=63)
+    parser.add_argument("--micro-batch", type=int, default=None)
+    parser.add_argument(
+        "--sample-time", type=float, default=0.004, help="seconds per sample at speed 1"
+    )
+    parser.add_argument("--rebalance-every", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", default=None, help="JSON lines of step reports (rank 0)")
+    parser.add_argument("--quiet", action="store_true", help="no live progress")
+    args = parser.parse_args(argv)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
+    if len(args.speeds.split(",")) != world:
+        parser.error(f"--speeds gives {len(args.speeds.split(','))} speeds for {world} ranks")
+    if under_torchrun:
+        run(int(os.environ["RANK"]), world, args, None)
+    else:
+        mp.spawn(run, args=(world, args, _free_port()), nprocs=world, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
