@@ -73,7 +73,7 @@ def summary(speeds: list[float], reports: list[StepReport]) -> str:
 
 
 def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> None:
-    if port is not None:  # started here, not by torchrun (which sets OMP_NUM_THREADS=1)
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it to 1 for the same reason:
         torch.set_num_threads(1)  # the ranks share this machine's cores
     comm.init(rank, world, backend="gloo", master_port=port)
     speeds = [float(s) for s in args.speeds.split(",")]
