@@ -2,6 +2,7 @@
 
     python examples/train_mlp.py --nproc 3 --speeds 1,0.5,0.25 --steps 30
     torchrun --nproc-per-node 3 examples/train_mlp.py --speeds 1,0.5,0.25 --steps 30
+    hetero launch --nproc 3 examples/train_mlp.py --checkpoint-dir ckpt --fail-at 15
 
 Without torchrun the script starts ``--nproc`` gloo ranks on this machine itself. Rank i emulates
 a device of relative speed ``speeds[i]``: each of its micro-batches takes samples ×
@@ -87,6 +88,8 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
         speed=speeds[rank],
         emulate_sample_time=args.sample_time or None,
         report_path=args.report,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
     )
     before = mean_loss(model, data)
     trainer = Trainer(
@@ -97,16 +100,30 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
         options,
     )
     if rank == 0:
+        resumed = (
+            f"; resumed from the checkpoint of step {trainer.resumed_from}"
+            if trainer.resumed_from is not None
+            else ""
+        )
         print(
             f"{world} ranks (gloo), global batch {args.global_batch}, speeds "
             f"{' : '.join(f'{s:g}' for s in speeds)}; shares after profiling: "
-            f"{'/'.join(map(str, trainer.shares))}",
+            f"{'/'.join(map(str, trainer.shares))}{resumed}",
             flush=True,
         )
-    reports = trainer.train(args.steps, progress=not args.quiet)
+    first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if rank == args.fail_rank and first_start and args.fail_at is not None:
+        # Failure injection: this rank dies after --fail-at steps, on the first start only; a
+        # launcher with restarts (hetero launch, torchrun) starts every rank again.
+        trainer.train(max(0, args.fail_at - trainer.steps), progress=False)
+        os._exit(1)
+    reports = trainer.train(max(0, args.steps - trainer.steps), progress=not args.quiet)
     if rank == 0:
-        print(summary(speeds, reports))
+        if reports:
+            print(summary(speeds, reports))
         print(f"loss over the dataset: {before:.3f} -> {mean_loss(model, data):.3f}")
+        if args.save_params:
+            torch.save(model.state_dict(), args.save_params)
     del trainer
     gc.collect()  # DDP holds reference cycles: free them while the process group is up
     comm.destroy()
@@ -133,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", default=None, help="JSON lines of step reports (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no live progress")
+    parser.add_argument("--checkpoint-dir", default=None, help="save and resume training here")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between saves")
+    parser.add_argument(
+        "--fail-at", type=int, default=None, help="--fail-rank dies after this step (1st start)"
+    )
+    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--save-params", default=None, help="rank 0 saves the final parameters")
     args = parser.parse_args(argv)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc

@@ -72,7 +72,8 @@ def launch(
             + (f"; starting all {nproc} ranks again ({left} restarts left)" if left else ""),
             highlight=False,
         )
-    fail(f"rank {rank} failed {max_restarts + 1} times; giving up", code=1)
+    starts = max_restarts + 1
+    fail(f"rank {rank} failed {'once' if starts == 1 else f'{starts} times'}; giving up", code=1)
 
 
 def _run_once(args: list[str], nproc: int, port: int, attempt: int) -> tuple[int, int] | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import pickle
 import sys
 import time
 from collections import deque
@@ -32,7 +33,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -97,6 +103,10 @@ class TrainerOptions:
       ``torch.autocast`` (with a ``GradScaler`` for fp16). Compression makes the gradients
       inexact.
     - ``report_path``: JSON lines, one step report each, written by rank 0.
+    - ``checkpoint_dir``, ``checkpoint_every``: rank 0 saves the model, the optimizer, the
+      sampler's position and the step count there every ``checkpoint_every`` steps (a directory
+      every rank can read); a ``Trainer`` built where a checkpoint exists resumes from it,
+      profiling the ranks afresh (``hetero launch`` restarts them after a failure).
     """
 
     global_batch: int
@@ -114,6 +124,8 @@ class TrainerOptions:
     mixed_precision: MixedPrecision = "no"
     report_path: str | None = None
     report_every: int = 10
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 50
 
     def __post_init__(self) -> None:
         if self.shares is not None and not isinstance(self.shares, (str, bytes)):
@@ -157,6 +169,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     at_least("profile_steps", 1)
     at_least("seed", 0)
     at_least("report_every", 1)
+    at_least("checkpoint_every", 1)
     for name in ("speed", "emulate_sample_time"):
         value = getattr(o, name)
         if value is not None and not _is_positive(value):
@@ -336,8 +349,59 @@ class Trainer:
             drop_last=options.drop_last,
         )
         self._window = [[0.0, 0.0] for _ in range(self.world_size)]  # samples, compute s
-        if self.rank == 0 and options.report_path:
+        self.resumed_from: int | None = self._resume()
+        if self.rank == 0 and options.report_path and self.resumed_from is None:
             Path(options.report_path).write_text("")
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        folder = self.options.checkpoint_dir
+        return None if folder is None else Path(folder) / "checkpoint.pt"
+
+    def save_checkpoint(self) -> None:
+        """Rank 0 writes the training state (atomically: a crash mid-write keeps the last)."""
+        path = self.checkpoint_path
+        if path is None or self.rank != 0:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "steps": self.steps,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "scaler": None if self._scaler is None else self._scaler.state_dict(),
+        }
+        partial = path.with_suffix(".partial")
+        torch.save(state, partial)
+        partial.replace(path)
+
+    def _resume(self) -> int | None:
+        """Load the checkpoint, if there is one: the step it was taken at, else None. The
+        shares stay those just profiled: the ranks may be other machines now."""
+        path = self.checkpoint_path
+        if path is None or not path.exists():
+            return None
+        try:
+            state = torch.load(path, map_location=self._device, weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+        except (
+            OSError,
+            RuntimeError,
+            KeyError,
+            ValueError,
+            EOFError,
+            pickle.UnpicklingError,
+        ) as exc:
+            raise ConfigError([("checkpoint_dir", f"cannot resume from {path}: {exc}")]) from exc
+        if self._scaler is not None and state.get("scaler") is not None:
+            self._scaler.load_state_dict(state["scaler"])
+        self.sampler.set_shares(self.shares)
+        self.steps = int(state["steps"])
+        return self.steps
 
     # ------------------------------------------------------------------------------ set-up
 
@@ -479,6 +543,11 @@ class Trainer:
         ended = time.perf_counter()
         sampler.advance()
         self.steps += 1
+        if (
+            self.options.checkpoint_dir is not None
+            and self.steps % self.options.checkpoint_every == 0
+        ):
+            self.save_checkpoint()
 
         mine = [len(indices), len(chunks), computed - started, waited - computed]
         mine += [synced - waited, ended - started]
