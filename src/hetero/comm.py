@@ -14,6 +14,7 @@ as with torch.distributed itself; a rank that skips a call leaves the others wai
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -149,6 +150,9 @@ def barrier() -> None:
 def destroy() -> None:
     """Leave the process group; does nothing when there is none, so it is safe in teardown."""
     if is_initialized():
+        # DDP leaves reference cycles; freed after the group is gone, gloo may abort the
+        # process at exit. Free them while it is still up.
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -12,13 +12,15 @@ from hetero._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from hetero.train.sampler import HeteroSampler
+    from hetero.train.trainer import RankReport, StepReport, Trainer, TrainerOptions
 
 _EXPORTS = {
     "HeteroSampler": "hetero.train.sampler",
+    "RankReport": "hetero.train.trainer",
     "StepReport": "hetero.train.trainer",
     "Trainer": "hetero.train.trainer",
     "TrainerOptions": "hetero.train.trainer",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["HeteroSampler", "StepReport", "Trainer", "TrainerOptions"]
+__all__ = ["HeteroSampler", "RankReport", "StepReport", "Trainer", "TrainerOptions"]
