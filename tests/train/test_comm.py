@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ import torch.multiprocessing as mp
 from hetero import comm
 from hetero.config import parse_config
 from hetero.errors import BackendError, ConfigError, HeteroError
+from tests.train._ranks import Outcome, free_port, run_scenarios
 
 WORLD = 3
-Outcome = tuple[str, Any]  # ("ok", value) or ("error", "ErrorType: message")
 
 
 def _values(tensor: torch.Tensor) -> list[Any]:
@@ -149,29 +148,18 @@ def _worker(rank: int, port: int, out: str) -> None:
     # rank and world size come from the environment, as under torchrun; "tcp" means gloo.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD))
     comm.init(backend="tcp", master_port=port, timeout=30)
-    results: dict[str, Outcome] = {}
-    for name, scenario in SCENARIOS.items():
-        try:
-            results[name] = ("ok", scenario(rank))
-        except HeteroError as exc:
-            results[name] = ("error", f"{type(exc).__name__}: {exc}")
+    results = run_scenarios(SCENARIOS, rank)
     results["backend"] = ("ok", str(dist.get_backend()))
     comm.destroy()
     results["after_destroy"] = ("ok", comm.is_initialized())
     Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     out = tmp_path_factory.mktemp("comm")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
     return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
 
 

@@ -13,7 +13,6 @@ import gc
 import json
 import pickle
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -30,12 +29,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hetero import comm
-from hetero.errors import ConfigError, HeteroError
+from hetero.errors import ConfigError
 from hetero.train import HeteroSampler, StepReport, Trainer, TrainerOptions
+from tests.train._ranks import Outcome, free_port, run_scenarios
 
 WORLD = 3
 STEPS = 5
-Outcome = tuple[str, Any]  # ("ok", value) or ("error", "ErrorType: message")
 LOSS = nn.CrossEntropyLoss(reduction="sum")
 
 
@@ -195,28 +194,17 @@ def _worker(rank: int, port: int, out: str) -> None:
     _OUT = out
     torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
     comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=30)
-    results: dict[str, Outcome] = {}
-    for name, scenario in SCENARIOS.items():
-        try:
-            results[name] = ("ok", scenario(rank))
-        except HeteroError as exc:
-            results[name] = ("error", f"{type(exc).__name__}: {exc}")
+    results = run_scenarios(SCENARIOS, rank)
     # DDP keeps reference cycles; freed after the process group is gone, gloo may abort.
     gc.collect()
     comm.destroy()
     Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trainer")
-    mp.spawn(_worker, args=(_free_port(), str(path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(path)), nprocs=WORLD, join=True)
     return path
 
 
