@@ -246,3 +246,41 @@ def test_queue_order_fields_are_checked() -> None:
         "scheduler.max_bypass",
     ]
     assert "'size' or 'fifo'" in found[0][1]
+
+
+def test_a_file_of_replicas_needs_no_devices() -> None:
+    config = parse_config(
+        {
+            "replicas": [
+                {"url": "http://10.0.0.5:8000/", "device": "NVIDIA A100-SXM4-80GB"},
+                {"url": "https://box7:443", "speed": 2.5, "slots": 16, "models": ["m"]},
+            ]
+        }
+    )
+    assert config.devices == []
+    first, second = config.replicas
+    assert (first.url, first.device) == ("http://10.0.0.5:8000", "A100-80GB")
+    assert (second.speed, second.slots, second.models) == (2.5, 16, ["m"])
+
+
+def test_bad_replicas_name_the_field() -> None:
+    found = problems(
+        {
+            "replicas": [
+                {"url": "ftp://x", "speed": 1},
+                {"url": "http://h:1"},
+                {"url": "http://h:2", "device": "A100"},
+                {"url": "http://h:3", "speed": 0, "slots": 0},
+            ]
+        }
+    )
+    assert (
+        "replicas[0].url",
+        "expected http://HOST[:PORT] or https://HOST[:PORT], got 'ftp://x'",
+    ) in found
+    assert any(p == "replicas[1]" and "give its GPU" in m for p, m in found)
+    assert any(
+        p == "replicas[2].device" and "closest catalog names: A100-40GB" in m for p, m in found
+    )
+    assert any(p == "replicas[3].speed" for p, _ in found)
+    assert any(p == "replicas[3].slots" for p, _ in found)
