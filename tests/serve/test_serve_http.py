@@ -444,6 +444,7 @@ async def test_metrics_count_requests_and_show_each_replica(serve: Serve) -> Non
     fleet = await serve(Spec(), Spec())
     for _ in range(3):
         assert (await fleet.post(chat()))[0] == 200
+    assert (await fleet.post({**chat(), "model": "nope"}))[0] == 404  # refused: replica "-"
     async with fleet.session.get(fleet.url + "/metrics") as reply:
         assert reply.status == 200
         text = await reply.text()
@@ -459,6 +460,7 @@ async def test_metrics_count_requests_and_show_each_replica(serve: Serve) -> Non
             assert f'hetero_serve_{gauge}{{replica="{name}"}}' in text
         assert f'hetero_serve_circuit_state{{replica="{name}"}} 0.0' in text
     assert "hetero_serve_pending 0.0" in text
+    assert 'hetero_serve_requests_total{code="404",replica="-"} 1.0' in text
 
 
 async def test_status_and_models_endpoints(serve: Serve) -> None:

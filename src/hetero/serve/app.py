@@ -200,7 +200,8 @@ class Server:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _error(
+            return self._refused(
+                arrived,
                 413,
                 f"request body is over the limit of {self.options.max_body} bytes "
                 "(hetero serve --max-body)",
@@ -209,12 +210,17 @@ class Server:
         try:
             payload = json.loads(body)
         except ValueError as exc:
-            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+            return self._refused(
+                arrived, 400, f"request body is not valid JSON: {exc}", "invalid_request_error"
+            )
         if not isinstance(payload, dict):
-            return _error(400, "request body must be a JSON object", "invalid_request_error")
+            return self._refused(
+                arrived, 400, "request body must be a JSON object", "invalid_request_error"
+            )
         model = payload.get("model")
         if not isinstance(model, str) or not model:
-            return _error(
+            return self._refused(
+                arrived,
                 400,
                 "field 'model' is required: the name of a served model (GET /v1/models)",
                 "invalid_request_error",
@@ -223,7 +229,8 @@ class Server:
         try:
             priority = int(raw_priority)
         except ValueError:
-            return _error(
+            return self._refused(
+                arrived,
                 400,
                 f"header x-priority must be an integer (higher first), got {raw_priority!r}",
                 "invalid_request_error",
@@ -232,11 +239,12 @@ class Server:
         try:
             max_tokens = 0 if embeddings else requested_max_tokens(payload)
         except ValueError as exc:
-            return _error(400, str(exc), "invalid_request_error")
+            return self._refused(arrived, 400, str(exc), "invalid_request_error")
         if self.limiter is not None:
             wait = self.limiter.take(_api_key(request))
             if wait:
-                return _error(
+                return self._refused(
+                    arrived,
                     429,
                     "rate limit of this API key reached",
                     "rate_limit_error",
@@ -245,11 +253,12 @@ class Server:
         try:
             ticket = self.router.admit(model, prompt_tokens(payload), max_tokens, priority)
         except UnknownModel as exc:
-            return _error(404, str(exc), "model_not_found")
+            return self._refused(arrived, 404, str(exc), "model_not_found")
         except NoReplica as exc:
-            return _error(503, str(exc), "service_unavailable")
+            return self._refused(arrived, 503, str(exc), "service_unavailable")
         except QueueFull:
-            return _error(
+            return self._refused(
+                arrived,
                 429,
                 f"the router's queue is full ({self.router.options.queue_size} waiting)",
                 "rate_limit_error",
@@ -260,6 +269,18 @@ class Server:
         response = await self._serve(request, ticket, body, stream, outcome)
         self._answered(request, ticket, response, outcome, arrived, model, priority)
         return response
+
+    def _refused(
+        self,
+        arrived: float,
+        status: int,
+        message: str,
+        kind: str,
+        headers: dict[str, str] | None = None,
+    ) -> web.Response:
+        """An answer given before any replica saw the request, counted under replica "-"."""
+        self.metrics.answered("-", status, time.monotonic() - arrived, None, None)
+        return _error(status, message, kind, headers)
 
     async def _serve(
         self, request: web.Request, ticket: Ticket, body: bytes, stream: bool, outcome: Outcome

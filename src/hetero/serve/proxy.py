@@ -200,7 +200,8 @@ async def forward_stream(
         if not ticket.stopped or response is None:
             raise
         _uncancel()
-        await _end_with_error(response, f"request stopped: {ticket.stopped}", "timeout")
+        kind = "timeout" if ticket.stopped.startswith("timed out") else "upstream"
+        await _end_with_error(response, f"request stopped: {ticket.stopped}", kind)
         router.cancel(ticket, ticket.stopped)
         return response
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
