@@ -35,6 +35,7 @@ from hetero.serve.router import Router, RouterOptions
 FLEET = [("t4", 1.0, 4), ("l40s", 2.5, 10), ("h100", 6.0, 20)]  # name, speed, slots
 MODEL = "demo-llm"
 DECODE_TIME = 0.004  # seconds per output token at speed 1
+PREFILL_TIME = 0.0005  # seconds per prompt token at speed 1 (the mock's default)
 
 
 async def send_all(urls: list[str], rate: float, count: int, seed: int) -> list[float]:
@@ -78,9 +79,13 @@ async def main(count: int) -> None:
         Replica(name, url, speed, slots, {MODEL}, True)
         for (name, speed, slots), url in zip(FLEET, urls, strict=True)
     ]
-    # unit_rate: tokens/s of one request at speed 1, so learned speeds read like declared ones.
+    # The mock's own scale and prompt cost, so that learned speeds read like declared ones.
     server = Server(
-        Router(replicas, RouterOptions(unit_rate=1 / DECODE_TIME)), ServeOptions(port=0)
+        Router(
+            replicas,
+            RouterOptions(unit_rate=1 / DECODE_TIME, prefill_weight=PREFILL_TIME / DECODE_TIME),
+        ),
+        ServeOptions(port=0),
     )
     router_url = await server.start()
     # 85% of what the fleet can do: slots x speed / seconds per request at speed 1.
