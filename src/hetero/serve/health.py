@@ -83,4 +83,6 @@ def gray_replicas(
         return []  # nothing to compare with
     ordered = sorted(q for _, q in quotients)
     median = ordered[len(ordered) // 2]
-    return [i for i, q in quotients if q < ratio * median]
+    # Far below, not at the edge: a quotient equal to the bound up to rounding is not gray.
+    bound = ratio * median * (1 - 1e-9)
+    return [i for i, q in quotients if q < bound]
