@@ -6,6 +6,7 @@ python bench/tables.py            # rewrites docs/benchmarks.md
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -289,7 +290,6 @@ def engine(doc: dict[str, Any]) -> str:
         if ray
         else f"no Ray anchor ({doc.get('ray_reason')})"
     )
-    figures = doc["figures"]
     revision = doc.get("revision") or {}
     commit = revision.get("commit")
     after = (doc.get("revision_after") or {}).get("commit")
@@ -310,17 +310,30 @@ def engine(doc: dict[str, Any]) -> str:
         "shared: each figure gives the calibration loop's seconds (see above) and the 1-minute "
         "load average before it."
     ]
-    for name, render in (
-        ("throughput", _engine_throughput),
-        ("map", _engine_map),
-        ("roundtrip", _engine_roundtrip),
-        ("overhead", _engine_overhead),
-    ):
+    parts += _figures(
+        doc,
+        (
+            ("throughput", _engine_throughput),
+            ("map", _engine_map),
+            ("roundtrip", _engine_roundtrip),
+            ("overhead", _engine_overhead),
+        ),
+    )
+    return "\n\n".join(parts)
+
+
+def _figures(
+    doc: dict[str, Any], renderers: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]
+) -> list[str]:
+    """Each measured figure's section, with its conditions and, when it was run alone, the
+    command that reruns it."""
+    parts, figures = [], doc["figures"]
+    for name, render in renderers:
         if name in figures:
             fig = figures[name]
             rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
             parts.append(render(fig) + "\n\n" + _conditions(fig) + rerun)
-    return "\n\n".join(parts)
+    return parts
 
 
 def _engine_throughput(fig: dict[str, Any]) -> str:
@@ -527,12 +540,7 @@ def serve(doc: dict[str, Any]) -> str:
         "; open loops send at times fixed in advance and count latency from the scheduled "
         "send time."
     ]
-    figures = doc["figures"]
-    for name, render in (("goodput", _serve_goodput), ("overhead", _serve_overhead)):
-        if name in figures:
-            fig = figures[name]
-            rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
-            parts.append(render(fig) + "\n\n" + _conditions(fig) + rerun)
+    parts += _figures(doc, (("goodput", _serve_goodput), ("overhead", _serve_overhead)))
     return "\n\n".join(parts)
 
 
