@@ -25,7 +25,7 @@ from hetero.errors import ConfigError, QueueFull
 from hetero.sched import Finish
 from hetero.serve.cost import prompt_tokens, requested_max_tokens
 from hetero.serve.metrics import ServeMetrics
-from hetero.serve.proxy import Outcome, forward, forward_stream
+from hetero.serve.proxy import Outcome, error_json, forward, forward_stream, uncancel
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import replica_from_config
 from hetero.serve.router import NoReplica, Router, Ticket, UnknownModel
@@ -56,7 +56,7 @@ class ServeOptions:
 def _error(
     status: int, message: str, kind: str, headers: dict[str, str] | None = None
 ) -> web.Response:
-    body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
+    body = error_json(message, kind, status)
     return web.Response(status=status, text=body, content_type="application/json", headers=headers)
 
 
@@ -320,9 +320,7 @@ class Server:
                 except asyncio.CancelledError:
                     if not ticket.stopped:
                         raise
-                    task = asyncio.current_task()
-                    if task is not None and hasattr(task, "uncancel"):
-                        task.uncancel()
+                    uncancel()
                     continue  # the dispatcher placed it again, or finished it
                 finally:
                     ticket.task = None
@@ -369,10 +367,9 @@ class Server:
             )
 
     async def _models(self, request: web.Request) -> web.Response:
-        models = sorted(
-            {m for s in self.router.replicas if not s.removed for m in s.replica.models}
-        )
-        data = [{"id": m, "object": "model", "owned_by": "hetero"} for m in models]
+        data = [
+            {"id": m, "object": "model", "owned_by": "hetero"} for m in self.router.served_models()
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def _status(self, request: web.Request) -> web.Response:
@@ -382,8 +379,7 @@ class Server:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        up = any(s for s in self.router.status()["replicas"] if s["state"] == "up")
-        if self.router.closing or not up:
+        if self.router.closing or not self.router.any_up():
             return _error(
                 503,
                 "no healthy replica" if not self.router.closing else "shutting down",

@@ -20,7 +20,7 @@ from hetero.serve.router import ReplicaState, Router, Ticket
 if TYPE_CHECKING:
     from hetero.serve.metrics import ServeMetrics
 
-__all__ = ["Outcome", "forward", "forward_stream", "retry_after"]
+__all__ = ["Outcome", "error_json", "forward", "forward_stream", "retry_after", "uncancel"]
 
 _JSON = {"Content-Type": "application/json"}
 _SSE_HEADERS = {
@@ -53,8 +53,17 @@ def _short(data: bytes) -> str:
     return data[:200].decode("utf-8", "replace").strip()
 
 
-def _error_body(message: str, kind: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind}}).encode()
+def error_json(message: str, kind: str, code: int | None = None) -> str:
+    """An OpenAI-style error object (with ``code`` when given)."""
+    error: dict[str, Any] = {"message": message, "type": kind}
+    if code is not None:
+        error["code"] = code
+    return json.dumps({"error": error})
+
+
+def _attempt_failed(exc: BaseException) -> str:
+    """Why an attempt failed before the replica answered."""
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
 async def forward(
@@ -75,7 +84,7 @@ async def forward(
             status = reply.status
             headers = reply.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        router.fail(ticket, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        router.fail(ticket, _attempt_failed(exc))
         return None
     latency = loop.time() - started
     if status != 200:
@@ -168,7 +177,7 @@ async def forward_stream(
     try:
         reply = await session.post(state.replica.url + path, data=body, headers=_JSON)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        router.fail(ticket, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        router.fail(ticket, _attempt_failed(exc))
         return None
     response: web.StreamResponse | None = None
     counts = [0, -1]
@@ -199,7 +208,7 @@ async def forward_stream(
     except asyncio.CancelledError:
         if not ticket.stopped or response is None:
             raise
-        _uncancel()
+        uncancel()
         kind = "timeout" if ticket.stopped.startswith("timed out") else "upstream"
         await _end_with_error(response, f"request stopped: {ticket.stopped}", kind)
         router.cancel(ticket, ticket.stopped)
@@ -235,7 +244,7 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def _uncancel() -> None:
+def uncancel() -> None:
     # The router cancelled this task on purpose (a Stop); Python 3.11+ counts cancellations.
     task = asyncio.current_task()
     if task is not None and hasattr(task, "uncancel"):
@@ -244,7 +253,7 @@ def _uncancel() -> None:
 
 async def _end_with_error(response: web.StreamResponse, message: str, kind: str) -> None:
     try:
-        await response.write(b"data: " + _error_body(message, kind) + b"\n\n")
+        await response.write(b"data: " + error_json(message, kind).encode() + b"\n\n")
         await response.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         pass  # the client is gone too

@@ -26,7 +26,6 @@ from hetero.sched import (
     Dispatcher,
     Finish,
     Instruction,
-    ItemState,
     MonotonicClock,
     PerfModel,
     Run,
@@ -153,8 +152,7 @@ class Router:
             keep_finished=False,
         )
         self.replicas: list[ReplicaState] = [
-            ReplicaState(r, i, Breaker(options.breaker_threshold, options.breaker_cooldown))
-            for i, r in enumerate(replicas)
+            ReplicaState(r, i, self._breaker()) for i, r in enumerate(replicas)
         ]
         self.by_name = {s.replica.name: s for s in self.replicas}
         self.outputs = OutputLengths(
@@ -169,6 +167,9 @@ class Router:
         self.closing = False
         self.decisions: dict[str, int] = {}  # replica name -> requests placed there
 
+    def _breaker(self) -> Breaker:
+        return Breaker(self.options.breaker_threshold, self.options.breaker_cooldown)
+
     # ------------------------------------------------------------------ admission
 
     def replicas_for(self, model: str) -> tuple[str, ...]:
@@ -179,14 +180,14 @@ class Router:
                 s.replica.name for s in self.replicas if not s.removed and model in s.replica.models
             )
             if not names:
-                served = sorted(
-                    {m for s in self.replicas if not s.removed for m in s.replica.models}
-                )
-                raise UnknownModel(
-                    f"model {model!r} is not served here; models: {', '.join(served) or 'none'}"
-                )
+                served = ", ".join(self.served_models()) or "none"
+                raise UnknownModel(f"model {model!r} is not served here; models: {served}")
             self._model_masks[model] = names
         return names
+
+    def served_models(self) -> list[str]:
+        """The models the replicas (not removed) serve, sorted."""
+        return sorted({m for s in self.replicas if not s.removed for m in s.replica.models})
 
     def admit(self, model: str, prompt: int, max_tokens: int | None, priority: int = 0) -> Ticket:
         """Submit one request. Raises ``UnknownModel``, ``NoReplica`` or ``QueueFull``."""
@@ -285,9 +286,8 @@ class Router:
     def cancel(self, ticket: Ticket, reason: str) -> None:
         """The client went away or the stream cannot go on: end the request for good."""
         if not ticket.ended and ticket.id in self.dispatcher.records:
-            rec = self.dispatcher.records[ticket.id]
-            if rec.state not in (ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED):
-                self._apply(self.dispatcher.cancel(ticket.id, reason))
+            # The dispatcher leaves an item that has already ended as it is.
+            self._apply(self.dispatcher.cancel(ticket.id, reason))
         self._finish(ticket)
 
     def _finish(self, ticket: Ticket) -> None:
@@ -402,11 +402,7 @@ class Router:
             old.replica, old.removed, old.draining, old.gray = replica, False, False, False
             state = old
         else:
-            state = ReplicaState(
-                replica,
-                len(self.replicas),
-                Breaker(self.options.breaker_threshold, self.options.breaker_cooldown),
-            )
+            state = ReplicaState(replica, len(self.replicas), self._breaker())
             self.replicas.append(state)
             self.by_name[replica.name] = state
         self._model_masks.clear()
@@ -487,6 +483,10 @@ class Router:
             "closing": self.closing,
             "replicas": replicas,
         }
+
+    def any_up(self) -> bool:
+        """Whether some replica (not removed) is in state "up", as ``status()`` words it."""
+        return any(self._state_word(s) == "up" for s in self.replicas if not s.removed)
 
     def _state_word(self, s: ReplicaState) -> str:
         if s.gray:
