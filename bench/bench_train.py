@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hetero
 from hetero import comm
+from hetero.commands.launch import free_port
 from hetero.train import HeteroSampler, Trainer, TrainerOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rank0.json"))
-        mp.spawn(worker, args=(train_mlp._free_port(), setup, out), nprocs=len(SPEEDS), join=True)
+        mp.spawn(worker, args=(free_port(), setup, out), nprocs=len(SPEEDS), join=True)
         result = json.loads(Path(out).read_text())
     doc: dict[str, Any] = {
         "benchmark": "heterogeneous training",

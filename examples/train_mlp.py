@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import statistics
 import sys
 
@@ -27,6 +26,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hetero import comm
+from hetero.commands.launch import free_port
 from hetero.train import StepReport, Trainer, TrainerOptions
 
 FEATURES, CLASSES = 32, 10
@@ -129,12 +129,6 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
     comm.destroy()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=3, help="ranks to start (without torchrun)")
@@ -165,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if under_torchrun:
         run(int(os.environ["RANK"]), world, args, None)
     else:
-        mp.spawn(run, args=(world, args, _free_port()), nprocs=world, join=True)
+        mp.spawn(run, args=(world, args, free_port()), nprocs=world, join=True)
     return 0
 
 

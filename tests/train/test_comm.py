@@ -22,9 +22,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetero import comm
+from hetero.commands.launch import free_port
 from hetero.config import parse_config
 from hetero.errors import BackendError, ConfigError, HeteroError
-from tests.train._ranks import Outcome, free_port, run_scenarios
+from tests.train._ranks import Outcome, run_scenarios
 
 WORLD = 3
 

@@ -29,9 +29,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from hetero import comm
+from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
 from hetero.train import HeteroSampler, StepReport, Trainer, TrainerOptions
-from tests.train._ranks import Outcome, free_port, run_scenarios
+from tests.train._ranks import Outcome, run_scenarios
 
 WORLD = 3
 STEPS = 5

@@ -16,7 +16,7 @@ import typer
 
 from hetero._cli_util import err_console, fail
 
-__all__ = ["register"]
+__all__ = ["free_port", "register"]
 
 # Seconds the other ranks get to leave after one died, before they are killed.
 _GRACE_S = 5.0
@@ -63,7 +63,7 @@ def launch(
         fail(f"script {str(script)!r} does not exist or is not a file", code=2)
     args = [sys.executable, str(script), *ctx.args]
     for attempt in range(max_restarts + 1):
-        port = master_port or _free_port()
+        port = master_port or free_port()
         failed = _run_once(args, nproc, port, attempt)
         if failed is None:
             return
@@ -139,8 +139,8 @@ def _describe(code: int) -> str:
     return f"status {code}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, for a rendezvous (rank 0's store)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        return int(s.getsockname()[1])

@@ -700,25 +700,24 @@ def _model_difference(
     return f"it has {len(theirs)} parameters and buffers, rank 0 has {len(first)}"
 
 
-def _to(obj: Any, device: torch.device) -> Any:
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` (a collated batch) with ``fn`` applied to every tensor in it."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
+        return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(x, device) for x in obj)
+        return type(obj)(_map_tensors(x, fn) for x in obj)
     if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return obj
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    return _map_tensors(obj, lambda t: t.to(device, non_blocking=True))
 
 
 def _take_none(obj: Any) -> Any:
     """A batch of no samples shaped like ``obj`` (a collated batch)."""
-    if isinstance(obj, torch.Tensor):
-        return obj[:0]
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_take_none(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _take_none(v) for k, v in obj.items()}
-    return obj
+    return _map_tensors(obj, lambda t: t[:0])
 
 
 class _Progress:
