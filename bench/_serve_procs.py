@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,10 @@ from typing import Any, TextIO
 
 import psutil
 
+# sglang-router cannot take port 0: it gets a port nobody listens on now (another program may
+# take it before the child binds it; on this machine none does).
+from hetero.commands.launch import free_port
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 URL = re.compile(r"listening on (http://[^\s(]+)")
@@ -45,14 +48,6 @@ URL = re.compile(r"listening on (http://[^\s(]+)")
 
 class StartError(RuntimeError):
     """A child did not come up; the message carries the tail of its logs."""
-
-
-def free_port() -> int:
-    """A port nobody listens on now, for the programs that cannot take port 0 (sglang-router).
-    Another program may take it before the child binds it; on this machine none does."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:
