@@ -10,7 +10,7 @@ TORCH := torch==2.13.0
 $(BIN)/hetero: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev,ray]' $(TORCH)
 	touch $@
 
 demo: $(BIN)/hetero

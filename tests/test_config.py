@@ -70,7 +70,7 @@ def test_unknown_key_names_key_and_allowed() -> None:
 def test_unknown_top_level_key() -> None:
     path, msg = only({"devices": [{"type": "cpu"}], "schedular": {}})
     assert path == "schedular"
-    assert "allowed keys: communication, devices, logging, replicas, scheduler" in msg
+    assert "allowed keys: backend, communication, devices, logging, replicas, scheduler" in msg
 
 
 def test_wrong_type_names_field_and_value() -> None:
@@ -284,3 +284,19 @@ def test_bad_replicas_name_the_field() -> None:
     )
     assert any(p == "replicas[3].speed" for p, _ in found)
     assert any(p == "replicas[3].slots" for p, _ in found)
+
+
+def test_a_ray_backend_needs_no_devices_and_keeps_its_address() -> None:
+    config = parse_config({"backend": {"kind": "ray", "address": "10.0.0.5:6379"}})
+    assert config.backend.kind == "ray" and config.backend.address == "10.0.0.5:6379"
+    assert config.devices == []
+
+
+def test_an_address_for_the_local_backend_is_refused() -> None:
+    path, msg = only({"devices": [{"type": "cpu"}], "backend": {"address": "10.0.0.5:6379"}})
+    assert path == "backend" and "address applies to kind: ray only" in msg
+
+
+def test_an_unknown_backend_kind_names_those_allowed() -> None:
+    path, msg = only({"devices": [{"type": "cpu"}], "backend": {"kind": "dask"}})
+    assert path == "backend.kind" and "'local'" in msg and "'ray'" in msg

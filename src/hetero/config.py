@@ -30,6 +30,7 @@ from hetero.errors import ConfigError
 from hetero.units import format_size, parse_size
 
 __all__ = [
+    "BackendConfig",
     "CommunicationConfig",
     "DeviceConfig",
     "HeteroConfig",
@@ -160,6 +161,24 @@ def _upper(value: Any) -> Any:
     return value.upper() if isinstance(value, str) else value
 
 
+class BackendConfig(_Strict):
+    """Where ``hetero.Context`` runs tasks: worker processes here, or a Ray cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(
+        default=None,
+        min_length=1,
+        description="ray only: 'auto', 'host:port' or 'ray://host:port'; none: join a running "
+        "cluster, else start a local one",
+    )
+
+    @model_validator(mode="after")
+    def _address_for_ray(self) -> BackendConfig:
+        if self.address is not None and self.kind != "ray":
+            raise ValueError("address applies to kind: ray only")
+        return self
+
+
 class LoggingConfig(_Strict):
     level: Annotated[
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_upper)
@@ -216,12 +235,14 @@ class ReplicaConfig(_Strict):
 
 class HeteroConfig(_Strict):
     """A whole ``hetero_config.yaml``: ``devices`` for the engine and the simulator,
-    ``replicas`` for ``hetero serve`` (a file needs one or the other)."""
+    ``replicas`` for ``hetero serve`` (a file needs one or the other, unless the backend is a
+    Ray cluster, whose nodes declare their own devices)."""
 
     devices: list[DeviceConfig] = Field(default_factory=list, min_length=1)
     replicas: list[ReplicaConfig] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     communication: CommunicationConfig = Field(default_factory=CommunicationConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
@@ -232,7 +253,9 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
             [("", f"{source}: expected a mapping with a 'devices' list, got {show(data)}")]
         )
     problems: list[tuple[str, str]] = []
-    if "devices" not in data and not data.get("replicas"):
+    backend = data.get("backend")
+    on_ray = isinstance(backend, dict) and backend.get("kind") == "ray"
+    if "devices" not in data and not data.get("replicas") and not on_ray:
         problems.append(("devices", "required field is missing"))
     config: HeteroConfig | None = None
     try:

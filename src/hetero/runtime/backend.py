@@ -1,9 +1,12 @@
-"""The boundary between the engine and what runs tasks: worker processes here, Ray actors later.
+"""The boundary between the engine and what runs tasks: worker processes on this machine
+(``LocalBackend``) or actors on the nodes of a Ray cluster (``RayBackend``).
 
 The engine owns placement (through ``hetero.sched.Dispatcher``), futures, retries and
 checkpoints; a backend only starts one worker per device, delivers ``TaskOrder``s to them and
 reports back through ``BackendEvents``, from a thread of its own. Nothing about placement lives
-behind this boundary, so a second backend reuses all of it.
+behind this boundary, so every backend reuses all of it. A backend that knows the fleet better
+than a config does (a cluster's nodes) says so through ``discover`` and reports devices that
+join or leave while it runs.
 """
 
 from __future__ import annotations
@@ -30,9 +33,25 @@ class BackendEvents(Protocol):
     def worker_lost(self, device: int, reason: str) -> None:
         """The worker of ``device`` is gone; every order it held is lost."""
 
+    def device_added(self, device: Device) -> int:
+        """A device joined (its node joined the cluster); returns its index, which is the
+        number of devices reported before it."""
+
+    def device_gone(self, device: int, reason: str) -> None:
+        """``device`` left for good (its node left): what it held runs elsewhere."""
+
 
 class Backend(ABC):
     """One worker per device; orders in, events out."""
+
+    #: Whether workers map the driver's shared memory (the same machine): else arguments and
+    #: results travel inside the messages.
+    shared_memory: bool = True
+
+    def discover(self) -> list[Device] | None:
+        """The fleet, where the backend knows it (a cluster: every node's devices); ``None``:
+        the engine's config says."""
+        return None
 
     @abstractmethod
     def start(self, devices: Sequence[Device], events: BackendEvents) -> None:

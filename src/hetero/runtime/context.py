@@ -158,7 +158,11 @@ class Context:
         prefetch: orders sent ahead to each worker, so it never waits for a round trip.
         max_retries: retries after a lost worker (default: the config's); per task: ``retries``.
         timeout: seconds a task may take from submission (default: the config's).
-        backend: ``"local"`` (one process per device) or a ``Backend`` instance.
+        backend: ``"local"`` (one process per device on this machine), ``"ray"`` (one actor
+            per device on every node of a Ray cluster; the nodes declare the devices) or a
+            ``Backend`` instance (default: the config's ``backend.kind``, else local).
+        address: the Ray cluster (``"auto"``, ``"host:port"``, ``"ray://host:port"``; default:
+            the config's ``backend.address``, else join a running cluster or start a local one).
     """
 
     def __init__(
@@ -173,7 +177,8 @@ class Context:
         prefetch: int = 1,
         max_retries: int | None = None,
         timeout: float | None = None,
-        backend: str | Backend = "local",
+        backend: str | Backend | None = None,
+        address: str | None = None,
     ) -> None:
         problems: list[tuple[str, str]] = []
         if not (isinstance(time_scale, (int, float)) and 0 < time_scale < math.inf):
@@ -188,8 +193,10 @@ class Context:
                     raise ValueError(f"must be > 0, got {memory_pool_size!r}")
             except (ValueError, TypeError) as exc:
                 problems.append(("memory_pool_size", str(exc)))
-        if isinstance(backend, str) and backend != "local":
-            problems.append(("backend", f"unknown backend {backend!r}; allowed: local"))
+        if backend is not None and not isinstance(backend, (str, Backend)):
+            problems.append(("backend", f"must be 'local', 'ray' or a Backend, got {backend!r}"))
+        elif isinstance(backend, str) and backend not in ("local", "ray"):
+            problems.append(("backend", f"unknown backend {backend!r}; allowed: local, ray"))
         if problems:
             raise ConfigError(problems)
         self._config_path: str | None = None
@@ -198,7 +205,23 @@ class Context:
             config = load_config(Path(config))
         self.config = config
         sched = config.scheduler if config is not None else SchedulerConfig()
-        if devices is not None:
+        if backend is None:
+            backend = config.backend.kind if config is not None else "local"
+        if address is None and config is not None:
+            address = config.backend.address
+        if address is not None and backend != "ray":
+            raise ConfigError([("address", f"applies to backend='ray' only, got {address!r}")])
+        if backend == "ray":
+            from hetero.runtime.ray_backend import RayBackend
+
+            # The fleet given here is that of a local Ray instance the backend starts itself;
+            # a cluster's nodes declare their own.
+            own = devices if devices is not None else _declared_fleet(config)
+            backend = RayBackend(address, time_scale=time_scale, fleet=own)
+        found = backend.discover() if isinstance(backend, Backend) else None
+        if found is not None:
+            fleet = found
+        elif devices is not None:
             fleet = list(devices)
         else:
             from hetero.devices.fleet import fleet_for
@@ -270,6 +293,8 @@ class Context:
             self.backend: Backend = LocalBackend(time_scale=self.time_scale, memory_limits=limits)
         else:
             self.backend = backend
+        self._prefetch = prefetch
+        self._memory_pool = pool
         self._lock = threading.RLock()
         self._tasks: dict[int, _Task] = {}
         self._on_device: list[set[int]] = [set() for _ in fleet]
@@ -565,7 +590,10 @@ class Context:
             task.cost, task.declared = options.cost_of(task.args, task.kwargs)
         try:
             task.packed = pack(
-                (task.args, task.kwargs), f"{self._segment_prefix()}-a{task.id}", self._pool
+                (task.args, task.kwargs),
+                f"{self._segment_prefix()}-a{task.id}",
+                self._pool,
+                inline=not self.backend.shared_memory,
             )
         except Exception as exc:
             raise HeteroError(
@@ -593,6 +621,13 @@ class Context:
             if self._backlog:
                 self._backlog.append(task)
                 return
+            if not self.dispatcher.view.usable.all() and self._stranded(task):
+                del self._tasks[task.id]
+                self._release(task)
+                raise NoCapableDevice(
+                    f"task {task.name!r}: no device it may use is left in the fleet "
+                    f"(now: {', '.join(self.dispatcher.members) or 'none'})"
+                )
             try:
                 out = self.dispatcher.submit(
                     item, only=task.only, retries=options.retries, timeout=options.timeout
@@ -885,9 +920,8 @@ class Context:
                 # back onto this device.
                 dev = self.devices[device].id
                 log.warning("%s marked unhealthy after %d lost workers", dev, self._losses[device])
-                out += self.dispatcher.device_down(
-                    dev, f"{reason}; marked unhealthy after {self._losses[device]} lost workers"
-                )
+                why = f"{reason}; marked unhealthy after {self._losses[device]} lost workers"
+                out += self.dispatcher.device_down(dev, why)
             else:
                 for task in lost:
                     if deliberate:
@@ -897,8 +931,77 @@ class Context:
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
             self._apply(out, endings)
+            if self._losses[device] >= UNHEALTHY_AFTER:
+                self._fail_if_fleetless(f"{self.devices[device].id}: {reason}", endings)
         self.backend.flush()
         self._settle(endings)
+
+    def device_added(self, device: Device) -> int:
+        """A device joined (its node joined the cluster): it takes work at once."""
+        endings: list[_Ending] = []
+        with self._lock:
+            if self._memory_pool is not None:
+                pool = self._memory_pool
+                device.memory_limit = (
+                    pool if device.memory_limit is None else min(pool, device.memory_limit)
+                )
+                device.state.memory_total = device.memory_bytes
+            index = len(self.devices)
+            self.devices.append(device)
+            self._on_device.append(set())
+            self._losses.append(0)
+            self._stops.append(0)
+            self._placements.clear()  # device selections: one more device to match
+            log.info("%s joined the fleet", device.id)
+            out = self.dispatcher.add_device(device, slots=1 + self._prefetch, parallel=1)
+            self._apply(out, endings)
+        self.backend.flush()
+        self._settle(endings)
+        return index
+
+    def device_gone(self, device: int, reason: str) -> None:
+        """``device`` left for good: what it ran or held queued is placed elsewhere, without
+        being charged an attempt (it did not fail)."""
+        endings: list[_Ending] = []
+        with self._lock:
+            if self._closed:
+                return
+            dev = self.devices[device]
+            self._on_device[device].clear()
+            self._stops[device] = 0
+            out = self.dispatcher.remove_device(dev.id, reason)
+            log.warning("%s left the fleet: %s", dev.id, reason)
+            self._apply(out, endings)
+            self._fail_if_fleetless(reason, endings)
+        self.backend.flush()
+        self._settle(endings)
+
+    def _fail_if_fleetless(self, reason: str, endings: list[_Ending]) -> None:
+        """End every task that no device left could run (failed, with the reason) rather than
+        let its caller wait for ever: all of them when the fleet is empty."""
+        why = f"no device it may use is left (the last: {reason})"
+        out: list[Instruction] = []
+        for task in list(self._tasks.values()):
+            if not self._stranded(task):
+                continue
+            if task.id in self.dispatcher.records:
+                out += self.dispatcher.abandon(task.id, why)
+            else:  # waiting on parents, or in the backlog
+                if task in self._backlog:
+                    self._backlog.remove(task)
+                self.stats["failed"] += 1
+                error = TaskFailed(f"task {task.id} ({task.name}) failed: {why}")
+                endings.append(_Ending(task.future, error=error))
+                self._forget(task)
+        self._apply(out, endings)
+
+    def _stranded(self, task: _Task) -> bool:
+        """Whether no usable device may run ``task`` (devices that left never come back)."""
+        view = self.dispatcher.view
+        if task.only is None:
+            return not view.usable.any()
+        index = view.index
+        return not any(view.usable[index[i]] for i in task.only)
 
     def _attempt_ended(
         self,
@@ -1019,6 +1122,7 @@ class Context:
         span = now - last_at
         if not last or span <= 0:
             return [0.0] * len(busy)
+        last = last + busy[len(last) :]  # devices that joined since: no time measured yet
         return [
             min(100.0, max(0.0, 100.0 * (b - a) / span)) for a, b in zip(last, busy, strict=True)
         ]
@@ -1157,6 +1261,15 @@ def get_memory_usage() -> dict[str, dict[str, int]]:
         if not ctx.closed:
             return ctx.memory_usage()
     raise HeteroError("get_memory_usage() needs an open hetero.Context")
+
+
+def _declared_fleet(config: HeteroConfig | None) -> list[Device] | None:
+    """The devices a config lists, if it lists any."""
+    if config is None or not config.devices:
+        return None
+    from hetero.devices.fleet import build_fleet
+
+    return build_fleet(config)
 
 
 def _resolved(value: Any) -> Any:

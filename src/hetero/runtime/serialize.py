@@ -133,9 +133,10 @@ def _size_class(nbytes: int) -> int:
     return 1 << max(nbytes - 1, 0).bit_length()
 
 
-def pack(obj: Any, prefix: str, pool: SegmentPool | None = None) -> Packed:
+def pack(obj: Any, prefix: str, pool: SegmentPool | None = None, *, inline: bool = False) -> Packed:
     """Pickle ``obj``; large buffers are written to segments named ``<prefix>-<n>`` (or to free
-    files of ``pool``), except those of kept results, which are referred to.
+    files of ``pool``), except those of kept results, which are referred to. ``inline``: every
+    buffer stays in the stream (for a receiver that may not share this machine's memory).
 
     Raises whatever pickling raises (the caller names the argument that failed)."""
     t0 = time.perf_counter()
@@ -143,7 +144,7 @@ def pack(obj: Any, prefix: str, pool: SegmentPool | None = None) -> Packed:
 
     def out_of_band(buf: pickle.PickleBuffer) -> bool:
         raw = buf.raw()
-        if raw.nbytes < SHM_THRESHOLD:
+        if inline or raw.nbytes < SHM_THRESHOLD:
             return True  # in band: cheaper than a file for small buffers
         buffers.append(raw)
         return False

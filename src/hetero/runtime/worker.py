@@ -35,7 +35,7 @@ from hetero.devices.spec import Device
 from hetero.runtime import current
 from hetero.runtime.serialize import Packed, SegmentPool, pack, unpack
 
-__all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main"]
+__all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main", "run_order"]
 
 #: Changes whenever the messages between driver and worker change: a worker started from newer
 #: code on disk than its driver's (an upgrade mid-run) exits with _EXIT_SKEW instead of
@@ -59,6 +59,9 @@ class WorkerSetup:
     time_scale: float = 1.0
     memory_limit: int | None = None  # bytes; enforced where the framework can
     rss_interval: float = 0.2
+    # Results travel inside the reply, not through shared-memory files: for a driver that may
+    # be on another machine (the Ray backend).
+    inline: bool = False
 
 
 @dataclass(slots=True)
@@ -113,7 +116,7 @@ _fields_TaskReply = operator.attrgetter(*(f.name for f in fields(TaskReply)))
 
 @dataclass
 class _State:
-    conn: Connection
+    conn: Connection | None  # None: no socket (a Ray actor); notes wait for the reply
     setup: WorkerSetup | None = None
     inbox: deque[TaskOrder] = field(default_factory=deque)
     functions: dict[str, Any] = field(default_factory=dict)
@@ -131,6 +134,7 @@ class _State:
     held_since: float = 0.0
     pool: SegmentPool = field(default_factory=SegmentPool)  # result files the driver let go
     released: deque[str] = field(default_factory=deque)  # argument files this process let go
+    notes: list[tuple[Any, ...]] = field(default_factory=list)  # warnings, without a socket
 
     def release(self, name: str, size: int) -> None:
         """A mapping of an argument file is gone (called by its finalizer, in any thread): the
@@ -139,6 +143,9 @@ class _State:
 
 
 def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
+    if state.conn is None:
+        state.notes += messages  # sent with the next reply
+        return
     data = pickle.dumps(messages, protocol=5)
     with state.send_lock:
         state.conn.send_bytes(data)
@@ -146,6 +153,7 @@ def _send(state: _State, messages: list[tuple[Any, ...]]) -> None:
 
 def _reader(state: _State) -> None:
     conn = state.conn
+    assert conn is not None
     try:
         while True:
             data = conn.recv_bytes()
@@ -241,7 +249,8 @@ def _function(state: _State, key: str, kind: str) -> Any:
     return fn
 
 
-def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
+def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
+    """Run one attempt on this worker's device: ``("done" | "error", reply)``."""
     setup = state.setup
     assert setup is not None
     device = setup.device
@@ -276,7 +285,7 @@ def _run(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
         started = _pace(state, order, started, reply.cpu_seconds)
     reply.started, reply.ended = started, time.monotonic()
     try:
-        reply.result = pack(result, setup.prefix, state.pool)
+        reply.result = pack(result, setup.prefix, state.pool, inline=setup.inline)
     except BaseException as exc:
         reply.error = f"{type(exc).__name__}: the result of {order.name} cannot be pickled: {exc}"
         reply.remote_traceback = traceback.format_exc()
@@ -357,7 +366,7 @@ def main(fd: int) -> None:
                 break
             order = inbox.popleft()
             state.running, state.attempt = order.task_id, order.attempt
-        reply = _run(state, order)
+        reply = run_order(state, order)
         state.running = -1
         with state.out_lock:
             state.outbox.append(reply)

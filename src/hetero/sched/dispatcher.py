@@ -386,9 +386,20 @@ class Dispatcher:
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
         """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
         already ended is left as it is."""
+        return self._end_now(item_id, reason, CANCELLED, "cancel")
+
+    def abandon(self, item_id: int | str, reason: str) -> list[Instruction]:
+        """End an item as failed wherever it is, with no further attempt (nothing is left that
+        could run it: every device is gone); a running one gets a ``Stop``. An item that has
+        already ended is left as it is."""
+        return self._end_now(item_id, reason, FAILED, "abandon")
+
+    def _end_now(
+        self, item_id: int | str, reason: str, state: ItemState, what: str
+    ) -> list[Instruction]:
         rec = self.records.get(item_id)
         if rec is None:
-            raise self._unknown(item_id, "cancel")
+            raise self._unknown(item_id, what)
         if rec.state in TERMINAL:
             return []
         out: list[Instruction] = []
@@ -401,8 +412,8 @@ class Dispatcher:
             self.waiting -= 1
         elif rec.state is PENDING:
             self.waiting -= 1
-        rec.move(CANCELLED)
-        self._end(rec, out, CANCELLED, reason)
+        rec.move(state)
+        self._end(rec, out, state, reason)
         if i >= 0:
             self._refill(i, out)
         return out

@@ -1,0 +1,115 @@
+"""What runs on the nodes of a Ray cluster: a node's fleet probe, and one actor per device.
+
+The actor is the Ray counterpart of the local worker process: it runs its device's tasks one at
+a time with the same code (``run_order``: pacing for emulated devices, checkpoints, errors), and
+a second thread answers cancellations (a task not yet started is dropped; a running one ends the
+actor, the only way to stop Python code, and the engine starts another). Imported only where
+Ray is (the driver's Ray backend and Ray's workers).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import ray
+
+from hetero.devices.spec import Device
+from hetero.errors import HeteroError
+from hetero.runtime import current
+from hetero.runtime.ray_cluster import NODE_CONFIG_ENV
+from hetero.runtime.serialize import Packed
+from hetero.runtime.worker import (
+    PROTOCOL,
+    TaskOrder,
+    WorkerSetup,
+    _limit_frameworks,
+    _State,
+    _watch_memory,
+    run_order,
+)
+
+__all__ = ["DeviceActor", "probe_node"]
+
+
+def _probe_node() -> tuple[list[Device] | None, str]:
+    """This node's devices: those of the fleet config ``HETERO_NODE_CONFIG`` names, else those
+    detected here; ``(None, problem)`` if that config is not a valid fleet."""
+    from hetero.config import load_config
+    from hetero.devices.discovery import get_device_list
+    from hetero.devices.fleet import build_fleet
+
+    path = os.environ.get(NODE_CONFIG_ENV)
+    try:
+        devices = build_fleet(load_config(path)) if path else get_device_list()
+    except HeteroError as exc:
+        return None, f"{NODE_CONFIG_ENV}={path}: {exc}"
+    except OSError as exc:
+        return None, f"{NODE_CONFIG_ENV}={path}: {exc}"
+    return devices, ""
+
+
+class _DeviceActor:
+    """One device's worker on its node."""
+
+    def __init__(self, setup: WorkerSetup, protocol: int) -> None:
+        if protocol != PROTOCOL:
+            raise HeteroError(
+                f"this node runs another version of hetero (protocol {PROTOCOL}) than the "
+                f"driver (protocol {protocol}); install the same version on every node"
+            )
+        device = setup.device
+        if device.type == "gpu" and not device.emulated:
+            # Ray counted a GPU for this actor; this device's own is the one to use.
+            visible = str(device.uuid or device.local_index or 0)
+            os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["HIP_VISIBLE_DEVICES"] = visible
+        self._state = _State(None, setup=setup)
+        self._cancelled: set[int] = set()
+        self._lock = threading.Lock()  # a cancellation sees a task either queued or running
+        current.set_device(device)
+        _limit_frameworks(device, setup.memory_limit)
+        if setup.memory_limit is not None and (device.emulated or device.type == "cpu"):
+            threading.Thread(
+                target=_watch_memory,
+                args=(self._state, setup.memory_limit, setup.rss_interval),
+                daemon=True,
+                name="hetero-rss",
+            ).start()
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def run(
+        self, order: TaskOrder, args: Packed, fn_key: str, fn_blob: bytes | None
+    ) -> list[tuple[Any, ...]]:
+        """One attempt; its messages as the local worker sends them (warnings, then ``("done"
+        | "error", reply)``, or ``("dropped", task_id)`` if it was cancelled before it began)."""
+        state = self._state
+        if fn_blob is not None and fn_key not in state.functions:
+            state.raw_functions[fn_key] = fn_blob
+        with self._lock:
+            if order.task_id in self._cancelled:
+                self._cancelled.discard(order.task_id)
+                return [("dropped", order.task_id)]
+            state.running, state.attempt = order.task_id, order.attempt
+        order.args = args
+        try:
+            tag, reply = run_order(state, order)
+        finally:
+            state.running = -1
+        out, state.notes = state.notes, []
+        out.append((tag, reply))
+        return out
+
+    @ray.method(concurrency_group="control")
+    def cancel(self, task_id: int) -> None:
+        with self._lock:
+            if self._state.running == task_id:
+                os._exit(3)
+            self._cancelled.add(task_id)
+
+
+# Made remote here rather than by decorators, which Ray's type stubs do not describe.
+probe_node: Any = ray.remote(num_cpus=0)(_probe_node)
+DeviceActor: Any = ray.remote(concurrency_groups={"control": 1}, max_restarts=0)(_DeviceActor)  # type: ignore[call-overload]

@@ -1,0 +1,562 @@
+"""The Ray backend: one long-lived actor per device on every node of a Ray cluster.
+
+Placement stays the engine's: ``Context`` drives the dispatcher exactly as with local worker
+processes and hands this backend each order for a device; the backend only delivers it to that
+device's actor (``hetero.runtime.ray_actor.DeviceActor``, pinned to its node and holding one of
+the node's ``hetero:<model>`` resources, a GPU for a real one) and reports back. What Ray
+schedules is only where each actor lives.
+
+Data: a task's arguments travel inside its order, except large ones, which go into Ray's object
+store once and are passed by reference (a retry or a steal reuses that object); a function goes
+into the object store once and each actor fetches it on its first task. Results come back in
+the reply, as each finishes (``ObjectRef.future``: no polling).
+
+Membership: a thread watches the cluster's nodes. A node that joins is asked for its fleet (its
+``HETERO_NODE_CONFIG`` or its detected devices) and its devices join the engine's fleet; a node
+that leaves takes its devices with it (``device_gone``: what ran there is placed elsewhere). An
+actor that dies on a live node is a lost worker, as with a local process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from hetero.devices.spec import Device, DeviceKind
+from hetero.errors import BackendError, HeteroError
+from hetero.runtime.backend import Backend, BackendEvents
+from hetero.runtime.ray_cluster import import_ray, resource_name
+from hetero.runtime.serialize import Packed
+from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
+
+__all__ = ["RayBackend", "ray_fleet"]
+
+log = logging.getLogger("hetero.runtime")
+
+#: Arguments at least this large (pickled) go through the object store by reference; smaller
+#: ones ride inside the order (Ray inlines those itself).
+ARG_REF_BYTES = 100 * 1024
+_EMPTY = Packed(b"")
+
+
+@dataclass(eq=False)
+class _Actor:
+    handle: Any
+    generation: int
+    functions: set[str] = field(default_factory=set)
+    pid: int | None = None
+
+
+@dataclass
+class _Node:
+    id: str
+    short: str
+    address: str
+    resources: dict[str, float]
+    devices: list[int] = field(default_factory=list)
+    alive: bool = True
+
+
+class RayBackend(Backend):
+    """Devices on the nodes of a Ray cluster.
+
+    Args:
+        address: the cluster (``"auto"``, ``"host:port"``, ``"ray://host:port"``); ``None``:
+            join a running cluster if there is one, else start a local Ray instance (as
+            ``ray.init()`` does). Unused when this process is connected to Ray already.
+        time_scale: emulated durations are multiplied by it.
+        fleet: the devices of a local Ray instance this backend starts itself (a node started
+            elsewhere declares its own).
+        poll_interval: seconds between looks at the cluster's nodes.
+        connect_timeout: seconds to wait for the cluster's address to answer.
+    """
+
+    shared_memory = False
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        time_scale: float = 1.0,
+        fleet: Sequence[Device] | None = None,
+        poll_interval: float = 1.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self._ray = import_ray()
+        self.address = address
+        self.time_scale = time_scale
+        self.poll_interval = poll_interval
+        self.connect_timeout = connect_timeout
+        self._own_fleet = list(fleet) if fleet is not None else None
+        self._owns_connection = False
+        self._started_local = False
+        self._nodes: dict[str, _Node] = {}
+        self._devices: list[Device] = []
+        self._node_of: list[_Node] = []
+        self._actors: list[_Actor | None] = []
+        self._gone: set[int] = set()
+        self._events: BackendEvents | None = None
+        self._lock = threading.Lock()
+        self._outbox: list[tuple[Any, ...]] = []
+        self._arrived: queue.SimpleQueue[tuple[int, int, int, Any] | None] = queue.SimpleQueue()
+        self._arg_refs: dict[int, tuple[Packed, Any]] = {}
+        self._fn_refs: dict[str, Any] = {}
+        self._generation = 0
+        self._closed = False
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._driver_node = ""
+        self._discovered = False
+
+    # ------------------------------------------------------------------------ discovery
+
+    def discover(self) -> list[Device]:
+        """Connect to the cluster and return every node's devices (ids ``<node>/<device>``)."""
+        if self._discovered:
+            return list(self._devices)
+        self._connect()
+        ray = self._ray
+        self._driver_node = ray.get_runtime_context().get_node_id()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if self._started_local and self._own_fleet is not None:
+            (node,) = nodes
+            found: dict[str, tuple[list[Device] | None, str]] = {
+                node["NodeID"]: (list(self._own_fleet), "")
+            }
+        else:
+            found = self._probe(nodes)
+        problems = [f"node {_short(nid)}: {why}" for nid, (_, why) in found.items() if why]
+        if problems:
+            self.close()
+            raise HeteroError(
+                "a node's fleet config is invalid: " + "; ".join(problems) + " (fix the file "
+                "that node's HETERO_NODE_CONFIG names, or start the node without it)"
+            )
+        for info in sorted(nodes, key=_head_first):
+            devices, _ = found[info["NodeID"]]
+            self._adopt(info, devices or [])
+        self._discovered = True
+        if not self._devices:
+            self.close()
+            raise HeteroError("the Ray cluster has no devices hetero can use")
+        return list(self._devices)
+
+    def _connect(self) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        if address not in (None, "auto", "local"):
+            _check_reachable(address, self.connect_timeout)
+        options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
+        try:
+            if address is None:
+                try:
+                    ray.init(address="auto", **options)
+                except ConnectionError:
+                    ray.init(address="local", **options)
+                    self._started_local = True
+            else:
+                ray.init(address=address, **options)
+                self._started_local = address == "local"
+        except HeteroError:
+            raise
+        except Exception as exc:
+            where = address or "a local Ray instance"
+            raise HeteroError(
+                f"cannot connect to the Ray cluster at {where}: {type(exc).__name__}: {exc}"
+            ) from None
+        self._owns_connection = True
+
+    def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, tuple[list[Device] | None, str]]:
+        """Ask each node for its devices, side by side."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from hetero.runtime.ray_actor import probe_node
+
+        ray = self._ray
+        refs = {
+            n["NodeID"]: probe_node.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote()
+            for n in nodes
+        }
+        found: dict[str, tuple[list[Device] | None, str]] = {}
+        for nid, ref in refs.items():
+            try:
+                found[nid] = ray.get(ref, timeout=60)
+            except Exception as exc:
+                found[nid] = (None, f"could not be asked for its devices: {exc}")
+        return found
+
+    def _adopt(self, info: dict[str, Any], devices: list[Device]) -> list[int]:
+        """Add a node and its devices (ids made unique across the cluster): their indices."""
+        nid = info["NodeID"]
+        node = _Node(nid, _short(nid), info.get("NodeManagerAddress", "?"), info["Resources"])
+        with self._lock:
+            self._nodes[nid] = node
+            for d in devices:
+                node.devices.append(len(self._devices))
+                self._devices.append(
+                    dataclasses.replace(
+                        d,
+                        id=f"{node.short}/{d.id}",
+                        node=f"{node.address}/{node.short}",
+                        state=dataclasses.replace(d.state),
+                    )
+                )
+                self._node_of.append(node)
+                self._actors.append(None)
+        return list(node.devices)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Each node with its address and devices (for ``hetero devices --ray``)."""
+        return [
+            {
+                "node_id": n.id,
+                "address": n.address,
+                "alive": n.alive,
+                "devices": [self._devices[i] for i in n.devices],
+            }
+            for n in self._nodes.values()
+        ]
+
+    # ---------------------------------------------------------------------------- Backend
+
+    def start(self, devices: Sequence[Device], events: BackendEvents) -> None:
+        self.discover()
+        if len(devices) != len(self._devices):
+            raise BackendError("the Ray backend runs the devices it discovered, not others")
+        self._devices = list(devices)  # the engine's copies (memory limits set on them)
+        self._events = events
+        for target, name in ((self._read, "hetero-ray-replies"), (self._watch, "hetero-ray-nodes")):
+            thread = threading.Thread(target=target, daemon=True, name=name)
+            thread.start()
+            self._threads.append(thread)
+
+    def send(self, device: int, order: TaskOrder, function: tuple[str, bytes]) -> None:
+        with self._lock:
+            self._outbox.append((device, order, function))
+
+    def cancel(self, device: int, task_id: int) -> None:
+        with self._lock:
+            self._outbox.append((device, None, task_id))
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._outbox or self._closed:
+                return
+            batch, self._outbox = self._outbox, []
+        for device, order, extra in batch:
+            if device in self._gone:
+                continue  # the engine was told: what it sent there is placed elsewhere
+            if order is None:
+                actor = self._actors[device]
+                if actor is not None:
+                    actor.handle.cancel.remote(extra)
+                continue
+            try:
+                self._deliver(device, order, extra)
+            except Exception as exc:  # Ray refused the call: the worker is as good as lost
+                log.warning("cannot send a task to %s: %s", self._devices[device].id, exc)
+                if self._events is not None:
+                    self._events.worker_lost(device, f"cannot reach its actor: {exc}")
+
+    def _deliver(self, device: int, order: TaskOrder, function: tuple[str, bytes]) -> None:
+        actor = self._actors[device] or self._spawn(device)
+        key, blob = function
+        fn = None
+        if key not in actor.functions:
+            actor.functions.add(key)
+            fn = self._fn_refs.get(key)
+            if fn is None:
+                fn = self._fn_refs[key] = self._ray.put(blob)
+        args = self._args(order)
+        order.args = _EMPTY  # the arguments travel beside it (by reference when large)
+        ref = actor.handle.run.remote(order, args, key, fn)
+        arrived = functools.partial(self._on_arrival, device, actor.generation, order.task_id)
+        ref.future().add_done_callback(arrived)
+
+    def _args(self, order: TaskOrder) -> Any:
+        packed = order.args
+        if len(packed.data) < ARG_REF_BYTES:
+            return packed
+        held = self._arg_refs.get(order.task_id)
+        if held is None or held[0] is not packed:
+            held = self._arg_refs[order.task_id] = (packed, self._ray.put(packed))
+        return held[1]
+
+    def _spawn(self, index: int) -> _Actor:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from hetero.runtime.ray_actor import DeviceActor
+
+        with self._lock:
+            existing = self._actors[index]
+            if existing is not None:
+                return existing
+            if self._closed:
+                raise BackendError("the backend is closed")
+            device = self._devices[index]
+            node = self._node_of[index]
+            real_gpu = device.kind is DeviceKind.GPU and not device.emulated
+            options: dict[str, Any] = {
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node.id, soft=False),
+                # An emulated device mostly sleeps: it holds no CPU of the node.
+                "num_cpus": 1 if device.kind is DeviceKind.CPU and not device.emulated else 0,
+                "num_gpus": 1 if real_gpu else 0,
+            }
+            resource = resource_name(device.model)
+            if node.resources.get(resource):
+                options["resources"] = {resource: 1}
+            setup = WorkerSetup(
+                device=device,
+                prefix=f"hetero-ray-{os.getpid()}-{index}",
+                time_scale=self.time_scale,
+                memory_limit=device.memory_limit,
+                inline=True,
+            )
+            self._generation += 1
+            handle = DeviceActor.options(**options).remote(setup, PROTOCOL)
+            actor = self._actors[index] = _Actor(handle, self._generation)
+        log.debug("started the actor of %s on node %s", device.id, node.short)
+
+        def ready(future: Any) -> None:
+            with contextlib.suppress(Exception):
+                actor.pid = future.result()
+
+        handle.ready.remote().future().add_done_callback(ready)
+        return actor
+
+    def warm(self, timeout: float | None) -> None:
+        actors = [
+            (i, self._actors[i] or self._spawn(i))
+            for i in range(len(self._devices))
+            if i not in self._gone
+        ]
+        if timeout is None:
+            return
+        refs = {a.handle.ready.remote(): i for i, a in actors}
+        ready, late = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        failed = []
+        for ref in ready:
+            try:
+                self._ray.get(ref)
+            except Exception as exc:
+                failed.append(f"{self._devices[refs[ref]].id} ({_first_line(exc)})")
+        failed += [self._devices[refs[r]].id for r in late]
+        if failed:
+            raise BackendError(f"actors not ready after {timeout:g} s: {', '.join(failed)}")
+
+    def restart(self, device: int) -> None:
+        with self._lock:
+            actor, self._actors[device] = self._actors[device], None
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor.handle, no_restart=True)
+
+    def pids(self) -> list[int | None]:
+        # Only processes on this machine's node can be read from here.
+        return [
+            a.pid if a is not None and self._node_of[i].id == self._driver_node else None
+            for i, a in enumerate(self._actors)
+        ]
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            actors = [a for a in self._actors if a is not None]
+            self._actors = [None] * len(self._actors)
+        self._stop.set()
+        self._arrived.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor.handle, no_restart=True)
+        self._arg_refs.clear()
+        self._fn_refs.clear()
+        if self._owns_connection:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()
+
+    # --------------------------------------------------------------------------- threads
+
+    def _on_arrival(self, device: int, generation: int, task_id: int, future: Any) -> None:
+        # Called on Ray's own thread: hand over, do nothing here.
+        self._arrived.put((device, generation, task_id, future))
+
+    def _read(self) -> None:
+        """Report what arrived, a device's consecutive messages together."""
+        events = self._events
+        assert events is not None
+        while True:
+            first = self._arrived.get()
+            if first is None:
+                return
+            batch = [first]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 256:
+                    nxt = self._arrived.get_nowait()
+                    if nxt is None:
+                        self._arrived.put(None)
+                        break
+                    batch.append(nxt)
+            device, messages = -1, list[tuple[Any, ...]]()
+            for dev, generation, task_id, future in batch:
+                try:
+                    got = future.result()
+                except Exception as exc:
+                    if messages:
+                        self._report(device, messages)
+                        device, messages = -1, []
+                    self._actor_failed(dev, generation, exc)
+                    continue
+                if got and got[-1][0] in ("done", "error", "dropped"):
+                    self._arg_refs.pop(task_id, None)
+                if dev != device and messages:
+                    self._report(device, messages)
+                    messages = []
+                device = dev
+                messages += got
+            if messages:
+                self._report(device, messages)
+
+    def _report(self, device: int, messages: list[tuple[Any, ...]]) -> None:
+        assert self._events is not None
+        try:
+            self._events.replies(device, messages)
+        except Exception:  # the engine's bug must not kill the reader thread
+            log.exception("error handling replies from %s", self._devices[device].id)
+
+    def _actor_failed(self, device: int, generation: int, exc: BaseException) -> None:
+        with self._lock:
+            actor = self._actors[device]
+            if actor is None or actor.generation != generation or self._closed:
+                return  # already dealt with (or ended on purpose)
+            self._actors[device] = None
+        if device in self._gone:
+            return
+        node = self._node_of[device]
+        if not self._alive(node.id):
+            self._node_left(node, f"node {node.short} ({node.address}) left the cluster")
+            return
+        reason = f"actor of {self._devices[device].id} died ({_first_line(exc)})"
+        assert self._events is not None
+        try:
+            self._events.worker_lost(device, reason)
+        except Exception:
+            log.exception("error handling the loss of the actor of %s", self._devices[device].id)
+
+    def _alive(self, node_id: str) -> bool:
+        try:
+            return any(n["NodeID"] == node_id and n.get("Alive") for n in self._ray.nodes())
+        except Exception:
+            return True  # cannot tell: treat it as a lost worker
+
+    def _node_left(self, node: _Node, reason: str) -> None:
+        with self._lock:
+            if not node.alive:
+                return
+            node.alive = False
+            self._gone.update(node.devices)
+            actors = [self._actors[i] for i in node.devices]
+            for i in node.devices:
+                self._actors[i] = None
+        log.warning("%s: %d device(s) leave the fleet", reason, len(node.devices))
+        for actor in actors:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor.handle, no_restart=True)
+        assert self._events is not None
+        for i in node.devices:
+            try:
+                self._events.device_gone(i, reason)
+            except Exception:
+                log.exception("error handling the departure of %s", self._devices[i].id)
+
+    def _watch(self) -> None:
+        """Follow the cluster's nodes: joins and departures change the fleet."""
+        while not self._stop.wait(self.poll_interval):
+            try:
+                infos = self._ray.nodes()
+            except Exception:
+                continue
+            alive = {n["NodeID"]: n for n in infos if n.get("Alive")}
+            for node in list(self._nodes.values()):
+                if node.alive and node.id not in alive:
+                    self._node_left(node, f"node {node.short} ({node.address}) left the cluster")
+            new = [n for nid, n in alive.items() if nid not in self._nodes]
+            if not new or self._stop.is_set():
+                continue
+            for nid, (devices, why) in self._probe(new).items():
+                info = alive[nid]
+                if why:
+                    log.error("node %s joined but is not used: %s", _short(nid), why)
+                    self._nodes[nid] = _Node(nid, _short(nid), "?", {}, alive=False)
+                    continue
+                added = self._adopt(info, devices or [])
+                log.info("node %s joined with %d device(s)", _short(nid), len(added))
+                assert self._events is not None
+                for i in added:
+                    try:
+                        self._events.device_added(self._devices[i])
+                    except Exception:
+                        log.exception("error adding %s", self._devices[i].id)
+
+
+def ray_fleet(address: str | None = None) -> list[dict[str, Any]]:
+    """Every node of the cluster at ``address`` with its devices (``hetero devices --ray``)."""
+    backend = RayBackend(address)
+    try:
+        backend.discover()
+        return backend.nodes()
+    finally:
+        backend.close()
+
+
+def _short(node_id: str) -> str:
+    return node_id[:6]
+
+
+def _head_first(info: dict[str, Any]) -> tuple[bool, str]:
+    return ("node:__internal_head__" not in info.get("Resources", {}), info["NodeID"])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """A ``HeteroError`` now, rather than ``ray.init`` waiting on an address nobody answers."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    host, port = parts.hostname, parts.port
+    if not host or not port:
+        raise HeteroError(
+            f"Ray address {address!r} is not host:port, ray://host:port, 'auto' or 'local'"
+        )
+    started = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        waited = time.monotonic() - started
+        raise HeteroError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (after "
+            f"{waited:.1f} s); is `ray start --head` running there, and is the port open?"
+        ) from None

@@ -1,0 +1,107 @@
+"""Ray as hetero uses it: the import (an optional extra, with a version floor), how a node
+declares its fleet, and a multi-node cluster on this machine.
+
+A node's devices are its own business: the node that runs a device is the one that knows it.
+A node started with ``HETERO_NODE_CONFIG=<fleet config>`` in its environment (``ray start``
+inherits it; ``node_args`` sets it for ``ray.cluster_utils.Cluster``) has the devices of that
+file, emulated ones included; any other node has the devices hetero detects on it. A node also
+carries one custom resource per accelerator model it holds (``hetero:<model>``), which each
+device's actor asks for, so an actor lands exactly on a node with its kind of device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetero.errors import HeteroError
+
+__all__ = [
+    "MIN_RAY",
+    "NODE_CONFIG_ENV",
+    "import_ray",
+    "local_cluster",
+    "node_args",
+    "resource_name",
+]
+
+#: The oldest Ray release hetero runs on (NodeAffinitySchedulingStrategy, concurrency groups
+#: and ``ObjectRef.future`` as hetero uses them).
+MIN_RAY = (2, 9)
+#: The environment variable naming a node's own fleet config.
+NODE_CONFIG_ENV = "HETERO_NODE_CONFIG"
+
+
+# A node that dies is known for dead within about 2 s here (Ray's defaults take about 15 s, which
+# suits real networks better than one machine).
+_FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ``HeteroError`` saying how to install it (or upgrade it)."""
+    try:
+        import ray
+    except ImportError:
+        raise HeteroError(
+            "the Ray backend needs Ray, an optional extra: pip install 'hetero-core[ray]'"
+        ) from None
+    version = getattr(ray, "__version__", "0")
+    parts = tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2])
+    if parts < MIN_RAY:
+        floor = ".".join(map(str, MIN_RAY))
+        raise HeteroError(
+            f"the Ray backend needs ray>={floor}, found ray {version}: "
+            "pip install -U 'hetero-core[ray]'"
+        )
+    return ray
+
+
+def resource_name(model: str) -> str:
+    """The custom resource a node holds one of per device of ``model``."""
+    return f"hetero:{model}"
+
+
+def node_args(config: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a node declaring the fleet of ``config`` is started with: ``env_vars`` naming the
+    file and one ``resources`` entry per accelerator model (for ``Cluster.add_node``; by hand:
+    ``HETERO_NODE_CONFIG=<file> ray start --resources '<json>'``). ``ConfigError`` if the file
+    is not a valid fleet."""
+    from hetero.config import load_config
+    from hetero.devices.fleet import build_fleet
+
+    path = Path(config).resolve()
+    devices = build_fleet(load_config(path))
+    counts = Counter(resource_name(d.model) for d in devices)
+    return {"env_vars": {NODE_CONFIG_ENV: str(path)}, "resources": dict(counts)}
+
+
+@contextlib.contextmanager
+def local_cluster(
+    node_configs: Sequence[str | os.PathLike[str]], *, num_cpus: int = 1
+) -> Iterator[Any]:
+    """A ``ray.cluster_utils.Cluster`` of one node per config (the first is the head), each
+    declaring that fleet; shut down on exit. Connect with ``address=cluster.address``."""
+    import_ray()
+    from ray.cluster_utils import Cluster
+
+    if not node_configs:
+        raise HeteroError("local_cluster needs at least one node config")
+    args = [node_args(c) for c in node_configs]
+    head = {"num_cpus": num_cpus, "_system_config": _FAST_HEALTH_CHECKS, **args[0]}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for extra in args[1:]:
+            cluster.add_node(num_cpus=num_cpus, **extra)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()  # type: ignore[no-untyped-call]

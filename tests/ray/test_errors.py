@@ -1,0 +1,97 @@
+"""Bad input to the Ray backend: clear HeteroErrors, never a hang or a deep traceback."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import hetero
+from hetero.errors import ConfigError, HeteroError
+from hetero.runtime.ray_cluster import NODE_CONFIG_ENV, import_ray, local_cluster
+from tests.ray.conftest import write_fleet
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_address_nobody_answers_is_a_clear_error_at_once() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(HeteroError, match=f"cannot reach the Ray cluster at {address}"):
+        hetero.Context(backend="ray", address=address)
+
+
+def test_an_address_that_is_not_one_names_the_forms_allowed() -> None:
+    with pytest.raises(HeteroError, match="not host:port, ray://host:port, 'auto' or 'local'"):
+        hetero.Context(backend="ray", address="my-cluster")
+
+
+def test_an_address_without_the_ray_backend_is_refused() -> None:
+    with pytest.raises(ConfigError, match="address"):
+        hetero.Context(backend="local", address="127.0.0.1:6379")
+
+
+def test_an_unknown_backend_names_those_allowed() -> None:
+    with pytest.raises(ConfigError, match="allowed: local, ray"):
+        hetero.Context(backend="dask")  # type: ignore[arg-type]
+
+
+def test_without_ray_installed_the_error_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(HeteroError, match=r"pip install 'hetero-core\[ray\]'"):
+        hetero.Context(backend="ray")
+
+
+def test_a_ray_too_old_is_named_with_the_version_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = import_ray()
+    monkeypatch.setattr(ray, "__version__", "2.5.1")
+    with pytest.raises(HeteroError, match=r"needs ray>=2\.9, found ray 2\.5\.1"):
+        hetero.Context(backend="ray")
+
+
+def test_a_node_whose_fleet_config_is_invalid_is_named(tmp_path: Path) -> None:
+    head = write_fleet(tmp_path, "head", [{"type": "gpu", "model": "T4", "emulate": True}])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"devices": [{"type": "gpu", "model": "NoSuchGPU-9000"}]}))
+    with local_cluster([head]) as cluster:
+        cluster.add_node(num_cpus=1, env_vars={NODE_CONFIG_ENV: str(bad)})
+        cluster.wait_for_nodes()
+        with pytest.raises(HeteroError, match=r"node [0-9a-f]{6}: HETERO_NODE_CONFIG=.*bad\.yaml"):
+            hetero.Context(backend="ray", address=cluster.address)
+
+
+def test_a_function_that_cannot_be_shipped_is_refused_at_submit(cluster: Any) -> None:
+    lock = threading.Lock()
+    with (
+        hetero.Context(backend="ray", address=cluster.address) as ctx,
+        pytest.raises(HeteroError, match="cannot be sent to a worker"),
+    ):
+        ctx.submit(lambda: lock.locked())
+
+
+def test_the_config_can_choose_the_ray_backend_and_its_address(
+    cluster: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "backend": {"kind": "ray", "address": cluster.address},
+                "scheduler": {"strategy": "round_robin"},
+            }
+        )
+    )
+    with hetero.Context(path) as ctx:
+        assert type(ctx.backend).__name__ == "RayBackend"
+        assert ctx.strategy == "round_robin" and len(ctx.devices) == 5
+        assert ctx.run(sum, [1, 2, 3]) == 6

@@ -1,0 +1,141 @@
+"""The Ray backend on a three-node cluster: the local backend's API, placed by hetero."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hetero
+from hetero.errors import TaskFailed
+from tests.ray.conftest import FLEETS
+
+TIME_SCALE = 0.05
+
+
+@hetero.task(cost=lambda x: 1.0)
+def double(x: int) -> int:
+    return x * 2
+
+
+def where() -> tuple[str, int]:
+    return hetero.get_current_device().id, os.getpid()
+
+
+def add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def total(a: np.ndarray) -> float:
+    return float(a.sum())
+
+
+@pytest.fixture(scope="module")
+def ctx(cluster: Any) -> Any:
+    with hetero.Context(backend="ray", address=cluster.address, time_scale=TIME_SCALE) as c:
+        yield c
+
+
+def test_the_fleet_is_every_nodes_declared_devices_under_unique_ids(ctx: Any) -> None:
+    models = sorted(d.model for d in ctx.devices)
+    declared = sorted(
+        e["model"] for devices in FLEETS.values() for e in devices for _ in range(e.get("count", 1))
+    )
+    assert models == declared
+    ids = [d.id for d in ctx.devices]
+    assert len(set(ids)) == len(ids) == 5
+    assert len({d.node for d in ctx.devices}) == 3  # three nodes
+    assert all(d.emulated for d in ctx.devices)
+
+
+def test_run_submit_and_task_graphs_work_as_on_the_local_backend(ctx: Any) -> None:
+    assert ctx.run(double, 21) == 42
+    a = ctx.submit(add, 1, 2)
+    b = ctx.submit(add, 10, 20)
+    c = ctx.submit(add, a, b)  # waits for both, on whichever device
+    assert c.result(timeout=60) == 33
+    assert c.device in {d.id for d in ctx.devices}
+
+
+def test_each_task_runs_in_its_devices_actor_on_that_devices_node(ctx: Any) -> None:
+    seen = {}
+    for d in ctx.devices:
+        device, pid = ctx.run(hetero.task(devices=[d.id])(where))
+        assert device == d.id
+        seen[d.id] = pid
+    assert len(set(seen.values())) == len(ctx.devices)  # one actor per device
+
+
+def test_a_map_spreads_over_every_node_by_speed_and_returns_results_in_order(ctx: Any) -> None:
+    before = {d["id"]: d["done"] for d in ctx.status()["devices"]}
+    out = list(ctx.map(double, range(300), progress=False))
+    assert out == [2 * x for x in range(300)]
+    done = {d["id"]: d["done"] - before[d["id"]] for d in ctx.status()["devices"]}
+    assert all(n > 0 for n in done.values()), done
+    fast = [d.id for d in ctx.devices if d.model == "A100-80GB"]
+    slow = [d.id for d in ctx.devices if d.model == "T4"]
+    assert min(done[i] for i in fast) > max(done[i] for i in slow)
+
+
+def test_unordered_map_streams_results_as_they_finish(ctx: Any) -> None:
+    out = list(ctx.map(double, range(50), ordered=False, progress=False))
+    assert sorted(out) == [2 * x for x in range(50)]
+
+
+def test_large_arguments_and_results_cross_the_object_store_intact(ctx: Any) -> None:
+    big = np.arange(2_000_000, dtype=np.float64)  # 16 MB: by reference, not inside the order
+    assert ctx.run(total, big) == float(big.sum())
+    assert np.array_equal(ctx.run(add, big, 1.0), big + 1.0)
+
+
+def test_a_task_error_fails_its_future_with_the_remote_exception(ctx: Any) -> None:
+    with pytest.raises(TaskFailed, match="ZeroDivisionError") as info:
+        ctx.run(divide, 1, 0)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def divide(a: int, b: int) -> float:
+    return a / b
+
+
+def sleep_then(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slept"
+
+
+def test_cancelling_a_running_task_stops_it_and_its_device_takes_more_work(ctx: Any) -> None:
+    target = ctx.devices[0].id
+    f = ctx.submit(hetero.task(devices=[target])(sleep_then), 60)
+    deadline = time.monotonic() + 30
+    while ctx.status()["tasks"]["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f.cancel()
+    assert ctx.run(hetero.task(devices=[target])(where))[0] == target
+
+
+def test_profile_and_status_cover_the_cluster(ctx: Any, tmp_path: Path) -> None:
+    with ctx.profile("ray", tmp_path) as p:
+        list(ctx.map(double, range(40), progress=False))
+    assert (tmp_path / "ray.html").exists() and (tmp_path / "ray.trace.json").exists()
+    traced = {t.device for t in p.profile.traces}
+    assert traced <= {d.id for d in ctx.devices} and len(traced) >= 2
+    status = ctx.status()
+    assert len(status["devices"]) == 5 and status["tasks"]["running"] == 0
+
+
+def test_checkpoints_reach_every_node_and_a_retry_resumes_from_the_last(
+    ctx: Any, tmp_path: Path
+) -> None:
+    from tests.runtime.test_faults import steps_with_checkpoints, wait_for
+
+    marker = tmp_path / "pid"
+    task = hetero.task(retries=2)(steps_with_checkpoints)
+    f = ctx.submit(task, 10, str(marker))
+    wait_for(marker.exists)
+    os.kill(int(marker.read_text()), 9)  # the actor's process, mid-task
+    start, ran, _ = f.result(timeout=60)
+    assert start == 5 and ran == list(range(10))
