@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -139,3 +142,29 @@ def test_checkpoints_reach_every_node_and_a_retry_resumes_from_the_last(
     os.kill(int(marker.read_text()), 9)  # the actor's process, mid-task
     start, ran, _ = f.result(timeout=60)
     assert start == 5 and ran == list(range(10))
+
+
+def hetero_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("hetero")
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_hetero_devices_ray_lists_the_whole_cluster_by_node(cluster: Any) -> None:
+    done = hetero_cli("devices", "--ray", "--address", cluster.address, "--json")
+    assert done.returncode == 0, done.stderr
+    nodes = json.loads(done.stdout)
+    assert len(nodes) == 3
+    by_count = sorted(len(n["devices"]) for n in nodes)
+    assert by_count == [1, 2, 2]
+    shown = hetero_cli("devices", "--ray", "--address", cluster.address)
+    assert shown.returncode == 0 and "Ray cluster: 3 nodes, 5 devices" in shown.stdout
+    assert shown.stdout.count("node ") >= 3
+
+
+def test_hetero_top_shows_a_context_on_the_cluster(ctx: Any) -> None:
+    list(ctx.map(double, range(20), progress=False))
+    time.sleep(2 * ctx.monitoring_interval)  # a status snapshot is written each interval
+    shown = hetero_cli("top", "--once", "--pid", str(os.getpid()))
+    assert shown.returncode == 0, shown.stderr
+    assert all(d.id in shown.stdout for d in ctx.devices)

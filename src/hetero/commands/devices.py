@@ -1,4 +1,5 @@
-"""``hetero devices``: the devices of a fleet config, or the ones found on this machine."""
+"""``hetero devices``: the devices of a fleet config, the ones found on this machine, or every
+node's of a Ray cluster."""
 
 from __future__ import annotations
 
@@ -28,9 +29,33 @@ def devices(
         Path | None,
         typer.Option("--config", "-c", help="Fleet config; default: this machine's devices."),
     ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="List every node's devices of a Ray cluster (each node's HETERO_NODE_CONFIG, "
+            "else its detected devices).",
+        ),
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
+            "RAY_ADDRESS, else the cluster started on this machine, else a new local one.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """List the devices of a fleet config, or the ones discovered on this machine."""
+    """List the devices of a fleet config, the ones discovered on this machine, or (--ray)
+    those of every node of a Ray cluster, by node."""
+    if ray and config is not None:
+        fail("--ray lists the cluster's devices, which its nodes declare; drop --config")
+    if address is not None and not ray:
+        fail(f"--address {address!r} applies to --ray only")
+    if ray:
+        _ray_devices(address, as_json)
+        return
     try:
         from hetero.devices.fleet import fleet_for
 
@@ -41,6 +66,33 @@ def devices(
         print_json([d.to_dict() for d in fleet])
         return
     console.print(_device_table(fleet))
+
+
+def _ray_devices(address: str | None, as_json: bool) -> None:
+    try:
+        from hetero.runtime.ray_backend import ray_fleet
+
+        nodes = ray_fleet(address)
+    except HeteroError as exc:
+        fail(str(exc))
+    if as_json:
+        print_json(
+            [
+                {
+                    "node_id": n["node_id"],
+                    "address": n["address"],
+                    "devices": [d.to_dict() for d in n["devices"]],
+                }
+                for n in nodes
+            ]
+        )
+        return
+    total = sum(len(n["devices"]) for n in nodes)
+    console.print(f"Ray cluster: {len(nodes)} nodes, {total} devices")
+    for n in nodes:
+        table = _device_table(n["devices"])
+        table.title = f"node {n['node_id'][:6]} at {n['address']}: {len(n['devices'])} devices"
+        console.print(table)
 
 
 def _device_table(fleet: list[Device]) -> Table:
