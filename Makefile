@@ -22,6 +22,7 @@ demo: $(BIN)/hetero
 	$(BIN)/hetero plan examples/plan.yaml --verify
 	$(BIN)/python examples/engine_demo.py
 	$(BIN)/python examples/serve_demo.py
+	$(BIN)/python examples/ray_cluster.py
 
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench examples

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -168,3 +169,16 @@ def test_hetero_top_shows_a_context_on_the_cluster(ctx: Any) -> None:
     shown = hetero_cli("top", "--once", "--pid", str(os.getpid()))
     assert shown.returncode == 0, shown.stderr
     assert all(d.id in shown.stdout for d in ctx.devices)
+
+
+@pytest.mark.timeout(180)
+def test_the_ray_cluster_example_survives_a_node_leaving_and_one_joining() -> None:
+    from tests.test_examples import run_example
+
+    out = run_example("ray_cluster.py", "--items", "1500", "--quick", timeout=170)
+    assert "cluster of 3 nodes up" in out
+    assert "1500 results, every one once and in order" in out
+    rows = dict(re.findall(r"^(\S+/\S+) +\d+  (yes|left)$", out, re.M))
+    assert sorted(rows.values()) == ["left", "left", "yes", "yes", "yes", "yes"]
+    joined = [d for d in rows if "h100" in d]
+    assert joined and rows[joined[0]] == "yes"

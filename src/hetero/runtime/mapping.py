@@ -12,9 +12,12 @@ how big a batch is:
 - no more than the largest batch a device's memory holds, when the task declares memory per
   item (``PerfModel.batch_sizes``).
 
-At most ``window`` batches are in flight (and a bounded number of
-done batches waiting to be read), so an endless iterator is mapped
-in bounded memory.
+At most ``window`` batches are in flight (default: 4 per usable device, counted as devices
+join or leave; and a bounded number of done batches waiting to be read), so an endless iterator
+is mapped in bounded memory. Of those, each device's worker holds at most its dispatcher slots
+(the one it runs and ``prefetch`` more); the rest wait in the dispatcher, which hands them to
+the devices that will finish them first, so a fast device holds more of the window than a slow
+one.
 """
 
 from __future__ import annotations
@@ -90,9 +93,7 @@ class MapRun(Iterator[Any]):
         self._total: int | None = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
         self._batch_size = batch_size
         self._ordered = ordered
-        n = len(ctx.devices)
-        self._n = n
-        self._window = window or max(4 * n, 8)
+        self._fixed_window = window
         options = spec.options
         if options.variants:  # each variant runs the whole batch of its device kind
             batched = {kind: _Batch(fn) for kind, fn in options.variants.items()}
@@ -175,6 +176,15 @@ class MapRun(Iterator[Any]):
 
     # -------------------------------------------------------------------------- batching
 
+    def _devices(self) -> int:
+        """Devices that may take batches now: the window follows a fleet that grows or
+        shrinks while the map runs (a cluster's nodes)."""
+        return max(1, int(self._ctx.dispatcher.view.usable.sum()))
+
+    @property
+    def _window(self) -> int:
+        return self._fixed_window or max(4 * self._devices(), 8)
+
     def _fill(self) -> None:
         with self._cond:
             self._fill_locked()
@@ -249,7 +259,7 @@ class MapRun(Iterator[Any]):
         size = max(1, math.ceil(TARGET_SECONDS * fastest / max(per_item, 1e-12)))
         if self._total is not None:
             remaining = self._total - self._taken
-            size = min(size, max(1, math.ceil(remaining / (4 * self._n))))
+            size = min(size, max(1, math.ceil(remaining / (4 * self._devices()))))
         return max(1, min(size, self._cap))
 
     def _memory_cap(self) -> int:

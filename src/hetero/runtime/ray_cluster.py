@@ -89,8 +89,9 @@ def local_cluster(
     node_configs: Sequence[str | os.PathLike[str]], *, num_cpus: int = 1
 ) -> Iterator[Any]:
     """A ``ray.cluster_utils.Cluster`` of one node per config (the first is the head), each
-    declaring that fleet; shut down on exit. Connect with ``address=cluster.address``."""
-    import_ray()
+    declaring that fleet; shut down on exit (with this process's Ray connection, if any).
+    Connect with ``address=cluster.address``."""
+    ray = import_ray()
     from ray.cluster_utils import Cluster
 
     if not node_configs:
@@ -104,4 +105,6 @@ def local_cluster(
         cluster.wait_for_nodes()
         yield cluster
     finally:
+        if ray.is_initialized():  # a driver still connected would stop the head's removal
+            ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
