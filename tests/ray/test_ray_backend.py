@@ -182,3 +182,13 @@ def test_the_ray_cluster_example_survives_a_node_leaving_and_one_joining() -> No
     assert sorted(rows.values()) == ["left", "left", "yes", "yes", "yes", "yes"]
     joined = [d for d in rows if "h100" in d]
     assert joined and rows[joined[0]] == "yes"
+
+
+def test_every_device_is_read_where_it_is_even_on_other_nodes(ctx: Any) -> None:
+    ctx.start()  # an actor on every device
+    usage = ctx.memory_usage()
+    assert set(usage) == {d.id for d in ctx.devices}
+    # An emulated device's memory is its actor's: read on each node by the actor itself.
+    assert all(u["used"] > 0 and u["total"] >= u["used"] for u in usage.values()), usage
+    assert sum(ctx.backend.on_this_machine()) == 2  # the head's two A100s; the rest elsewhere
+    assert len(ctx.backend.remote_samples()) == 3

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hetero.devices.spec import Device
+from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.serialize import remove_segments
 from hetero.runtime.worker import TaskOrder
 
@@ -90,6 +91,15 @@ class Backend(ABC):
     @abstractmethod
     def pids(self) -> list[int | None]:
         """The worker process of each device, where one runs (for monitoring)."""
+
+    def on_this_machine(self) -> list[bool]:
+        """Per device, whether it is on this machine (the engine reads those itself)."""
+        return [True] * len(self.pids())
+
+    def remote_samples(self) -> list[DeviceSample]:
+        """Readings of the devices on other machines, taken where they are (by their
+        workers); called by the engine's monitor thread once per round."""
+        return []
 
     @abstractmethod
     def close(self, timeout: float = 5.0) -> None:

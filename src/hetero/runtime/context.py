@@ -44,7 +44,13 @@ from hetero.errors import (
     TaskFailed,
 )
 from hetero.runtime.backend import Backend
-from hetero.runtime.monitor import DeviceSample, MemoryPressure, Monitor, memory_usage
+from hetero.runtime.monitor import (
+    DeviceSample,
+    MemoryPressure,
+    Monitor,
+    memory_usage,
+    usage_of,
+)
 from hetero.runtime.serialize import (
     Packed,
     Segment,
@@ -1069,19 +1075,26 @@ class Context:
                     self._lock.acquire()
 
     def _monitor_targets(self) -> list[tuple[Device, int | None]]:
-        return list(zip(self.devices, self.backend.pids(), strict=True))
+        """The devices this process reads itself (on this machine), with their worker pids."""
+        here = self.backend.on_this_machine()
+        pids = self.backend.pids()
+        return [(d, pids[i]) for i, d in enumerate(self.devices) if here[i]]
 
     def _on_sample(self, samples: list[DeviceSample]) -> None:
-        """Fold a round of device readings into the fleet's state and publish a status.
+        """Fold a round of device readings (this machine's, and those the backend took on
+        other machines) into the fleet's state and publish a status.
 
         Memory measured beyond what placed tasks declare goes to the dispatcher, so a device
         that fills up gets no more tasks that need memory; a device reporting errors is marked
         down. Slowdowns need nothing here: observed durations already lower the device's speed.
         """
+        samples = [*samples, *self.backend.remote_samples()]
         out: list[Instruction] = []
         with self._lock:
             view = self.dispatcher.view
-            for i, (device, sample) in enumerate(zip(self.devices, samples, strict=True)):
+            found = [(view.index[s.device_id], s) for s in samples if s.device_id in view.index]
+            for i, sample in found:
+                device = self.devices[i]
                 if sample.memory_used is not None:
                     held = max(0, sample.memory_used - int(view.mem_used[i]))
                     out += self.dispatcher.set_external_memory(device.id, held)
@@ -1092,12 +1105,14 @@ class Context:
         self.backend.flush()
         self._settle(endings)
         busy = self._busy_percent()
-        for i, (device, sample) in enumerate(zip(self.devices, samples, strict=True)):
-            state = device.state
+        for device, percent in zip(self.devices, busy, strict=False):
             if device.emulated:
                 # Its worker mostly sleeps (pacing): busy is the time it held tasks.
-                state.utilization = busy[i]
-            elif sample.utilization is not None:
+                device.state.utilization = percent
+        for i, sample in found:
+            device = self.devices[i]
+            state = device.state
+            if not device.emulated and sample.utilization is not None:
                 state.utilization = sample.utilization
             if sample.memory_used is not None:
                 state.memory_used = sample.memory_used
@@ -1173,8 +1188,13 @@ class Context:
 
     def memory_usage(self) -> dict[str, dict[str, int]]:
         """``{device id: {"used", "free", "total"}}`` in bytes, read from each device now."""
-        pids = {d.id: p for d, p in self._monitor_targets() if p is not None}
-        return memory_usage(self.devices, pids)
+        here = self._monitor_targets()
+        pids = {d.id: p for d, p in here if p is not None}
+        usage = memory_usage([d for d, _ in here], pids)
+        by_id = {d.id: d for d in self.devices}
+        for sample in self.backend.remote_samples():
+            usage[sample.device_id] = usage_of(by_id[sample.device_id], sample)
+        return usage
 
     def _wait_all(self, timeout: float | None) -> None:
         with self._lock:

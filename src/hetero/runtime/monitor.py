@@ -32,6 +32,7 @@ __all__ = [
     "memory_usage",
     "sample_device",
     "sample_devices",
+    "usage_of",
 ]
 
 log = logging.getLogger("hetero.monitor")
@@ -84,14 +85,16 @@ def memory_usage(
 
     A device whose memory cannot be read counts its configured memory, none of it used."""
     devices = list(devices)
-    usage = {}
-    for device, sample in zip(
-        devices, sample_devices([(d, pids.get(d.id)) for d in devices], nvml), strict=True
-    ):
-        total = sample.memory_total if sample.memory_total is not None else device.memory_bytes
-        used = sample.memory_used or 0
-        usage[device.id] = {"used": used, "free": max(0, total - used), "total": total}
-    return usage
+    samples = sample_devices([(d, pids.get(d.id)) for d in devices], nvml)
+    return {d.id: usage_of(d, s) for d, s in zip(devices, samples, strict=True)}
+
+
+def usage_of(device: Device, sample: DeviceSample) -> dict[str, int]:
+    """``{"used", "free", "total"}`` bytes of one reading (the configured memory, none of it
+    used, where the reading has none)."""
+    total = sample.memory_total if sample.memory_total is not None else device.memory_bytes
+    used = sample.memory_used or 0
+    return {"used": used, "free": max(0, total - used), "total": total}
 
 
 @functools.cache

@@ -18,6 +18,7 @@ import ray
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError
 from hetero.runtime import current
+from hetero.runtime.monitor import DeviceSample, sample_device
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV
 from hetero.runtime.serialize import Packed
 from hetero.runtime.worker import (
@@ -101,6 +102,13 @@ class _DeviceActor:
         out, state.notes = state.notes, []
         out.append((tag, reply))
         return out
+
+    @ray.method(concurrency_group="control")
+    def sample(self) -> DeviceSample:
+        """This device's live state, read on its node (its memory, utilization, health)."""
+        setup = self._state.setup
+        assert setup is not None
+        return sample_device(setup.device, os.getpid())
 
     @ray.method(concurrency_group="control")
     def cancel(self, task_id: int) -> None:

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError, HeteroError
 from hetero.runtime.backend import Backend, BackendEvents
+from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.ray_cluster import import_ray, resource_name
 from hetero.runtime.serialize import Packed
 from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
@@ -48,6 +49,8 @@ log = logging.getLogger("hetero.runtime")
 #: ones ride inside the order (Ray inlines those itself).
 ARG_REF_BYTES = 100 * 1024
 _EMPTY = Packed(b"")
+#: How long a monitoring round waits for the actors' readings.
+_SAMPLE_SECONDS = 0.5
 
 
 @dataclass(eq=False)
@@ -368,11 +371,29 @@ class RayBackend(Backend):
                 self._ray.kill(actor.handle, no_restart=True)
 
     def pids(self) -> list[int | None]:
-        # Only processes on this machine's node can be read from here.
-        return [
-            a.pid if a is not None and self._node_of[i].id == self._driver_node else None
-            for i, a in enumerate(self._actors)
+        here = self.on_this_machine()
+        return [a.pid if a is not None and here[i] else None for i, a in enumerate(self._actors)]
+
+    def on_this_machine(self) -> list[bool]:
+        return [node.id == self._driver_node for node in self._node_of]
+
+    def remote_samples(self) -> list[DeviceSample]:
+        """Each running actor on another node reads its own device there."""
+        ray = self._ray
+        here = self.on_this_machine()
+        refs = [
+            a.handle.sample.remote()
+            for i, a in enumerate(list(self._actors))
+            if a is not None and not here[i] and i not in self._gone
         ]
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SAMPLE_SECONDS)
+        samples = []
+        for ref in ready:
+            with contextlib.suppress(Exception):  # an actor that died meanwhile
+                samples.append(ray.get(ref))
+        return samples
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
