@@ -192,3 +192,31 @@ def test_every_device_is_read_where_it_is_even_on_other_nodes(ctx: Any) -> None:
     assert all(u["used"] > 0 and u["total"] >= u["used"] for u in usage.values()), usage
     assert sum(ctx.backend.on_this_machine()) == 2  # the head's two A100s; the rest elsewhere
     assert len(ctx.backend.remote_samples()) == 3
+
+
+def total_dying_once(a: np.ndarray, marker: str) -> float:
+    """Ends its actor on the first attempt; the retry computes."""
+    if not os.path.exists(marker):
+        Path(marker).write_text("died once")
+        os._exit(1)
+    return float(a.sum())
+
+
+def test_a_large_argument_enters_the_object_store_once_however_often_it_is_sent(
+    ctx: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    puts: list[int] = []
+    real_put = ray.put
+
+    def counting_put(value: Any, **kwargs: Any) -> Any:
+        puts.append(len(getattr(value, "data", b"")))
+        return real_put(value, **kwargs)
+
+    monkeypatch.setattr(ray, "put", counting_put)
+    big = np.ones(1_000_000)  # 8 MB
+    task = hetero.task(retries=2)(total_dying_once)
+    assert ctx.run(task, big, str(tmp_path / "marker")) == 1_000_000.0
+    assert ctx.stats["retried"] >= 1  # sent twice: once to the actor that died, once more
+    assert len([n for n in puts if n > 8_000_000]) == 1, puts

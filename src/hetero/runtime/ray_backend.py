@@ -112,8 +112,7 @@ class RayBackend(Backend):
         self._events: BackendEvents | None = None
         self._lock = threading.Lock()
         self._outbox: list[tuple[Any, ...]] = []
-        self._arrived: queue.SimpleQueue[tuple[int, int, int, Any] | None] = queue.SimpleQueue()
-        self._arg_refs: dict[int, tuple[Packed, Any]] = {}
+        self._arrived: queue.SimpleQueue[tuple[int, int, Any] | None] = queue.SimpleQueue()
         self._fn_refs: dict[str, Any] = {}
         self._generation = 0
         self._closed = False
@@ -289,17 +288,16 @@ class RayBackend(Backend):
         args = self._args(order)
         order.args = _EMPTY  # the arguments travel beside it (by reference when large)
         ref = actor.handle.run.remote(order, args, key, fn)
-        arrived = functools.partial(self._on_arrival, device, actor.generation, order.task_id)
+        arrived = functools.partial(self._on_arrival, device, actor.generation)
         ref.future().add_done_callback(arrived)
 
     def _args(self, order: TaskOrder) -> Any:
         packed = order.args
         if len(packed.data) < ARG_REF_BYTES:
             return packed
-        held = self._arg_refs.get(order.task_id)
-        if held is None or held[0] is not packed:
-            held = self._arg_refs[order.task_id] = (packed, self._ray.put(packed))
-        return held[1]
+        if packed.handle is None:  # once per task: retries and steals reuse the object
+            packed.handle = self._ray.put(packed)
+        return packed.handle
 
     def _spawn(self, index: int) -> _Actor:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -409,7 +407,6 @@ class RayBackend(Backend):
         for actor in actors:
             with contextlib.suppress(Exception):
                 self._ray.kill(actor.handle, no_restart=True)
-        self._arg_refs.clear()
         self._fn_refs.clear()
         if self._owns_connection:
             with contextlib.suppress(Exception):
@@ -417,9 +414,9 @@ class RayBackend(Backend):
 
     # --------------------------------------------------------------------------- threads
 
-    def _on_arrival(self, device: int, generation: int, task_id: int, future: Any) -> None:
+    def _on_arrival(self, device: int, generation: int, future: Any) -> None:
         # Called on Ray's own thread: hand over, do nothing here.
-        self._arrived.put((device, generation, task_id, future))
+        self._arrived.put((device, generation, future))
 
     def _read(self) -> None:
         """Report what arrived, a device's consecutive messages together."""
@@ -438,7 +435,7 @@ class RayBackend(Backend):
                         break
                     batch.append(nxt)
             device, messages = -1, list[tuple[Any, ...]]()
-            for dev, generation, task_id, future in batch:
+            for dev, generation, future in batch:
                 try:
                     got = future.result()
                 except Exception as exc:
@@ -447,8 +444,6 @@ class RayBackend(Backend):
                         device, messages = -1, []
                     self._actor_failed(dev, generation, exc)
                     continue
-                if got and got[-1][0] in ("done", "error", "dropped"):
-                    self._arg_refs.pop(task_id, None)
                 if dev != device and messages:
                     self._report(device, messages)
                     messages = []

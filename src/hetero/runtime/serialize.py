@@ -66,12 +66,15 @@ Segment = tuple[str, int, bool]
 @dataclass(slots=True)
 class Packed:
     """A pickled object: the stream, the shared-memory segments of its large buffers, its size
-    in bytes and the seconds packing took."""
+    in bytes, the seconds packing took and, once shipped, where a backend put it."""
 
     data: bytes
     segments: list[Segment] = field(default_factory=list)
     nbytes: int = 0
     seconds: float = 0.0
+    # Where a backend put these bytes for workers on other machines (Ray: an object store
+    # reference), so that a retry ships a reference, not the bytes; it lives as long as this.
+    handle: Any = None
 
     def __reduce__(self) -> tuple[type[Packed], tuple[Any, ...]]:
         # A plain tuple of fields: pickling a slotted dataclass field by field costs 5x more,
