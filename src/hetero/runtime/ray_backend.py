@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import os
+import pickle
 import queue
 import socket
 import threading
@@ -286,15 +287,18 @@ class RayBackend(Backend):
             if fn is None:
                 fn = self._fn_refs[key] = self._ray.put(blob)
         args = self._args(order)
-        order.args = _EMPTY  # the arguments travel beside it (by reference when large)
-        ref = actor.handle.run.remote(order, args, key, fn)
+        if args is not None:
+            order.args = _EMPTY  # they travel beside it, by reference
+        blob = pickle.dumps((order, key), protocol=5)
+        ref = actor.handle.run.remote(blob, args, fn)
         arrived = functools.partial(self._on_arrival, device, actor.generation)
         ref.future().add_done_callback(arrived)
 
     def _args(self, order: TaskOrder) -> Any:
+        """The object store reference of large arguments (``None``: they ride in the order)."""
         packed = order.args
         if len(packed.data) < ARG_REF_BYTES:
-            return packed
+            return None
         if packed.handle is None:  # once per task: retries and steals reuse the object
             packed.handle = self._ray.put(packed)
         return packed.handle
@@ -437,7 +441,7 @@ class RayBackend(Backend):
             device, messages = -1, list[tuple[Any, ...]]()
             for dev, generation, future in batch:
                 try:
-                    got = future.result()
+                    got = pickle.loads(future.result())
                 except Exception as exc:
                     if messages:
                         self._report(device, messages)
