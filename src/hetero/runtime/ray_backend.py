@@ -469,6 +469,10 @@ class RayBackend(Backend):
             if actor is None or actor.generation != generation or self._closed:
                 return  # already dealt with (or ended on purpose)
             self._actors[device] = None
+        # "Unavailable" may be a blip of a live actor: end it, so that the device never has
+        # two (its replacement starts with the next order).
+        with contextlib.suppress(Exception):
+            self._ray.kill(actor.handle, no_restart=True)
         if device in self._gone:
             return
         node = self._node_of[device]
