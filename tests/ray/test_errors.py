@@ -95,3 +95,15 @@ def test_the_config_can_choose_the_ray_backend_and_its_address(
         assert type(ctx.backend).__name__ == "RayBackend"
         assert ctx.strategy == "round_robin" and len(ctx.devices) == 5
         assert ctx.run(sum, [1, 2, 3]) == 6
+
+
+def test_devices_given_for_a_cluster_are_named_as_unused(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hetero.config import parse_config
+    from hetero.devices.fleet import build_fleet
+
+    mine = build_fleet(parse_config({"devices": [{"type": "gpu", "model": "T4", "emulate": True}]}))
+    with hetero.Context(devices=mine, backend="ray", address=cluster.address) as ctx:
+        assert len(ctx.devices) == 5  # the nodes' own
+    assert "the 1 device(s) given to the Context are not used" in caplog.text

@@ -138,6 +138,12 @@ class RayBackend(Backend):
                 node["NodeID"]: (list(self._own_fleet), "")
             }
         else:
+            if self._own_fleet is not None:
+                log.warning(
+                    "the %d device(s) given to the Context are not used: the nodes of the Ray "
+                    "cluster declare their own (HETERO_NODE_CONFIG, else detection)",
+                    len(self._own_fleet),
+                )
             found = self._probe(nodes)
         problems = [f"node {_short(nid)}: {why}" for nid, (_, why) in found.items() if why]
         if problems:
