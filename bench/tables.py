@@ -730,6 +730,173 @@ def serve_profile(doc: dict[str, Any]) -> str:
     )
 
 
+def ray_backend(doc: dict[str, Any]) -> str:
+    if "skipped" in doc:
+        return f"## Ray backend\n\n`{doc['command']}` — not run: {doc['skipped']}."
+    fig, over = doc["map"], doc["overhead"]
+    commit = (doc.get("revision") or {}).get("commit")
+    modified = (doc.get("revision") or {}).get("src_modified")
+    after = (doc.get("revision_after") or {}).get("commit")
+    nodes = "; ".join(
+        f"node {n}: " + ", ".join(f"{d['model']} (speed {d['speed']:g})" for d in node)
+        for n, node in enumerate(fig["nodes"])
+    )
+    cost = fig["cost"]
+    rows = []
+    for r in fig["runners"]:
+        if "skipped" in r:
+            rows.append([r["scheduler"], f"not run: {r['skipped']}", "-", "-", "-"])
+            continue
+        vs = r.get("hetero_efficiency_ratio")
+        if r["scheduler"].startswith("hetero"):
+            check = f"≥ {fig['target_efficiency']}: {_met(fig['meets_target'])}"
+        else:
+            check = "-"
+        rows.append(
+            [
+                r["scheduler"],
+                _range(r["makespan_seconds"]),
+                r["efficiency"],
+                "-" if vs is None else vs,
+                check,
+            ]
+        )
+    labels = [r["scheduler"] for r in fig["runners"]]
+    util = [
+        [
+            d["device"],
+            d["node"],
+            d["model"],
+            f"{d['speed']:g}",
+            *("-" if d[label] is None else f"{d[label]['utilization']:.1%}" for label in labels),
+        ]
+        for d in fig["devices_in_median_run"]
+    ]
+    data: dict[str, Any] = next((r for r in fig["runners"] if r["scheduler"] == "Ray Data"), {})
+    tasks: dict[str, Any] = next((r for r in fig["runners"] if r["scheduler"] == "Ray tasks"), {})
+    notes = []
+    if "blocks" in data:
+        wall = data["wall_seconds_from_call"]["median"]
+        notes.append(
+            f"Ray Data cut the items into {data['blocks']} blocks (its default) and kept at "
+            f"most {data['ray_data_defaults']['max_tasks_in_flight_per_actor']} blocks in "
+            f"flight per actor; from the call, its pool's start included, its median run took "
+            f"{wall} s, and its first block began "
+            f"{data['pool_complete_to_first_block_seconds']['median']} s after the whole pool "
+            "had claimed its devices."
+        )
+        idle = data.get("idle_between_blocks_seconds_median_run") or {}
+        fastest = max(fig["devices_in_median_run"], key=lambda d: d["speed"])["device"]
+        if fastest in idle:
+            notes.append(
+                f"Between one block and the next, Ray Data's fastest device ({fastest}) waited "
+                f"a median {idle[fastest] * 1e3:.0f} ms (its turnaround per block)."
+            )
+    if "expected_makespan_seconds" in tasks:
+        notes.append(
+            f"The Ray tasks' equal shares allow at best {tasks['expected_makespan_seconds']} s "
+            "(the most loaded device's share over its speed)."
+        )
+    map_part = (
+        "### `ctx.map` makespan efficiency\n\n"
+        f"Emulated devices, {nodes} (`time_scale` {fig['time_scale']:g}: an item of cost c "
+        f"holds its device c × {fig['time_scale']:g} / speed seconds); {fig['items']:,} items "
+        f"with {cost['distribution']} costs (mean {cost['mean']:g}, sigma {cost['sigma']:g}, "
+        f"seed {cost['seed']}); ideal makespan {fig['ideal_makespan_seconds']} s (the sum of "
+        "costs × time_scale over the sum of speeds). Efficiency = ideal / median makespan. "
+        '*hetero*: `ctx.map` on `hetero.Context(backend="ray")`, one actor per device, costs '
+        "declared with `@hetero.task(cost=lambda c: c)`. *Ray Data*: `map_batches` of one "
+        f"callable class over `ActorPoolStrategy(size={len(util)})`, whole blocks as "
+        "batches, handed to the least busy actor; each actor holds one device's "
+        "`hetero:<model>` resource and claims that device at construction; its makespan runs "
+        "from the first block's start, once the whole pool has claimed (its start is left "
+        "out, as hetero's actors' is). *Ray tasks*: one `@ray.remote` task per item, pinned in "
+        "turns to each device by its resource (Ray knows no speeds, so each device gets an "
+        "equal share; a device runs one at a time). All three pace their devices alike (one "
+        "sleep per call of cost / speed × time_scale). "
+        f"{_repeats(fig)} in turns; hetero's Context is opened afresh, started and warmed "
+        "with a small map each round.\n\n"
+        + _table(["runner", "makespan s", "efficiency", "hetero's efficiency ÷", "target"], rows)
+        + ("\n\n" + " ".join(notes) if notes else "")
+        + "\n\nUtilization (busy / makespan) per device in each runner's median run:\n\n"
+        + _table(["device", "node", "model", "speed", *labels], util)
+    )
+    over_rows = []
+    for name, label in (("hetero", "hetero `ctx.submit` / `ctx.run`"), ("ray", "Ray tasks")):
+        r = over[name]
+        if r is None:
+            over_rows.append([label, "not run", "-", "-", "-", "-"])
+            continue
+        over_rows.append(
+            [
+                label,
+                _range(r["us_per_task"]),
+                _range(r["tasks_per_second"]),
+                r["driver_cpu_us_per_task"]["median"],
+                r["roundtrip"]["median_ms"],
+                r["roundtrip"]["p90_ms"],
+            ]
+        )
+    verdict = (
+        f"\n\nhetero / Ray per task: **{over['per_task_vs_ray']}** (target ≤ "
+        f"{over['target_vs_ray']:g}: {_met(over['meets_target'])}); round trip: "
+        f"{over['roundtrip_vs_ray']}."
+        if "per_task_vs_ray" in over
+        else ""
+    )
+    over_part = (
+        "### Per-task overhead against plain Ray tasks\n\n"
+        f"Bursts of {over['tasks']:,} no-op tasks ({over.get('bursts_per_round', 1)} per "
+        "round each, in turns): hetero `ctx.submit` of "
+        "`@hetero.task(cost=0)` on the same Context, then wait for all; Ray: `noop.remote()` "
+        "(`@ray.remote` at its defaults) as often, then `ray.get`. Then "
+        f"{over['calls']} sequential round trips each: `ctx.run(noop)` against "
+        f"`ray.get(noop.remote())`. A warm-up burst ({over['warmup_tasks']} tasks) and "
+        f"{over['warmup_calls']} warm-up calls each in every round, then in turns; "
+        f"{_repeats(over)}. µs per task is a burst's wall time over its tasks (median and "
+        "range over every burst); driver CPU "
+        "is this process's CPU per task (all its threads); round trips in ms over every "
+        "round's calls.\n\n"
+        + _table(
+            [
+                "runner",
+                "µs per task",
+                "tasks/s",
+                "driver CPU µs/task",
+                "round trip median ms",
+                "p90 ms",
+            ],
+            over_rows,
+        )
+        + verdict
+    )
+    ray = doc["ray"]
+    return (
+        "## Ray backend\n\n"
+        f"`{doc['command']}`"
+        + (f" at commit `{commit[:7]}`" if commit else "")
+        + (" (src/ modified)" if modified else "")
+        + (f" (`{after[:7]}` by the end of the run)" if after and after != commit else "")
+        + f" — Ray {ray['version']}: a {ray['nodes']}-node cluster on this machine "
+        f"(`hetero.runtime.ray_cluster.local_cluster`, {ray['num_cpus_per_node']} CPU per "
+        "node), every node declaring its own emulated devices; hetero and Ray's own ways to "
+        "do the same work on the same devices, in one run, the driver connected once. The "
+        f"cluster's start ({doc['cluster_start_seconds']} s) counts for no one"
+        + (
+            f"; hetero's Context took {start['median']} s to start (median), left out as well"
+            if (start := doc["hetero_context_start_seconds"])
+            else ""
+        )
+        + ".\n\n"
+        + map_part
+        + "\n\n"
+        + over_part
+        + f"\n\nCalibration {doc['calibration_seconds']} s (per round: "
+        f"{', '.join(map(str, doc['calibration_seconds_per_round']))}), load average "
+        f"{doc['load_average_before']} before it; {doc['wall_seconds']} s."
+    )
+
+
 def train(doc: dict[str, Any]) -> str:
     setup, fig, exact = doc["setup"], doc["step_time"], doc["exactness"]
     hetero, equal = fig["hetero"], fig["equal_split_ddp"]
@@ -802,6 +969,7 @@ def main() -> int:
         ("quality.json", quality),
         ("plan.json", plan),
         ("engine.json", engine),
+        ("ray.json", ray_backend),
         ("serve.json", serve),
         ("serve_profile.json", serve_profile),
         ("train.json", train),
