@@ -488,7 +488,7 @@ def bench(ray: Any, sizes: Sizes, seed: int, *, data: bool) -> dict[str, Any]:
             try:
                 pool = DataPool(ray, ts)
             except ImportError as exc:
-                data_reason = f"import ray.data failed: {exc}"
+                data_reason = f"import ray.data failed: {exc} (pip install 'ray[data]')"
                 print(f"Ray Data anchor skipped: {data_reason}", file=sys.stderr)
         split = TaskSplit(ray, ts)
         remote_noop = ray.remote(noop)
