@@ -296,7 +296,10 @@ class RayBackend(Backend):
         if args is not None:
             order.args = _EMPTY  # they travel beside it, by reference
         blob = pickle.dumps((order, key), protocol=5)
-        ref = actor.handle.run.remote(blob, args, fn)
+        if args is None and fn is None:
+            ref = actor.handle.run_inline.remote(blob)
+        else:
+            ref = actor.handle.run.remote(blob, args, fn)
         arrived = functools.partial(self._on_arrival, device, actor.generation)
         ref.future().add_done_callback(arrived)
 
