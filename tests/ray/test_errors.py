@@ -107,3 +107,19 @@ def test_devices_given_for_a_cluster_are_named_as_unused(
     with hetero.Context(devices=mine, backend="ray", address=cluster.address) as ctx:
         assert len(ctx.devices) == 5  # the nodes' own
     assert "the 1 device(s) given to the Context are not used" in caplog.text
+
+
+def test_a_ray_client_address_runs_the_same_api(tmp_path: Path) -> None:
+    head = write_fleet(tmp_path, "head", [{"type": "gpu", "model": "T4", "emulate": True}])
+    port = free_port()
+    with (
+        local_cluster([head], client_port=port) as cluster,
+        hetero.Context(backend="ray", address=f"ray://127.0.0.1:{port}") as ctx,
+    ):
+        assert cluster.address != f"127.0.0.1:{port}"
+        assert [d.model for d in ctx.devices] == ["T4"]
+        assert list(ctx.map(abs, range(-20, 20), progress=False)) == [
+            abs(x) for x in range(-20, 20)
+        ]
+        future = ctx.submit(sum, [1, 2])
+        assert ctx.run(max, future, 2) == 3  # a task graph, through the client

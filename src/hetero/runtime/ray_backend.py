@@ -176,6 +176,8 @@ class RayBackend(Backend):
                 except ConnectionError:
                     ray.init(address="local", **options)
                     self._started_local = True
+            elif address.startswith("ray://"):
+                self._init_client(address, options)
             else:
                 ray.init(address=address, **options)
                 self._started_local = address == "local"
@@ -187,6 +189,20 @@ class RayBackend(Backend):
                 f"cannot connect to the Ray cluster at {where}: {type(exc).__name__}: {exc}"
             ) from None
         self._owns_connection = True
+
+    def _init_client(self, address: str, options: dict[str, Any]) -> None:
+        """Connect through Ray Client. A cluster that has just started may refuse at first (its
+        client server waits on the head's runtime-env agent): asked again for up to
+        ``connect_timeout`` seconds."""
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                self._ray.init(address=address, **options)
+                return
+            except ConnectionAbortedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, tuple[list[Device] | None, str]]:
         """Ask each node for its devices, side by side."""

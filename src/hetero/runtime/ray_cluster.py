@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -86,11 +90,15 @@ def node_args(config: str | os.PathLike[str]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def local_cluster(
-    node_configs: Sequence[str | os.PathLike[str]], *, num_cpus: int = 1
+    node_configs: Sequence[str | os.PathLike[str]],
+    *,
+    num_cpus: int = 1,
+    client_port: int | None = None,
 ) -> Iterator[Any]:
     """A ``ray.cluster_utils.Cluster`` of one node per config (the first is the head), each
     declaring that fleet; shut down on exit (with this process's Ray connection, if any).
-    Connect with ``address=cluster.address``."""
+    Connect with ``address=cluster.address``, or, with ``client_port``, through Ray Client at
+    ``ray://127.0.0.1:<client_port>``."""
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
@@ -99,12 +107,42 @@ def local_cluster(
     args = [node_args(c) for c in node_configs]
     head = {"num_cpus": num_cpus, "_system_config": _FAST_HEALTH_CHECKS, **args[0]}
     cluster = Cluster(initialize_head=True, head_node_args=head)
+    client: subprocess.Popen[bytes] | None = None
     try:
         for extra in args[1:]:
             cluster.add_node(num_cpus=num_cpus, **extra)
         cluster.wait_for_nodes()
+        if client_port is not None:
+            client = _client_server(ray, cluster.address, client_port)
         yield cluster
     finally:
         if ray.is_initialized():  # a driver still connected would stop the head's removal
             ray.shutdown()
+        if client is not None:
+            client.terminate()
+            client.wait(10)
         cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _client_server(ray: Any, address: str, port: int) -> subprocess.Popen[bytes]:
+    """A Ray Client server for the cluster at ``address`` on 127.0.0.1:``port``, started once
+    the head's runtime-env agent is known (one started with the head may ask that agent
+    before it listens, and then refuses every client)."""
+    ray.init(address=address, logging_level="WARNING")
+    try:
+        (head,) = [n for n in ray.nodes() if "node:__internal_head__" in n["Resources"]]
+    finally:
+        ray.shutdown()
+    agent = f"http://{head['NodeManagerAddress']}:{head['RuntimeEnvAgentPort']}"
+    command = [sys.executable, "-m", "ray.util.client.server", "--mode", "proxy"]
+    command += ["--address", address, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--runtime-env-agent-address", agent, "--node-id", head["NodeID"]]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return server
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise HeteroError(f"the Ray Client server on port {port} did not start")
+        time.sleep(0.1)
