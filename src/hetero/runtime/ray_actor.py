@@ -19,7 +19,7 @@ import ray
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError
 from hetero.runtime import current
-from hetero.runtime.monitor import DeviceSample, sample_device
+from hetero.runtime.monitor import DeviceSample, sample_devices
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV
 from hetero.runtime.serialize import Packed
 from hetero.runtime.worker import (
@@ -112,11 +112,10 @@ class _DeviceActor:
         return self.run(order_blob, None, None)
 
     @ray.method(concurrency_group="control")
-    def sample(self) -> DeviceSample:
-        """This device's live state, read on its node (its memory, utilization, health)."""
-        setup = self._state.setup
-        assert setup is not None
-        return sample_device(setup.device, os.getpid())
+    def sample(self, targets: list[tuple[Device, int | None]]) -> list[DeviceSample]:
+        """The live state of devices of this node (each with its worker's pid), read here:
+        memory, utilization, health; one call per node and monitoring round."""
+        return sample_devices(targets)
 
     @ray.method(concurrency_group="control")
     def cancel(self, task_id: int) -> None:

@@ -405,21 +405,23 @@ class RayBackend(Backend):
         return [node.id == self._driver_node for node in self._node_of]
 
     def remote_samples(self) -> list[DeviceSample]:
-        """Each running actor on another node reads its own device there."""
+        """The devices of every other node, read there by one of its actors (one call per
+        node: NVML and the actors' processes are that node's)."""
         ray = self._ray
-        here = self.on_this_machine()
-        refs = [
-            a.handle.sample.remote()
-            for i, a in enumerate(list(self._actors))
-            if a is not None and not here[i] and i not in self._gone
-        ]
+        by_node: dict[str, tuple[Any, list[tuple[Device, int | None]]]] = {}
+        for i, actor in enumerate(list(self._actors)):
+            node = self._node_of[i]
+            if actor is None or actor.pid is None or node.id == self._driver_node or not node.alive:
+                continue
+            by_node.setdefault(node.id, (actor.handle, []))[1].append((self._devices[i], actor.pid))
+        refs = [reader.sample.remote(targets) for reader, targets in by_node.values()]
         if not refs:
             return []
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_SAMPLE_SECONDS)
-        samples = []
+        samples: list[DeviceSample] = []
         for ref in ready:
-            with contextlib.suppress(Exception):  # an actor that died meanwhile
-                samples.append(ray.get(ref))
+            with contextlib.suppress(Exception):  # its actor died meanwhile
+                samples += ray.get(ref)
         return samples
 
     def close(self, timeout: float = 5.0) -> None:
