@@ -123,3 +123,12 @@ def test_a_ray_client_address_runs_the_same_api(tmp_path: Path) -> None:
         ]
         future = ctx.submit(sum, [1, 2])
         assert ctx.run(max, future, 2) == 3  # a task graph, through the client
+
+
+def test_an_unknown_strategy_is_refused_before_any_cluster_is_joined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ray = import_ray()
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
+    with pytest.raises(ConfigError, match="no_such_policy"):
+        hetero.Context(backend="ray", strategy="no_such_policy")

@@ -211,6 +211,11 @@ class Context:
             config = load_config(Path(config))
         self.config = config
         sched = config.scheduler if config is not None else SchedulerConfig()
+        if strategy is not None:
+            from hetero.sched.registry import make_policy
+
+            # Before any backend starts: a cluster is not joined for a typo.
+            make_policy(strategy, sched.options)  # ConfigError naming the strategy
         if backend is None:
             backend = config.backend.kind if config is not None else "local"
         if address is None and config is not None:
@@ -265,9 +270,6 @@ class Context:
             base = base.model_copy(
                 update={"scheduler": sched.model_copy(update={"strategy": strategy})}
             )
-            from hetero.sched.registry import make_policy
-
-            make_policy(strategy, sched.options)  # ConfigError naming the strategy
         self.dispatcher = Dispatcher.from_config(
             base, devices=fleet, clock=MonotonicClock(), **overrides
         )
