@@ -211,11 +211,13 @@ class Context:
             config = load_config(Path(config))
         self.config = config
         sched = config.scheduler if config is not None else SchedulerConfig()
+        # Checked before any backend starts: a cluster is not joined (or started) for a typo.
         if strategy is not None:
             from hetero.sched.registry import make_policy
 
-            # Before any backend starts: a cluster is not joined for a typo.
             make_policy(strategy, sched.options)  # ConfigError naming the strategy
+        if isinstance(checkpoint_dir, (str, os.PathLike)):
+            _check_writable(Path(checkpoint_dir))
         if backend is None:
             backend = config.backend.kind if config is not None else "local"
         if address is None and config is not None:
@@ -288,8 +290,7 @@ class Context:
         elif checkpoint_dir is None or checkpoint_dir is True:
             self.checkpoint_dir = Path(tempfile.mkdtemp(prefix="hetero-ckpt-"))
         else:
-            self.checkpoint_dir = Path(checkpoint_dir)
-            _check_writable(self.checkpoint_dir)
+            self.checkpoint_dir = Path(checkpoint_dir)  # checked writable above
         self._id = next(_ids)
         self._checkpoint_base = (
             f"{self.checkpoint_dir}/ctx{os.getpid()}-{self._id}" if self.checkpoint_dir else ""
