@@ -73,6 +73,7 @@ from _engine_util import latency, lognormal_costs, ray_module, summary
 from bench_engine import Paced, _profile_row, _scheduler_row, burst, free_noop, item, ratio
 
 import hetero
+from hetero.config import parse_config
 from hetero.runtime.ray_cluster import resource_name
 
 # hetero's actors and Ray's workers unpickle bench_engine's task functions and Paced by value:
@@ -432,9 +433,14 @@ def cluster_session(ray: Any, configs: Sequence[str]) -> Iterator[tuple[Any, flo
             ray.shutdown()
 
 
-def _open_hetero(address: str, time_scale: float) -> tuple[hetero.Context | None, str | None]:
+def _open_hetero(
+    address: str, time_scale: float, queue_order: str = "size"
+) -> tuple[hetero.Context | None, str | None]:
+    config = parse_config(
+        {"backend": {"kind": "ray", "address": address}, "scheduler": {"queue_order": queue_order}}
+    )
     try:
-        ctx = hetero.Context(backend="ray", address=address, time_scale=time_scale)
+        ctx = hetero.Context(config, time_scale=time_scale)
     except Exception as exc:  # the backend is optional: a missing one is recorded, not fatal
         return None, f"{type(exc).__name__}: {exc}"
     return ctx, None
@@ -473,7 +479,12 @@ def bench(ray: Any, sizes: Sizes, seed: int, *, data: bool) -> dict[str, Any]:
     warm = lognormal_costs(sizes.warm_items, sizes.mean_cost, sizes.sigma, seed + 1)
     work = math.fsum(costs) * ts
     ideal = work / sum(d.speed for d in DEVICES)
-    runs: dict[str, list[dict[str, Any]]] = {"hetero": [], "ray_data": [], "ray_tasks": []}
+    runs: dict[str, list[dict[str, Any]]] = {
+        "hetero": [],
+        "hetero_fifo": [],
+        "ray_data": [],
+        "ray_tasks": [],
+    }
     hetero_reason: str | None = None
     data_reason: str | None = None if data else "skipped: --no-data"
     starts: list[float] = []
@@ -510,6 +521,15 @@ def bench(ray: Any, sizes: Sizes, seed: int, *, data: bool) -> dict[str, Any]:
                     list(ctx.map(item, warm, progress=False))
                     runs["hetero"].append(hetero_map(ctx, costs, tmp, r))
                 overhead_round(ctx, ray, sizes, acc, remote_noop)
+            if hetero_reason is None:
+                # The same map with FIFO device queues: a batch job's makespan, where the
+                # default size order (for latency) defers the largest batches to the end.
+                fifo, _ = _open_hetero(cluster.address, ts, "fifo")
+                assert fifo is not None
+                with fifo:
+                    fifo.start()
+                    list(fifo.map(item, warm, progress=False))
+                    runs["hetero_fifo"].append(hetero_map(fifo, costs, tmp, r))
             if pool is not None:
                 runs["ray_data"].append(pool.run(costs))
             split.run(warm)
@@ -542,16 +562,27 @@ def map_figure(
     hetero_reason: str | None,
     data_reason: str | None,
 ) -> dict[str, Any]:
-    labels = {"hetero": "hetero ctx.map", "ray_data": "Ray Data", "ray_tasks": "Ray tasks"}
-    reasons = {"hetero": hetero_reason, "ray_data": data_reason, "ray_tasks": None}
+    labels = {
+        "hetero": "hetero ctx.map",
+        "hetero_fifo": "hetero ctx.map, queue_order: fifo",
+        "ray_data": "Ray Data",
+        "ray_tasks": "Ray tasks",
+    }
+    reasons = {
+        "hetero": hetero_reason,
+        "hetero_fifo": hetero_reason,
+        "ray_data": data_reason,
+        "ray_tasks": None,
+    }
     rows: dict[str, Any] = {}
     for key, label in labels.items():
         if not runs[key]:
             rows[key] = {"scheduler": label, "skipped": reasons[key] or "not run"}
             continue
         rows[key] = _scheduler_row(label, [r["makespan"] for r in runs[key]], ideal)
-    if runs["hetero"]:
-        rows["hetero"]["profile_of_median_run"] = _median(runs["hetero"])["profile"]
+    for key in ("hetero", "hetero_fifo"):
+        if runs[key]:
+            rows[key]["profile_of_median_run"] = _median(runs[key])["profile"]
     if runs["ray_data"] and pool is not None:
         rows["ray_data"]["wall_seconds_from_call"] = summary(
             [r["wall"] for r in runs["ray_data"]], 4
