@@ -184,6 +184,10 @@ class RayBackend(Backend):
         except HeteroError:
             raise
         except Exception as exc:
+            # Leave this process as it was: a half-made connection (a Ray Client one above
+            # all) would make every later ray.init fail.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
             where = address or "a local Ray instance"
             raise HeteroError(
                 f"cannot connect to the Ray cluster at {where}: {type(exc).__name__}: {exc}"
@@ -191,17 +195,19 @@ class RayBackend(Backend):
         self._owns_connection = True
 
     def _init_client(self, address: str, options: dict[str, Any]) -> None:
-        """Connect through Ray Client. A cluster that has just started may refuse at first (its
-        client server waits on the head's runtime-env agent): asked again for up to
-        ``connect_timeout`` seconds."""
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
+        """Connect through Ray Client, asking twice: a client server sometimes fails to start
+        the process that would serve this client (Ray's proxy then answers, after its own
+        30 s wait, that starting it failed), and a second one usually starts."""
+        for attempt in range(2):
             try:
                 self._ray.init(address=address, **options)
                 return
             except ConnectionAbortedError:
-                if time.monotonic() > deadline:
+                if attempt:
                     raise
+                log.warning("Ray Client at %s refused this client; asking again", address)
+                with contextlib.suppress(Exception):
+                    self._ray.shutdown()
                 time.sleep(1.0)
 
     def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, tuple[list[Device] | None, str]]:

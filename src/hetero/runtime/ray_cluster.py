@@ -113,7 +113,9 @@ def local_cluster(
             cluster.add_node(num_cpus=num_cpus, **extra)
         cluster.wait_for_nodes()
         if client_port is not None:
-            client = _client_server(ray, cluster.address, client_port)
+            assert cluster.head_node is not None
+            logs = cluster.head_node.get_logs_dir_path()
+            client = _client_server(ray, cluster.address, client_port, logs)
         yield cluster
     finally:
         if ray.is_initialized():  # a driver still connected would stop the head's removal
@@ -124,7 +126,7 @@ def local_cluster(
         cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
-def _client_server(ray: Any, address: str, port: int) -> subprocess.Popen[bytes]:
+def _client_server(ray: Any, address: str, port: int, logs_dir: str) -> subprocess.Popen[bytes]:
     """A Ray Client server for the cluster at ``address`` on 127.0.0.1:``port``, started once
     the head's runtime-env agent is known (one started with the head may ask that agent
     before it listens, and then refuses every client)."""
@@ -137,12 +139,14 @@ def _client_server(ray: Any, address: str, port: int) -> subprocess.Popen[bytes]
     command = [sys.executable, "-m", "ray.util.client.server", "--mode", "proxy"]
     command += ["--address", address, "--host", "127.0.0.1", "--port", str(port)]
     command += ["--runtime-env-agent-address", agent, "--node-id", head["NodeID"]]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(logs_dir) / "hetero_client_server.err"  # beside Ray's own logs of the cluster
+    with open(log, "ab") as err:
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + 30
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
             return server
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
-            raise HeteroError(f"the Ray Client server on port {port} did not start")
+            raise HeteroError(f"the Ray Client server on port {port} did not start (see {log})")
         time.sleep(0.1)
