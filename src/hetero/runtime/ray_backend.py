@@ -195,15 +195,15 @@ class RayBackend(Backend):
         self._owns_connection = True
 
     def _init_client(self, address: str, options: dict[str, Any]) -> None:
-        """Connect through Ray Client, asking twice: a client server sometimes fails to start
-        the process that would serve this client (Ray's proxy then answers, after its own
-        30 s wait, that starting it failed), and a second one usually starts."""
-        for attempt in range(2):
+        """Connect through Ray Client, asking up to three times: a client server sometimes
+        fails to start the process that would serve this client (Ray's proxy then answers,
+        after its own 30 s wait, that starting it failed), and another one usually starts."""
+        for attempt in range(3):
             try:
                 self._ray.init(address=address, **options)
                 return
             except ConnectionAbortedError:
-                if attempt:
+                if attempt == 2:
                     raise
                 log.warning("Ray Client at %s refused this client; asking again", address)
                 with contextlib.suppress(Exception):
