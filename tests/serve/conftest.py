@@ -97,6 +97,21 @@ class Serve(Protocol):
 PINNED = "shortest_expected_delay"
 
 
+async def openai_stream(client: Any, model: str, max_tokens: int) -> tuple[str, Any]:
+    """A streamed chat completion through the ``openai`` client: its text and the last
+    chunk's usage (asked for with ``include_usage``)."""
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks[-1].usage
+
+
 async def wait_for(check: Callable[[], bool], what: str, limit: float = 10.0) -> None:
     """Poll ``check`` until it holds (``limit`` only bounds a broken test; nothing is timed)."""
     deadline = time.monotonic() + limit

@@ -33,6 +33,7 @@ from hetero.serve.mock import (
     _Slots,
     draw_output_length,
 )
+from tests.serve.conftest import openai_stream
 
 Start = Callable[..., Awaitable[tuple[MockReplica, str]]]
 
@@ -162,16 +163,8 @@ async def test_openai_client_parses_every_route(start: Start) -> None:
         done = await client.chat.completions.create(model="mock-llm", messages=messages)
         assert done.choices[0].message.content == " tok" * 10
         assert done.usage is not None and done.usage.completion_tokens == 10
-        stream = await client.chat.completions.create(
-            model="mock-llm",
-            messages=messages,
-            max_tokens=3,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = [chunk async for chunk in stream]
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == " tok" * 3 and chunks[-1].usage is not None
+        text, usage = await openai_stream(client, "mock-llm", max_tokens=3)
+        assert text == " tok" * 3 and usage is not None
         completion = await client.completions.create(model="mock-llm", prompt="hi", max_tokens=2)
         assert completion.choices[0].finish_reason == "length"
         embedded = await client.embeddings.create(model="mock-llm", input=["a", "b"])

@@ -24,7 +24,18 @@ from hetero.serve.app import ServeOptions
 from hetero.serve.mock import MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import RouterOptions
-from tests.serve.conftest import CHAT, COMPLETIONS, PINNED, Fleet, Serve, Spec, chat, mock, wait_for
+from tests.serve.conftest import (
+    CHAT,
+    COMPLETIONS,
+    PINNED,
+    Fleet,
+    Serve,
+    Spec,
+    chat,
+    mock,
+    openai_stream,
+    wait_for,
+)
 
 ADMIN_KEY = "sekret"
 
@@ -507,17 +518,9 @@ async def test_openai_client_against_the_router(serve: Serve) -> None:
         done = await client.chat.completions.create(model="m", messages=messages, max_tokens=5)
         assert done.choices[0].message.content == " tok" * 5
         assert done.usage is not None and done.usage.completion_tokens == 5
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=messages,
-            max_tokens=4,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = [chunk async for chunk in stream]
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        text, usage = await openai_stream(client, "m", max_tokens=4)
         assert text == " tok" * 4
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        assert usage is not None and usage.completion_tokens == 4
         models = await client.models.list()
         assert [m.id for m in models.data] == ["m"]
         with pytest.raises(openai.NotFoundError):

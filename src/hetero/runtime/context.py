@@ -244,10 +244,8 @@ class Context:
             raise ConfigError([("devices", "the fleet is empty")])
         # The context's own copies: limits and live state set here stay out of the caller's.
         fleet = [dataclasses.replace(d, state=dataclasses.replace(d.state)) for d in fleet]
-        if pool is not None:
-            for d in fleet:
-                d.memory_limit = pool if d.memory_limit is None else min(pool, d.memory_limit)
-                d.state.memory_total = d.memory_bytes
+        for d in fleet:
+            _cap_memory(d, pool)
         self.devices = fleet
         overrides: dict[str, Any] = {
             "slots": [1 + prefetch] * len(fleet),
@@ -949,12 +947,7 @@ class Context:
         """A device joined (its node joined the cluster): it takes work at once."""
         endings: list[_Ending] = []
         with self._lock:
-            if self._memory_pool is not None:
-                pool = self._memory_pool
-                device.memory_limit = (
-                    pool if device.memory_limit is None else min(pool, device.memory_limit)
-                )
-                device.state.memory_total = device.memory_bytes
+            _cap_memory(device, self._memory_pool)
             index = len(self.devices)
             self.devices.append(device)
             self._on_device.append(set())
@@ -1284,6 +1277,14 @@ def get_memory_usage() -> dict[str, dict[str, int]]:
         if not ctx.closed:
             return ctx.memory_usage()
     raise HeteroError("get_memory_usage() needs an open hetero.Context")
+
+
+def _cap_memory(device: Device, pool: int | None) -> None:
+    """Limit ``device`` to ``memory_pool_size`` bytes (``None``: no cap)."""
+    if pool is not None:
+        limit = device.memory_limit
+        device.memory_limit = pool if limit is None else min(pool, limit)
+        device.state.memory_total = device.memory_bytes
 
 
 def _declared_fleet(config: HeteroConfig | None) -> list[Device] | None:

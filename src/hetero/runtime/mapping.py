@@ -181,10 +181,6 @@ class MapRun(Iterator[Any]):
         shrinks while the map runs (a cluster's nodes)."""
         return max(1, int(self._ctx.dispatcher.view.usable.sum()))
 
-    @property
-    def _window(self) -> int:
-        return self._fixed_window or max(4 * self._devices(), 8)
-
     def _fill(self) -> None:
         with self._cond:
             self._fill_locked()
@@ -193,12 +189,14 @@ class MapRun(Iterator[Any]):
         # In flight at most ``window`` batches; waiting to be read (behind a slow head of
         # line, when ordered) at most ``READ_AHEAD`` windows more, so slow items do not stall
         # the devices and memory stays bounded.
+        devices = self._devices()  # once per fill: the fleet may have changed since the last
+        window = self._fixed_window or max(4 * devices, 8)
         while (
             not self._exhausted
-            and len(self._pending) < self._window
-            and len(self._pending) + len(self._ready) < READ_AHEAD * self._window
+            and len(self._pending) < window
+            and len(self._pending) + len(self._ready) < READ_AHEAD * window
         ):
-            size = self._size()
+            size = self._size(devices)
             chunk = []
             for _ in range(size):
                 try:
@@ -245,7 +243,7 @@ class MapRun(Iterator[Any]):
                 self._bar.update(items)
             self._cond.notify_all()
 
-    def _size(self) -> int:
+    def _size(self, devices: int) -> int:
         if self._batch_size != "auto":
             return int(self._batch_size)
         perf = self._ctx.dispatcher.perf
@@ -259,7 +257,7 @@ class MapRun(Iterator[Any]):
         size = max(1, math.ceil(TARGET_SECONDS * fastest / max(per_item, 1e-12)))
         if self._total is not None:
             remaining = self._total - self._taken
-            size = min(size, max(1, math.ceil(remaining / (4 * self._devices()))))
+            size = min(size, max(1, math.ceil(remaining / (4 * devices))))
         return max(1, min(size, self._cap))
 
     def _memory_cap(self) -> int:

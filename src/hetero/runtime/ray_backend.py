@@ -109,7 +109,6 @@ class RayBackend(Backend):
         self._devices: list[Device] = []
         self._node_of: list[_Node] = []
         self._actors: list[_Actor | None] = []
-        self._gone: set[int] = set()
         self._events: BackendEvents | None = None
         self._lock = threading.Lock()
         self._outbox: list[tuple[Any, ...]] = []
@@ -120,13 +119,12 @@ class RayBackend(Backend):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._driver_node = ""
-        self._discovered = False
 
     # ------------------------------------------------------------------------ discovery
 
     def discover(self) -> list[Device]:
         """Connect to the cluster and return every node's devices (ids ``<node>/<device>``)."""
-        if self._discovered:
+        if self._nodes:  # discovered already
             return list(self._devices)
         self._connect()
         ray = self._ray
@@ -155,7 +153,6 @@ class RayBackend(Backend):
         for info in sorted(nodes, key=_head_first):
             devices, _ = found[info["NodeID"]]
             self._adopt(info, devices or [])
-        self._discovered = True
         if not self._devices:
             self.close()
             raise HeteroError("the Ray cluster has no devices hetero can use")
@@ -291,7 +288,7 @@ class RayBackend(Backend):
                 return
             batch, self._outbox = self._outbox, []
         for device, order, extra in batch:
-            if device in self._gone:
+            if not self._node_of[device].alive:
                 continue  # the engine was told: what it sent there is placed elsewhere
             if order is None:
                 actor = self._actors[device]
@@ -380,7 +377,7 @@ class RayBackend(Backend):
         actors = [
             (i, self._actors[i] or self._spawn(i))
             for i in range(len(self._devices))
-            if i not in self._gone
+            if self._node_of[i].alive
         ]
         if timeout is None:
             return
@@ -456,38 +453,18 @@ class RayBackend(Backend):
         self._arrived.put((device, generation, future))
 
     def _read(self) -> None:
-        """Report what arrived, a device's consecutive messages together."""
-        events = self._events
-        assert events is not None
+        """Report each reply as it arrives, or the loss of the actor it was for."""
         while True:
-            first = self._arrived.get()
-            if first is None:
+            arrived = self._arrived.get()
+            if arrived is None:
                 return
-            batch = [first]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < 256:
-                    nxt = self._arrived.get_nowait()
-                    if nxt is None:
-                        self._arrived.put(None)
-                        break
-                    batch.append(nxt)
-            device, messages = -1, list[tuple[Any, ...]]()
-            for dev, generation, future in batch:
-                try:
-                    got = pickle.loads(future.result())
-                except Exception as exc:
-                    if messages:
-                        self._report(device, messages)
-                        device, messages = -1, []
-                    self._actor_failed(dev, generation, exc)
-                    continue
-                if dev != device and messages:
-                    self._report(device, messages)
-                    messages = []
-                device = dev
-                messages += got
-            if messages:
-                self._report(device, messages)
+            device, generation, future = arrived
+            try:
+                messages = pickle.loads(future.result())
+            except Exception as exc:
+                self._actor_failed(device, generation, exc)
+                continue
+            self._report(device, messages)
 
     def _report(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         assert self._events is not None
@@ -506,7 +483,7 @@ class RayBackend(Backend):
         # two (its replacement starts with the next order).
         with contextlib.suppress(Exception):
             self._ray.kill(actor.handle, no_restart=True)
-        if device in self._gone:
+        if not self._node_of[device].alive:
             return
         node = self._node_of[device]
         if not self._alive(node.id):
@@ -530,7 +507,6 @@ class RayBackend(Backend):
             if not node.alive:
                 return
             node.alive = False
-            self._gone.update(node.devices)
             actors = [self._actors[i] for i in node.devices]
             for i in node.devices:
                 self._actors[i] = None
