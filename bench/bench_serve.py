@@ -1,5 +1,5 @@
 """``hetero serve`` against the routers a user would pick instead, on emulated replicas
-(``hetero.serve.mock``), in one run on this machine. Two figures, each run alone with ``--only``:
+(``hetero.serve.mock``), in one run on this machine. Three figures, each run alone with ``--only``:
 
 - ``goodput``: three mock replicas of relative speeds 1 : 2.5 : 6 with slots in proportion to
   their memory (a 16, a 40 and an 80 GB card: 4 : 10 : 20), all in one process. Poisson arrivals
@@ -9,12 +9,18 @@
   capped by ``max_tokens``). Capacity = Σ slots_i × speed_i / (prefill_time × E[prompt tokens]
   + decode_time × E[output tokens]), the expectation of the output taken over the mock's own
   draw. A request meets the SLO when latency / completion_tokens ≤ ``--slo-slack`` × (decode_time
-  + prefill_time × prompt_tokens / completion_tokens) / slowest speed: no slower per output
-  token than it would run alone on the slowest replica (or ``--slo-per-token`` seconds flat).
+  + prefill_time × prompt_tokens / completion_tokens) / slowest speed: at most 1.5× (the
+  default slack) as slow per output token as it would run alone on the slowest replica, so
+  that every replica meets the bound unloaded (or ``--slo-per-token`` seconds flat).
   Goodput = requests meeting the SLO per second of offered duration. Configurations, each on a
   fresh mock process: ``hetero serve`` with each ``--strategies`` (a fresh router each),
   client-side round robin straight to the replicas (no router), and sglang-router with each of
   its ``--sglang-policies``.
+- ``max_rate``: goodput as serving papers (DistServe) define it: the highest load at which a
+  configuration still keeps ``--targets`` (0.98 and 0.9) of its requests within the SLO. Same
+  fleet, requests and SLO as ``goodput``; for hetero serve's default and every baseline, loads
+  on a grid of ``--step`` (5%) of capacity up to 120% are bisected, ``--rate-duration`` s of
+  arrivals each, on a fresh mock process and router every time.
 - ``overhead``: one instant mock (no prefill or decode time, 1024 slots) straight, behind
   ``hetero serve`` (default strategy) and behind sglang-router: an open loop of ``--rate``
   requests/s (Poisson) → latency percentiles, added latency = routed minus direct; then a closed
@@ -72,7 +78,7 @@ from _serve_procs import (
 import hetero
 from hetero.serve.router import DEFAULT_STRATEGY
 
-FIGURES = ("goodput", "overhead")
+FIGURES = ("goodput", "max_rate", "overhead")
 MODEL = "mock-llm"
 HETERO_STRATEGIES = tuple(
     dict.fromkeys(
@@ -126,7 +132,7 @@ class Goodput:
     load: float = 0.85
     duration: float = 40.0
     grace: float | None = None  # None: long enough for any request that could meet the SLO
-    slo_slack: float = 1.0
+    slo_slack: float = 1.5
     slo_per_token: float | None = None
     strategies: tuple[str, ...] = HETERO_STRATEGIES
     forward_strategies: tuple[str, ...] = FORWARD_STRATEGIES
@@ -161,9 +167,12 @@ class Overhead:
     seed: int = 0
 
 
-def quick_sizes(goodput: Goodput, overhead: Overhead) -> tuple[Goodput, Overhead]:
+def quick_sizes(
+    goodput: Goodput, rates: MaxRate, overhead: Overhead
+) -> tuple[Goodput, MaxRate, Overhead]:
     return (
         dataclasses.replace(goodput, duration=10.0, grace=8.0),
+        dataclasses.replace(rates, duration=5.0, step=0.25),
         dataclasses.replace(overhead, duration=3.0, closed_duration=3.0, rate=200.0, repeats=1),
     )
 
@@ -467,14 +476,29 @@ def run_goodput_config(
     return row
 
 
-def goodput(
-    children: Children, w: Goodput, hetero_reason: str | None, sglang_reason: str | None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class OpenLoad:
+    """One open-loop workload of the goodput figures: ``w``'s requests at ``load``."""
+
+    mean_prompt: float
+    mean_out: float
+    service: float  # mean seconds of a request at speed 1
+    capacity: float  # requests/s of the whole fleet
+    rate: float
+    send_at: list[float]
+    tokens: list[int]
+    grace: float
+    spec: dict[str, Any]
+
+
+def open_load(w: Goodput, load: float) -> OpenLoad:
+    """Poisson arrivals at ``load`` × the fleet's capacity for ``w.duration``; the same prompts
+    and seeds (so the same output lengths) for the first requests of every load."""
     mean_out = expected_output_tokens(w)
     mean_prompt = float(np.mean(prompt_lengths(w, 200_000, w.seed + 3)))
     service = w.prefill_time * mean_prompt + w.decode_time * mean_out
     capacity = sum(n * s for n, s in zip(w.slots, w.speeds, strict=True)) / service
-    rate = w.load * capacity
+    rate = load * capacity
     send_at = poisson_times(rate, w.duration, w.seed)
     bodies, tokens = prompts(w, len(send_at))
     # Long enough for the largest request that could still meet the SLO: cutting off a
@@ -490,16 +514,29 @@ def goodput(
         "grace": grace,
         "usage": True,
     }
+    return OpenLoad(mean_prompt, mean_out, service, capacity, rate, send_at, tokens, grace, spec)
+
+
+def _skip_reason(
+    config: Config, hetero_reason: str | None, sglang_reason: str | None
+) -> str | None:
+    return {"hetero": hetero_reason, "sglang": sglang_reason}.get(config.kind)
+
+
+def goodput(
+    children: Children, w: Goodput, hetero_reason: str | None, sglang_reason: str | None
+) -> dict[str, Any]:
+    work = open_load(w, w.load)
     rows: list[dict[str, Any]] = []
     for config in goodput_configs(w):
         head = {"config": config.label, "kind": config.kind, "name": config.name}
-        reason = {"hetero": hetero_reason, "sglang": sglang_reason}.get(config.kind)
+        reason = _skip_reason(config, hetero_reason, sglang_reason)
         if reason is not None:
             rows.append(head | {"skipped": reason})
             print(f"goodput: {config.label}: skipped ({reason})", file=sys.stderr)
             continue
         try:
-            row = run_goodput_config(children, w, config, spec, tokens, w.duration)
+            row = run_goodput_config(children, w, config, work.spec, work.tokens, w.duration)
         except StartError as exc:
             row = head | {"skipped": f"failed: {exc}"[:3000]}
         rows.append(row)
@@ -521,36 +558,167 @@ def goodput(
         "workload": {
             "arrivals": "poisson",
             "load": w.load,
-            "rate_rps": round(rate, 3),
+            "rate_rps": round(work.rate, 3),
             "duration_s": w.duration,
-            "requests": len(send_at),
+            "requests": len(work.send_at),
             "seed": w.seed,
             "request": "POST /v1/chat/completions, one user message, not streamed",
             "prompt_tokens": {
                 "dist": "lognormal",
                 "mean": w.prompt_mean,
                 "sigma": w.prompt_sigma,
-                "sample_mean": round(float(np.mean(tokens)), 2),
+                "sample_mean": round(float(np.mean(work.tokens)), 2),
             },
             "max_tokens": w.max_tokens,
             "same_for_every_configuration": "send times, prompts, max_tokens and output "
             "lengths (each request carries a seed the mock draws its length from)",
-            "grace_s": grace,
+            "grace_s": work.grace,
             "generator_processes": 1,
         },
         "capacity": {
             "formula": "Σ slots_i × speed_i / (prefill_time × E[prompt_tokens] + decode_time × "
             "E[completion_tokens])",
-            "expected_prompt_tokens": round(mean_prompt, 2),
-            "expected_completion_tokens": round(mean_out, 2),
+            "expected_prompt_tokens": round(work.mean_prompt, 2),
+            "expected_completion_tokens": round(work.mean_out, 2),
             "completion_tokens_note": "the mock's draw capped by max_tokens, averaged",
-            "service_seconds_at_speed_1": round(service, 4),
-            "requests_per_second": round(capacity, 3),
+            "service_seconds_at_speed_1": round(work.service, 4),
+            "requests_per_second": round(work.capacity, 3),
         },
         "slo": _slo_doc(w),
         "configs": rows,
         "ratios": goodput_ratios(rows),
     }
+
+
+# ------------------------------------------------------------------------------- max rate
+
+
+@dataclass(frozen=True)
+class MaxRate:
+    """The highest load each configuration serves within the SLO: goodput as serving papers
+    (DistServe) define it, the largest request rate at which the SLO attainment still reaches a
+    target. Loads are searched on a grid of ``step`` up to ``top`` × capacity."""
+
+    targets: tuple[float, ...] = (0.98, 0.9)
+    step: float = 0.05
+    top: float = 1.2
+    duration: float = 20.0
+
+
+def max_rate_configs(w: Goodput) -> list[Config]:
+    """hetero serve's default and every baseline (the ablations are left out)."""
+    return [
+        c
+        for c in goodput_configs(w)
+        if c.kind != "hetero" or c.forward or c.name == DEFAULT_STRATEGY
+    ]
+
+
+def highest_step(attainment: Callable[[int], float], steps: int, target: float) -> int:
+    """The highest step ``k`` in 1..``steps`` whose attainment reaches ``target``, by bisection
+    (attainment falls as the load rises); 0 when even step 1 misses it."""
+    lo, hi = 0, steps + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if attainment(mid) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def search_config(children: Children, w: Goodput, m: MaxRate, config: Config) -> dict[str, Any]:
+    """Bisect ``config``'s load for each target; every load tried is run once and kept."""
+    probes: dict[int, dict[str, Any]] = {}
+
+    def attainment(k: int) -> float:
+        if k not in probes:
+            work = open_load(w, k * m.step)
+            row = run_goodput_config(children, w, config, work.spec, work.tokens, w.duration)
+            probes[k] = {
+                "load": round(k * m.step, 4),
+                "rate_rps": round(work.rate, 3),
+                "requests": row["requests"],
+                "slo_attainment": row["slo_attainment"],
+                "p99_s": row["latency_s"]["p99"],
+                "failed": row["failed"],
+                "unfinished": row["unfinished"],
+            }
+            print(f"max_rate: {config.label}: {json.dumps(probes[k])}", file=sys.stderr)
+        return float(probes[k]["slo_attainment"] or 0.0)
+
+    steps = round(m.top / m.step)
+    highest = {target: highest_step(attainment, steps, target) for target in m.targets}
+    capacity = open_load(w, 1.0).capacity
+    return {
+        "max_load": {f"{t:g}": round(k * m.step, 4) for t, k in highest.items()},
+        "max_rate_rps": {f"{t:g}": round(k * m.step * capacity, 3) for t, k in highest.items()},
+        "probes": [probes[k] for k in sorted(probes)],
+    }
+
+
+def max_rate(
+    children: Children,
+    w: Goodput,
+    m: MaxRate,
+    hetero_reason: str | None,
+    sglang_reason: str | None,
+) -> dict[str, Any]:
+    w = dataclasses.replace(w, duration=m.duration)
+    capacity = open_load(w, 1.0).capacity
+    rows: list[dict[str, Any]] = []
+    for config in max_rate_configs(w):
+        head = {"config": config.label, "kind": config.kind, "name": config.name}
+        reason = _skip_reason(config, hetero_reason, sglang_reason)
+        if reason is None:
+            try:
+                rows.append(head | search_config(children, w, m, config))
+            except StartError as exc:
+                rows.append(head | {"skipped": f"failed: {exc}"[:3000]})
+        else:
+            rows.append(head | {"skipped": reason})
+    return {
+        "definition": "the highest Poisson load (a multiple of step × the fleet's capacity, up "
+        "to top) at which the share of requests within the SLO reaches each target, found by "
+        "bisection; 0 when the lowest step misses it",
+        "targets": list(m.targets),
+        "step": m.step,
+        "top": m.top,
+        "duration_s": m.duration,
+        "capacity_rps": round(capacity, 3),
+        "slo": _slo_doc(w),
+        "same_as_goodput": "fleet, mock, requests and SLO of the goodput figure; a fresh mock "
+        "process and router for every load tried",
+        "configs": rows,
+        "ratios": max_rate_ratios(rows, m, capacity),
+    }
+
+
+def max_rate_ratios(rows: Sequence[dict[str, Any]], m: MaxRate, capacity: float) -> dict[str, Any]:
+    default = _row_of(rows, "hetero", DEFAULT_STRATEGY)
+    if default is None:
+        return {"note": "hetero serve's default strategy was not measured"}
+    baselines = [r for r in rows if "skipped" not in r and r is not default]
+    out: dict[str, Any] = {}
+    for target in (f"{t:g}" for t in m.targets):
+        ours = default["max_rate_rps"][target]
+        best = max(baselines, key=lambda r: r["max_rate_rps"][target], default=None)
+        doc: dict[str, Any] = {"hetero_default_rps": ours}
+        if best is not None:
+            theirs = best["max_rate_rps"][target]
+            doc["best_baseline"] = {"config": best["config"], "rps": theirs}
+            # A baseline that misses the target at the lowest load tried served less than one
+            # step: the ratio is then at least ours / one step's rate.
+            doc["ratio"] = _ratio(ours, theirs)
+            doc["ratio_at_least"] = _ratio(ours, theirs or m.step * capacity)
+        doc["vs"] = {r["config"]: _ratio(ours, r["max_rate_rps"][target]) for r in baselines}
+        out[target] = doc
+    out["note"] = (
+        "hetero default's max rate / the baseline's, per SLO-attainment target; null where the "
+        "baseline's is 0 (it missed the target at the lowest load tried), and ratio_at_least "
+        "then divides by one step's rate instead"
+    )
+    return out
 
 
 def _slo_doc(w: Goodput) -> dict[str, Any]:
@@ -568,7 +736,8 @@ def _slo_doc(w: Goodput) -> dict[str, Any]:
         "slowest_speed": slowest,
         "decode_share_s_per_token": round(w.slo_slack * w.decode_time / slowest, 6),
         "note": "latency counts from the scheduled send time; at slack 1 a request served "
-        "unloaded by the slowest replica misses the bound by its HTTP round trip",
+        "unloaded by the slowest replica would miss the bound by its HTTP round trip, so the "
+        "slowest replica could serve no request within it",
     }
 
 
@@ -876,6 +1045,23 @@ def print_tables(figures: dict[str, Any]) -> None:
             )
         console.print(table)
         console.print(json.dumps(fig["ratios"], indent=1))
+    if "max_rate" in figures:
+        fig = figures["max_rate"]
+        table = Table(title=f"max rate within the SLO (capacity {fig['capacity_rps']} req/s)")
+        table.add_column("config")
+        for target in fig["targets"]:
+            table.add_column(f"≥{target:.0%}: load", justify="right")
+            table.add_column("req/s", justify="right")
+        for r in fig["configs"]:
+            if "skipped" in r:
+                table.add_row(r["config"], "skipped: " + r["skipped"].splitlines()[0][:60])
+                continue
+            cells = []
+            for target in (f"{t:g}" for t in fig["targets"]):
+                cells += [f"{r['max_load'][target]:.0%}", f"{r['max_rate_rps'][target]:g}"]
+            table.add_row(r["config"], *cells)
+        console.print(table)
+        console.print(json.dumps(fig["ratios"], indent=1))
     if "overhead" in figures:
         fig = figures["overhead"]
         table = Table(title="overhead: instant mock")
@@ -923,7 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    g, o = Goodput(), Overhead()
+    g, m, o = Goodput(), MaxRate(), Overhead()
     parser.add_argument("--only", choices=FIGURES, help="run one figure")
     parser.add_argument("--quick", action="store_true", help="a short smoke run of everything")
     parser.add_argument("--out", help="also write the JSON here")
@@ -968,6 +1154,14 @@ def main(argv: list[str] | None = None) -> int:
         default=g.sglang_policies,
         help="sglang-router policies, comma-separated",
     )
+    group = parser.add_argument_group("max_rate (the goodput figure's fleet and requests)")
+    group.add_argument(
+        "--targets", type=_floats, default=m.targets, help="SLO-attainment targets: 0.98,0.9"
+    )
+    group.add_argument("--step", type=float, help=f"load grid step, × capacity ({m.step:g})")
+    group.add_argument(
+        "--rate-duration", type=float, help=f"seconds of arrivals per load tried ({m.duration:g})"
+    )
     group = parser.add_argument_group("overhead")
     group.add_argument("--rate", type=float, help=f"open-loop requests/s ({o.rate:g})")
     group.add_argument("--overhead-duration", type=float, help=f"seconds per loop ({o.duration:g})")
@@ -1007,9 +1201,14 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     if args.quick:
-        g, o = quick_sizes(g, o)
+        g, m, o = quick_sizes(g, m, o)
     if args.duration is not None:
         g = dataclasses.replace(g, duration=args.duration)
+    m = dataclasses.replace(m, targets=args.targets)
+    if args.step is not None:
+        m = dataclasses.replace(m, step=args.step)
+    if args.rate_duration is not None:
+        m = dataclasses.replace(m, duration=args.rate_duration)
     if args.grace is not None:
         g = dataclasses.replace(g, grace=args.grace)
     if args.repeats is not None:
@@ -1037,6 +1236,7 @@ def main(argv: list[str] | None = None) -> int:
     revision = _common.revision()
     runners: dict[str, Callable[[Children], dict[str, Any]]] = {
         "goodput": lambda c: goodput(c, g, hetero_reason, sglang_reason),
+        "max_rate": lambda c: max_rate(c, g, m, hetero_reason, sglang_reason),
         "overhead": lambda c: overhead(c, o, hetero_reason, sglang_reason),
     }
     figures: dict[str, Any] = {}

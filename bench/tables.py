@@ -540,7 +540,14 @@ def serve(doc: dict[str, Any]) -> str:
         "; open loops send at times fixed in advance and count latency from the scheduled "
         "send time."
     ]
-    parts += _figures(doc, (("goodput", _serve_goodput), ("overhead", _serve_overhead)))
+    parts += _figures(
+        doc,
+        (
+            ("goodput", _serve_goodput),
+            ("max_rate", _serve_max_rate),
+            ("overhead", _serve_overhead),
+        ),
+    )
     return "\n\n".join(parts)
 
 
@@ -592,15 +599,7 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
     speeds = " : ".join(f"{s:g}" for s in fleet["speeds"])
     slots = " : ".join(str(n) for n in fleet["slots"])
     memory = ", ".join(f"{m} GB" for m in fleet["memory_gb"])
-    if "slack" in slo:
-        bound = (
-            f"latency ≤ {slo['slack']:g} × the request's own service time alone on the slowest "
-            "replica (latency / completion tokens ≤ (decode time + prefill time × prompt tokens"
-            f" / completion tokens) / {slo['slowest_speed']:g}); a request the slowest replica "
-            "serves unloaded misses it by its HTTP round trip"
-        )
-    else:
-        bound = f"latency / completion tokens ≤ {slo['per_token_s']} s"
+    bound = _slo_bound(slo)
     return (
         "### Goodput on a mixed fleet\n\n"
         f"Three mock replicas of relative speeds {speeds} with {slots} slots (in proportion "
@@ -642,6 +641,76 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
         )
         + verdict
         + _slo_curve(fig)
+    )
+
+
+def _slo_bound(slo: dict[str, Any]) -> str:
+    if "slack" not in slo:
+        return f"latency / completion tokens ≤ {slo['per_token_s']} s"
+    bound = (
+        f"latency ≤ {slo['slack']:g} × the request's own service time alone on the slowest "
+        "replica (latency / completion tokens ≤ "
+        + ("" if slo["slack"] == 1 else f"{slo['slack']:g} × ")
+        + "(decode time + prefill time × prompt tokens"
+        f" / completion tokens) / {slo['slowest_speed']:g})"
+    )
+    if slo["slack"] <= 1:
+        bound += "; a request the slowest replica serves unloaded misses it by its HTTP round trip"
+    return bound
+
+
+def _serve_max_rate(fig: dict[str, Any]) -> str:
+    targets = [f"{t:g}" for t in fig["targets"]]
+    rows = []
+    for r in fig["configs"]:
+        if "skipped" in r:
+            rows.append(_skipped(r, 2 + 2 * len(targets)))
+            continue
+        label = f"**{r['config']}**" if "(default)" in r["config"] else r["config"]
+        cells = []
+        for t in targets:
+            cells += [f"{r['max_load'][t]:.0%}", r["max_rate_rps"][t]]
+        tried = ", ".join(f"{p['load']:.0%}: {p['slo_attainment']:.1%}" for p in r["probes"])
+        rows.append([label, *cells, tried])
+    header = ["configuration"]
+    for t in fig["targets"]:
+        header += [f"≥ {t:.0%} within SLO: load", "req/s"]
+    verdicts = []
+    for t in targets:
+        ratio = fig["ratios"].get(t) or {}
+        best = ratio.get("best_baseline")
+        if not best:
+            continue
+        times, missed = (
+            (f"**{ratio['ratio']} ×**", "")
+            if ratio["ratio"] is not None
+            else (
+                f"more than **{ratio['ratio_at_least']} ×**",
+                ", which misses the target at the lowest load tried",
+            )
+        )
+        sglang = "; ".join(
+            f"{name}: {'-' if v is None else f'{v} ×'}"
+            for name, v in ratio["vs"].items()
+            if name.startswith("sglang-router")
+        )
+        verdicts.append(
+            f"Target {float(t):.0%}: `hetero serve`'s default serves {ratio['hetero_default_rps']} "
+            f"requests/s, {times} the best baseline ({best['config']}, {best['rps']}/s{missed})"
+            + (f"; against each sglang-router policy: {sglang}." if sglang else ".")
+        )
+    return (
+        "### Highest rate within the SLO\n\n"
+        "Goodput as serving papers (DistServe) define it: the highest request rate at which a "
+        "router still keeps a target share of requests within the SLO. Same fleet, requests "
+        "and SLO as above; Poisson loads on a grid of "
+        f"{fig['step']:.0%} of the capacity ({fig['capacity_rps']} requests/s), up to "
+        f"{fig['top']:.0%}, bisected for each target, {fig['duration_s']:g} s of arrivals per "
+        "load, each on a fresh mock process and router. A load of 0% means the configuration "
+        "missed the target at the lowest load tried. *Tried* lists every load run and its "
+        "attainment.\n\n"
+        + _table([*header, "tried"], rows)
+        + ("\n\n" + "\n\n".join(verdicts) if verdicts else "")
     )
 
 
