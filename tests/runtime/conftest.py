@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator, Sequence
 
 import psutil
@@ -8,6 +9,13 @@ import pytest
 from hetero.config import parse_config
 from hetero.devices.fleet import build_fleet
 from hetero.devices.spec import Device
+
+
+def interruptible() -> None:
+    """``preexec_fn`` for a child that a test stops with Ctrl-C (SIGINT): a shell that runs the
+    suite in the background (``make test &``) starts it with SIGINT ignored, the child would
+    inherit that, and Python then never raises ``KeyboardInterrupt``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def emulated(speeds: Sequence[float], **extra: object) -> list[Device]:

@@ -16,7 +16,7 @@ import pytest
 
 import hetero
 from hetero.errors import TaskFailed
-from tests.runtime.conftest import emulated
+from tests.runtime.conftest import emulated, interruptible
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
@@ -152,6 +152,7 @@ def test_no_worker_outlives_a_driver_stopped_by_ctrl_c_or_killed(sig: signal.Sig
         stderr=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[2],
+        preexec_fn=interruptible,
     )
     try:
         line = driver.stdout.readline() if driver.stdout else ""

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from hetero.commands.top import _watch, register
 from hetero.runtime.status import StatusWriter, status_dir
 from tests.rendering import assert_whole, flat, headers
+from tests.runtime.conftest import interruptible
 from tests.runtime.test_status import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,7 @@ def test_ctrl_c_leaves_cleanly(status_home: Path) -> None:
         stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
+        preexec_fn=interruptible,
     )
     try:
         assert proc.stdout is not None
