@@ -627,7 +627,9 @@ def highest_step(attainment: Callable[[int], float], steps: int, target: float) 
     return lo
 
 
-def search_config(children: Children, w: Goodput, m: MaxRate, config: Config) -> dict[str, Any]:
+def search_config(
+    children: Children, w: Goodput, m: MaxRate, config: Config, capacity: float
+) -> dict[str, Any]:
     """Bisect ``config``'s load for each target; every load tried is run once and kept."""
     probes: dict[int, dict[str, Any]] = {}
 
@@ -649,7 +651,6 @@ def search_config(children: Children, w: Goodput, m: MaxRate, config: Config) ->
 
     steps = round(m.top / m.step)
     highest = {target: highest_step(attainment, steps, target) for target in m.targets}
-    capacity = open_load(w, 1.0).capacity
     return {
         "max_load": {f"{t:g}": round(k * m.step, 4) for t, k in highest.items()},
         "max_rate_rps": {f"{t:g}": round(k * m.step * capacity, 3) for t, k in highest.items()},
@@ -672,7 +673,7 @@ def max_rate(
         reason = _skip_reason(config, hetero_reason, sglang_reason)
         if reason is None:
             try:
-                rows.append(head | search_config(children, w, m, config))
+                rows.append(head | search_config(children, w, m, config, capacity))
             except StartError as exc:
                 rows.append(head | {"skipped": f"failed: {exc}"[:3000]})
         else:
