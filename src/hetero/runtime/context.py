@@ -773,6 +773,21 @@ class Context:
         self._tasks.pop(task.id, None)
         self._release(task)
 
+    def _end_unplaced(
+        self, task: _Task, endings: list[_Ending], error: TaskFailed | None = None
+    ) -> None:
+        """End a task the dispatcher does not hold (waiting on parents, or in the backlog):
+        cancelled, or failed with ``error``."""
+        if task in self._backlog:
+            self._backlog.remove(task)
+        self._forget(task)
+        if error is None:
+            self.stats["cancelled"] += 1
+            endings.append(_Ending(task.future, cancelled=True))
+        else:
+            self.stats["failed"] += 1
+            endings.append(_Ending(task.future, error=error))
+
     def _drain_backlog(self, endings: list[_Ending]) -> None:
         while self._backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
             task = self._backlog.popleft()
@@ -816,12 +831,7 @@ class Context:
             if task is None:
                 return False
             if task_id not in self.dispatcher.records:
-                # Not yet with the dispatcher: waiting on parents or in the backlog.
-                if task in self._backlog:
-                    self._backlog.remove(task)
-                self._forget(task)
-                self.stats["cancelled"] += 1
-                endings.append(_Ending(task.future, cancelled=True))
+                self._end_unplaced(task, endings)
             else:
                 self._apply(self.dispatcher.cancel(task_id, "cancelled by the caller"), endings)
         self.backend.flush()
@@ -988,13 +998,9 @@ class Context:
                 continue
             if task.id in self.dispatcher.records:
                 out += self.dispatcher.abandon(task.id, why)
-            else:  # waiting on parents, or in the backlog
-                if task in self._backlog:
-                    self._backlog.remove(task)
-                self.stats["failed"] += 1
+            else:
                 error = TaskFailed(f"task {task.id} ({task.name}) failed: {why}")
-                endings.append(_Ending(task.future, error=error))
-                self._forget(task)
+                self._end_unplaced(task, endings, error)
         self._apply(out, endings)
 
     def _stranded(self, task: _Task) -> bool:
