@@ -585,11 +585,7 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
     verdict = ""
     best = ratios.get("vs_best_baseline")
     if best:
-        others = "; ".join(
-            f"{name}: {'-' if ratio is None else f'{ratio} ×'}"
-            for name, ratio in ratios["vs"].items()
-            if name.startswith("sglang-router")
-        )
+        others = _sglang_ratios(ratios["vs"])
         verdict = (
             f"\n\n`hetero serve`'s default: {ratios['hetero_default_goodput_rps']} requests/s "
             f"within the SLO, **{best['ratio']} ×** the best router a user would pick instead "
@@ -644,6 +640,15 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
     )
 
 
+def _sglang_ratios(vs: dict[str, float | None]) -> str:
+    """hetero's ratio to each sglang-router policy, on one line."""
+    return "; ".join(
+        f"{name}: {'-' if ratio is None else f'{ratio} ×'}"
+        for name, ratio in vs.items()
+        if name.startswith("sglang-router")
+    )
+
+
 def _slo_bound(slo: dict[str, Any]) -> str:
     if "slack" not in slo:
         return f"latency / completion tokens ≤ {slo['per_token_s']} s"
@@ -689,11 +694,7 @@ def _serve_max_rate(fig: dict[str, Any]) -> str:
                 ", which misses the target at the lowest load tried",
             )
         )
-        sglang = "; ".join(
-            f"{name}: {'-' if v is None else f'{v} ×'}"
-            for name, v in ratio["vs"].items()
-            if name.startswith("sglang-router")
-        )
+        sglang = _sglang_ratios(ratio["vs"])
         verdicts.append(
             f"Target {float(t):.0%}: `hetero serve`'s default serves {ratio['hetero_default_rps']} "
             f"requests/s, {times} the best baseline ({best['config']}, {best['rps']}/s{missed})"
