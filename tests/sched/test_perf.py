@@ -43,6 +43,21 @@ def test_ewma_correction_and_inverse_speed() -> None:
     assert perf.speed()[1] == pytest.approx(4.5)
     perf.observe(1, "default", work=1.0, seconds=0.0)  # ignored
     assert perf.speed()[1] == pytest.approx(4.5)
+    perf.observe(1, "default", work=1.0, seconds=5e-324)  # a speed that overflows: ignored too
+    assert perf.speed()[1] == pytest.approx(4.5)
+
+
+def test_fastest_inverse_speed_follows_learning_and_health() -> None:
+    perf = PerfModel(make_devices([2.0, 1.0]), alpha=1.0)
+    assert perf.fastest_inv() == pytest.approx(0.5)
+    perf.observe(1, "default", work=4.0, seconds=1.0)  # d1 turns out to do 4 units/s
+    assert perf.fastest_inv() == pytest.approx(0.25)
+    perf.set_usable(1, False)
+    assert perf.fastest_inv() == pytest.approx(0.5)
+    perf.set_usable(0, False)
+    assert perf.fastest_inv() == np.inf
+    perf.add(make_devices([8.0])[0])
+    assert perf.fastest_inv() == pytest.approx(0.125)
 
 
 def test_unusable_devices_have_infinite_inverse_speed() -> None:

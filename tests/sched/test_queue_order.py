@@ -75,6 +75,39 @@ def test_max_bypass_caps_the_window_for_the_largest_items() -> None:
     assert run_order(d, clock) == ["inside", "huge", "outside"]
 
 
+def test_the_aging_window_is_timed_on_the_fastest_device() -> None:
+    # Everything goes to the slow d0; d1 is 4x faster. With aging 2 the 8-unit item's window is
+    # 2 x 8 / 4 = 4 s, what it would take on d1, not the 16 s it takes on d0: an item sent to a
+    # slow device is not passed over for longer than on the fast one.
+    clock = ManualClock()
+    d = Dispatcher(make_devices([1.0, 4.0]), Always(0), clock, stealing=False, aging=2.0)
+    d.submit(WorkItem(cost=20, id="running"))
+    d.submit(WorkItem(cost=8, id="large"))  # key 0 + 4
+    clock.advance(3.0)
+    d.submit(WorkItem(cost=1, id="soon"))  # key 3 + 0.5 < 4: passes
+    clock.advance(2.0)
+    d.submit(WorkItem(cost=1, id="late"))  # key 5.5 > 4: waits behind (it would pass a 16 s window)
+    clock.advance(15.0)
+    d.complete("running")
+    assert run_order(d, clock) == ["soon", "large", "late"]
+
+
+def test_elapsed_work_is_what_the_running_items_have_done_so_far() -> None:
+    clock = ManualClock()
+    d = Dispatcher(make_devices([2.0, 1.0]), Always(0), clock, stealing=False)
+    d.submit(WorkItem(cost=3, id="running"))  # on d0, speed 2
+    d.submit(WorkItem(cost=1, id="queued"))  # queued behind it: no work done yet
+    clock.advance(1.0)
+    assert list(d.view.elapsed_work()) == [2.0, 0.0]
+    assert list(d.view.delay_score(1.0, d.perf.inv_speed(), 0.0, remaining=True)) == [1.5, 1.0]
+    assert list(d.view.delay_score(1.0, d.perf.inv_speed(), 0.0)) == [2.5, 1.0]
+    clock.advance(5.0)  # past its expected end: never more than its cost
+    assert list(d.view.elapsed_work()) == [3.0, 0.0]
+    d.complete("running")  # the queued one starts now
+    assert list(d.view.elapsed_work()) == [0.0, 0.0]
+    d.validate_state()
+
+
 @pytest.mark.parametrize(("order", "stolen"), [("size", "big"), ("fifo", "mid")])
 def test_a_thief_takes_the_item_that_would_start_last(order: str, stolen: str) -> None:
     clock = ManualClock()

@@ -9,9 +9,10 @@ Queues: a central priority queue holds items the policy left waiting (``pending`
 has its own priority queue of items placed on it (``queued``) in front of its ``slots``. Higher
 priority runs first; within a priority, ``queue_order="size"`` (the default) runs the item with
 the earliest *aged size key* first: arrival time plus ``aging`` times its service time on the
-device (capped at ``max_bypass`` seconds), so small items pass large ones, but only those that
-arrive within that window after them. ``"fifo"`` runs them in arrival order. Capacity is bounded
-by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises ``QueueFull``.
+fastest usable device (capped at ``max_bypass`` seconds), so small items pass large ones, but
+only those that arrive within that window after them. ``"fifo"`` runs them in arrival order.
+Capacity is bounded by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises
+``QueueFull``.
 
 Memory is a hard limit whatever the policy: an item goes only to a device whose free memory
 (total minus what placed items hold) fits its ``memory``; one that no device of the fleet could
@@ -115,8 +116,10 @@ class Dispatcher:
             finish it sooner.
         queue_order: ``"size"`` (small items first within a priority, with aging) or ``"fifo"``.
         aging: with size order, an item can be passed over only by items that arrive within
-            ``aging`` × its own service time on the device after it (its key is arrival time plus
-            that window); 0 is FIFO, large values approach shortest-first.
+            ``aging`` × its service time on the fastest usable device after it (its key is
+            arrival time plus that window); 0 is FIFO, large values approach shortest-first.
+            Timed on the fastest device, not its own, so that an item placed on a slow device
+            to spare the fast ones is not passed over for longer than it would be there.
         max_bypass: seconds that cap the window for every item (``None``: no cap), bounding how
             long even the largest item can be passed over.
         keep_finished: keep records of finished items (for inspection and ``validate_state``);
@@ -654,7 +657,7 @@ class Dispatcher:
                 rec.move(PENDING)
             rec.device = -1
             rec.seq = seq = next(self._seq)
-            heapq.heappush(self._pending, (-rec.item.priority, self._key(rec, -1), seq, rec))
+            heapq.heappush(self._pending, (-rec.item.priority, self._key(rec), seq, rec))
             return
         if view.running[i] < self._slots[i] and view.in_flight[i] == view.running[i]:
             self._run_now(rec, i, out)  # a free slot and nothing queued
@@ -676,16 +679,15 @@ class Dispatcher:
             if idle[thief] < np.inf:
                 self._steal(thief, out)
 
-    def _key(self, rec: ItemRecord, i: int) -> float:
-        """The order of ``rec`` within its priority on device ``i`` (-1: in the central queue,
-        timed on the fastest usable device): 0 for FIFO, else its aged size key."""
+    def _key(self, rec: ItemRecord) -> float:
+        """The order of ``rec`` within its priority in a queue: 0 for FIFO, else its aged size
+        key (the same on every device and in the central queue)."""
         if not self._size_order:
             return 0.0
         item = rec.item
         if not item.cost:
             return rec.submitted
-        inv = self.perf.inv_speed(item.kind)
-        window = self.aging * item.cost * float(inv[i] if i >= 0 else inv.min())
+        window = self.aging * item.cost * self.perf.fastest_inv(item.kind)
         if self.max_bypass is not None and not window <= self.max_bypass:
             window = self.max_bypass  # also when no device is usable (an infinite window)
         return rec.submitted + window
@@ -697,7 +699,7 @@ class Dispatcher:
         rec.move(QUEUED)
         rec.device = i
         rec.seq = seq = next(self._seq)
-        key = self._key(rec, i)
+        key = self._key(rec)
         heapq.heappush(self._queues[i], (-item.priority, key, seq, rec))
         # The same entry, last-to-start first, so a thief finds its item in O(log n).
         tail = self._tails[i]
@@ -733,8 +735,8 @@ class Dispatcher:
         view.in_flight[i] += 1
         view.running[i] += 1
         view.outstanding[i] += item.cost
-        if self._size_order:
-            view.running_work[i] += item.cost
+        view.running_work[i] += item.cost
+        view.running_since[i] += rec.started
         if item.memory:
             view.mem_used[i] += item.memory
         self._free_slots -= 1
@@ -762,8 +764,9 @@ class Dispatcher:
         rec.attempts += 1
         view.running[i] += 1
         view.queued_work[i] -= rec.item.cost
+        view.running_work[i] += rec.item.cost
+        view.running_since[i] += rec.started
         if self._size_order:
-            view.running_work[i] += rec.item.cost
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
         self.queued_total -= 1
@@ -784,8 +787,12 @@ class Dispatcher:
             view.mem_used[i] -= item.memory
         if running:
             view.running[i] -= 1
-            if self._size_order:
+            if view.running[i]:
                 view.running_work[i] -= item.cost
+                view.running_since[i] -= rec.started
+            else:  # exactly nothing running: drop the float drift
+                view.running_work[i] = 0.0
+                view.running_since[i] = 0.0
             if view.usable[i]:
                 self._free_slots += 1
             self._running[i].discard(rec)
@@ -800,7 +807,6 @@ class Dispatcher:
                     view.clear_queue(i)
         if view.in_flight[i] == 0:
             view.outstanding[i] = 0.0
-            view.running_work[i] = 0.0
 
     def _end(
         self,
@@ -1031,6 +1037,7 @@ class Dispatcher:
         queued = np.zeros(view.n, dtype=np.int64)
         outstanding = np.zeros(view.n)
         queued_work = np.zeros(view.n)
+        since = np.zeros(view.n)
         mem = np.zeros(view.n, dtype=np.int64)
         pending = 0
         active = 0
@@ -1049,6 +1056,7 @@ class Dispatcher:
             mem[i] += rec.item.memory
             if state is RUNNING:
                 running[i] += 1
+                since[i] += rec.started
                 assert rec in self._running[i], f"{rec.item.id}: running but not tracked on {i}"
             else:
                 queued[i] += 1
@@ -1066,10 +1074,11 @@ class Dispatcher:
                 "queued_work drifted"
             )
             assert np.array_equal(mem, view.mem_used), "mem_used drifted"
+            assert np.allclose(outstanding - queued_work, view.running_work, atol=1e-6), (
+                "running_work drifted"
+            )
+            assert np.allclose(since, view.running_since, atol=1e-6), "running_since drifted"
             if self._size_order:
-                assert np.allclose(outstanding - queued_work, view.running_work, atol=1e-6), (
-                    "running_work drifted"
-                )
                 assert np.allclose(queued_work, view.queued_below[-1], atol=1e-6), (
                     "queued_below drifted"
                 )

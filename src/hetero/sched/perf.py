@@ -9,6 +9,7 @@ operation; ``inv_speed`` holds ``1/speed`` with ``inf`` for devices that may not
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -50,6 +51,7 @@ class PerfModel:
         self._usable = np.ones(len(self.devices), dtype=bool)
         self._speed: dict[str, FloatArray] = {}
         self._inv: dict[str, FloatArray] = {}
+        self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
 
     def prior(self, device: Device, kind: str) -> float:
         """Catalog speed of ``device`` for ``kind`` in work units per second."""
@@ -80,6 +82,13 @@ class PerfModel:
             inv = self._inv[kind]
         return inv
 
+    def fastest_inv(self, kind: str = "default") -> float:
+        """``1/speed`` of the fastest usable device for ``kind`` (``inf`` if none is usable)."""
+        inv = self._fastest.get(kind)
+        if inv is None:
+            inv = self._fastest[kind] = float(self.inv_speed(kind).min())
+        return inv
+
     def add(self, device: Device) -> int:
         """A device joins the fleet: its catalog prior for every kind known so far."""
         self.devices.append(device)
@@ -88,12 +97,14 @@ class PerfModel:
             prior = self.prior(device, kind)
             self._speed[kind] = np.append(arr, prior)
             self._inv[kind] = np.append(self._inv[kind], 1.0 / prior)
+        self._fastest.clear()
         return len(self.devices) - 1
 
     def set_usable(self, index: int, usable: bool) -> None:
         self._usable[index] = usable
         for kind, arr in self._speed.items():
             self._inv[kind][index] = 1.0 / arr[index] if usable else np.inf
+        self._fastest.clear()
 
     def observe(
         self, index: int, kind: str, work: float, seconds: float, concurrency: int = 1
@@ -104,6 +115,8 @@ class PerfModel:
             return
         arr = self.speed(kind)
         observed = work * concurrency / seconds
+        if not observed < math.inf:
+            return  # a duration too short to time (a speed that overflows) teaches nothing
         current = float(arr[index])
         if abs(observed - current) <= 1e-9 * current:
             return  # already right: skip the array writes (the simulator's common case)
@@ -111,6 +124,7 @@ class PerfModel:
         arr[index] = value
         if self._usable[index]:
             self._inv[kind][index] = 1.0 / value
+            self._fastest.pop(kind, None)
 
     def expected_seconds(self, index: int, work: float, kind: str = "default") -> float:
         return work / float(self.speed(kind)[index])

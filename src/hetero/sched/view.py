@@ -40,6 +40,8 @@ class FleetView:
     - ``in_flight``: items placed on the device (queued there or running);
     - ``outstanding``: work units placed on the device and not finished;
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
+    - ``running_work``: the rest, the work of the running items; ``running_since``: the sum of
+      their start times (with the clock, how long they have run: ``elapsed_work``);
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``mem_external``: bytes measured in use beyond that (``Dispatcher.set_external_memory``);
     - ``usable``: healthy and accepting work.
@@ -99,12 +101,14 @@ class FleetView:
         self.mem_external: IntArray = np.zeros(n, dtype=np.int64)
         self.usable: BoolArray = np.array([d.state.healthy for d in self.devices], dtype=bool)
         self.size_order = False
-        # Kept by the dispatcher for size-ordered queues only: the work of running items
-        # (``outstanding`` less ``queued_work``, as an array so a policy reads it in one vector
-        # operation); row k of ``queued_below`` the queued work in size classes below k and row k
-        # of ``queued_from`` the number of queued items in classes k and up, per device. Rows,
-        # not columns, so that reading one class for every device is a contiguous slice.
+        # ``outstanding`` less ``queued_work``, as an array so a policy reads it in one vector
+        # operation.
         self.running_work: FloatArray = np.zeros(n)
+        self.running_since: FloatArray = np.zeros(n)
+        # Kept by the dispatcher for size-ordered queues only: row k of ``queued_below`` the
+        # queued work in size classes below k and row k of ``queued_from`` the number of queued
+        # items in classes k and up, per device. Rows, not columns, so that reading one class for
+        # every device is a contiguous slice.
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self._class_base: float | None = None
@@ -134,6 +138,7 @@ class FleetView:
         self.mem_external = np.append(self.mem_external, np.int64(0))
         self.usable = np.append(self.usable, True)
         self.running_work = np.append(self.running_work, 0.0)
+        self.running_since = np.append(self.running_since, 0.0)
         column = np.zeros((SIZE_CLASSES + 1, 1))
         self.queued_below = np.hstack([self.queued_below, column])
         self.queued_from = np.hstack([self.queued_from, column])
@@ -180,10 +185,26 @@ class FleetView:
         self.queued_below[:, index] = 0.0
         self.queued_from[:, index] = 0.0
 
-    def delay_score(self, cost: float, inv: FloatArray, overtake_weight: float) -> FloatArray:
+    def elapsed_work(self) -> FloatArray:
+        """Per device: the work its running items have done so far, estimated from how long they
+        have run at the device's speed (each of ``parallel`` items at ``speed / parallel``),
+        and never more than their cost."""
+        running = np.array(self.running, dtype=np.float64)
+        done = (self.clock.now() * running - self.running_since) * (
+            self.perf.speed() / self.parallel
+        )
+        return np.clip(done, 0.0, self.running_work)
+
+    def delay_score(
+        self, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool = False
+    ) -> FloatArray:
         """Per device (``inv``: 1/speed, ``inf`` where unusable): when an item of ``cost`` placed
         now would finish, plus ``overtake_weight`` times the delay it adds to the queued items it
         passes.
+
+        ``remaining``: count only what is left of the running items (``elapsed_work``) rather
+        than their whole cost. The whole cost is the default: it is what the queue order and the
+        performance model are calibrated with, and it costs no extra vector operations.
 
         FIFO queues: ``(outstanding + cost) / speed``. Size-ordered queues: the item waits only
         for the running items and the queued ones of its size class or smaller (aging is not
@@ -203,19 +224,26 @@ class FleetView:
         if cost == 0:
             # Nothing ahead × inf is NaN, which argmin would pick: unusable stays inf.
             with np.errstate(invalid="ignore"):
-                score = self._delay(cost, inv, overtake_weight)
+                score = self._delay(cost, inv, overtake_weight, remaining)
             return np.where(np.isinf(inv), np.inf, score + self.in_flight * _TIE)
-        return self._delay(cost, inv, overtake_weight)
+        return self._delay(cost, inv, overtake_weight, remaining)
 
-    def _delay(self, cost: float, inv: FloatArray, overtake_weight: float) -> FloatArray:
+    def _delay(
+        self, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool
+    ) -> FloatArray:
         if not self.size_order:
-            score: FloatArray = (self.outstanding + cost) * inv
+            score: FloatArray = self.outstanding + cost
+            if remaining:
+                score -= self.elapsed_work()
+            score *= inv
         else:
             # (running + queued work ahead + cost × (1 + weight × passed)) × inv, in place: this
             # runs for every item placed.
             k = self.size_class(cost) + 1
             score = self.queued_from[k] * (cost * overtake_weight)
             score += self.running_work
+            if remaining:
+                score -= self.elapsed_work()
             score += self.queued_below[k]
             score += cost
             score *= inv
