@@ -17,7 +17,7 @@ demo: $(BIN)/hetero
 	$(BIN)/hetero devices --config examples/mixed_fleet.yaml
 	$(BIN)/hetero catalog compare --model A100-80GB --model V100-32GB --model H100-SXM-80GB --model T4 --model L4
 	$(BIN)/hetero simulate --config examples/mixed_fleet.yaml --workload examples/workloads/poisson_85.yaml \
-		--policies round_robin,weighted,shortest_expected_delay,adaptive --report demo_report.html
+		--policies round_robin,weighted,shortest_expected_delay,adaptive,tail_budget --report demo_report.html
 	$(BIN)/hetero fit llama-3-8b --device A100-80GB --seq 8192 --batch 16
 	$(BIN)/hetero plan examples/plan.yaml --verify
 	$(BIN)/python examples/engine_demo.py

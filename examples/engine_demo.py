@@ -2,7 +2,7 @@
 
 Multiplies matrices of mixed sizes with ``ctx.map`` on ``examples/emulated_fleet.yaml`` (an H100,
 two A100s, a V100 and a T4, all emulated, so it runs on any machine), once with
-``strategy="round_robin"`` and once with the default (``shortest_expected_delay``), profiles both
+``strategy="round_robin"`` and once with the default (``tail_budget``), profiles both
 runs and prints one table: makespan against the ideal, efficiency, load balance and each
 device's utilization. The profiler's reports (HTML and a Perfetto trace) go to ``--out``.
 
@@ -31,7 +31,7 @@ import hetero
 
 FLEET = Path(__file__).resolve().parent / "emulated_fleet.yaml"
 SIZES = (192, 256, 320, 384, 448)  # matrix sides; a 256×256 multiply is 1 work unit
-STRATEGIES = ("round_robin", "shortest_expected_delay")
+STRATEGIES = ("round_robin", "tail_budget")
 
 
 def cost_of(job: tuple[int, int]) -> float:

@@ -229,7 +229,7 @@ def test_custom_strategy_by_import_path() -> None:
 
 def test_scheduler_defaults_are_the_measured_best() -> None:
     scheduler = parse_config({"devices": [{"type": "cpu"}]}).scheduler
-    assert scheduler.strategy == "shortest_expected_delay"
+    assert scheduler.strategy == "tail_budget"
     assert (scheduler.queue_order, scheduler.aging, scheduler.max_bypass) == ("size", 10.0, None)
 
 

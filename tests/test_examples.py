@@ -67,7 +67,7 @@ def test_engine_demo_prints_its_table_and_writes_both_reports(tmp_path: Path) ->
     for row in ("makespan", "ideal makespan", "efficiency", "load balance factor"):
         assert re.search(rf"│ {row} +│ +[\d.]+( s|%)? │ +[\d.]+( s|%)? │", out), row
     assert out.count("results checked against numpy: ok") == 2
-    for strategy in ("round_robin", "shortest_expected_delay"):
+    for strategy in ("round_robin", "tail_budget"):
         assert (tmp_path / f"{strategy}.html").is_file()
         assert (tmp_path / f"{strategy}.trace.json").is_file()
 

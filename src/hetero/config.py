@@ -94,7 +94,7 @@ class DeviceConfig(_Strict):
 
 
 class SchedulerConfig(_Strict):
-    strategy: str = "shortest_expected_delay"
+    strategy: str = "tail_budget"
     max_queue_size: int = Field(default=1000, ge=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")

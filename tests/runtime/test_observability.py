@@ -122,7 +122,7 @@ def test_debug_logging_shows_each_placement_and_why(caplog: pytest.LogCaptureFix
     finally:
         hetero.set_log_level("WARNING")
     lines = [r.getMessage() for r in caplog.records if "-> d" in r.getMessage()]
-    assert lines and "step" in lines[0] and "by shortest_expected_delay" in lines[0]
+    assert lines and "step" in lines[0] and "by tail_budget" in lines[0]
     assert "expected delay" in lines[0] and "next best: d1" in lines[0]
 
 

@@ -31,7 +31,7 @@ def simulate(
     ] = None,
     policies: Annotated[
         str, typer.Option(help="Comma-separated policy names to compare (see `hetero policies`).")
-    ] = "round_robin,shortest_expected_delay,adaptive",
+    ] = "round_robin,shortest_expected_delay,tail_budget",
     slots: Annotated[int, typer.Option(min=1, help="Items each device runs at once.")] = 1,
     as_json: JsonOpt = False,
     report: Annotated[

@@ -737,6 +737,7 @@ class Dispatcher:
         view.outstanding[i] += item.cost
         view.running_work[i] += item.cost
         view.running_since[i] += rec.started
+        view.running_count[i] += 1
         if item.memory:
             view.mem_used[i] += item.memory
         self._free_slots -= 1
@@ -766,6 +767,7 @@ class Dispatcher:
         view.queued_work[i] -= rec.item.cost
         view.running_work[i] += rec.item.cost
         view.running_since[i] += rec.started
+        view.running_count[i] += 1
         if self._size_order:
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
@@ -787,6 +789,7 @@ class Dispatcher:
             view.mem_used[i] -= item.memory
         if running:
             view.running[i] -= 1
+            view.running_count[i] -= 1
             if view.running[i]:
                 view.running_work[i] -= item.cost
                 view.running_since[i] -= rec.started
@@ -1068,6 +1071,7 @@ class Dispatcher:
             assert active == self.active, f"active {active} != counter {self.active}"
             assert pending + int(queued.sum()) == self.waiting, "waiting counter drifted"
             assert np.array_equal(running, view.running), "running counts drifted"
+            assert np.array_equal(running, view.running_count), "running_count drifted"
             assert np.array_equal(running + queued, view.in_flight), "in_flight drifted"
             assert np.allclose(outstanding, view.outstanding, atol=1e-6), "outstanding drifted"
             assert np.allclose(queued_work, np.array(view.queued_work), atol=1e-6), (

@@ -41,7 +41,8 @@ class FleetView:
     - ``outstanding``: work units placed on the device and not finished;
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``running_work``: the rest, the work of the running items; ``running_since``: the sum of
-      their start times (with the clock, how long they have run: ``elapsed_work``);
+      their start times and ``running_count`` their number (``running`` as an array), so that
+      with the clock, how long they have run (``elapsed_work``) is a few vector operations;
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``mem_external``: bytes measured in use beyond that (``Dispatcher.set_external_memory``);
     - ``usable``: healthy and accepting work.
@@ -105,6 +106,7 @@ class FleetView:
         # operation.
         self.running_work: FloatArray = np.zeros(n)
         self.running_since: FloatArray = np.zeros(n)
+        self.running_count: FloatArray = np.zeros(n)
         # Kept by the dispatcher for size-ordered queues only: row k of ``queued_below`` the
         # queued work in size classes below k and row k of ``queued_from`` the number of queued
         # items in classes k and up, per device. Rows, not columns, so that reading one class for
@@ -139,6 +141,7 @@ class FleetView:
         self.usable = np.append(self.usable, True)
         self.running_work = np.append(self.running_work, 0.0)
         self.running_since = np.append(self.running_since, 0.0)
+        self.running_count = np.append(self.running_count, 0.0)
         column = np.zeros((SIZE_CLASSES + 1, 1))
         self.queued_below = np.hstack([self.queued_below, column])
         self.queued_from = np.hstack([self.queued_from, column])
@@ -189,11 +192,11 @@ class FleetView:
         """Per device: the work its running items have done so far, estimated from how long they
         have run at the device's speed (each of ``parallel`` items at ``speed / parallel``),
         and never more than their cost."""
-        running = np.array(self.running, dtype=np.float64)
-        done = (self.clock.now() * running - self.running_since) * (
-            self.perf.speed() / self.parallel
-        )
-        return np.clip(done, 0.0, self.running_work)
+        done = self.running_count * self.clock.now()
+        done -= self.running_since
+        done *= self.perf.speed()
+        done /= self.parallel
+        return np.clip(done, 0.0, self.running_work, out=done)
 
     def delay_score(
         self, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool = False

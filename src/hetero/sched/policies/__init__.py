@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hetero.sched.policies.adaptive import Adaptive
+from hetero.sched.policies.budget import TailBudget
 from hetero.sched.policies.composed import Affinity, CapacityAware, Tiered
 from hetero.sched.policies.filters import AffinityFilter, CapacityFilter
 from hetero.sched.policies.load import (
@@ -27,6 +28,7 @@ __all__ = [
     "RandomChoice",
     "RoundRobin",
     "ShortestExpectedDelay",
+    "TailBudget",
     "Tiered",
     "Weighted",
     "WeightedLeastConnections",

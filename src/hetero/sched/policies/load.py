@@ -34,8 +34,8 @@ class LeastConnections(Policy):
 
 @register
 class WeightedLeastConnections(Policy):
-    """Fewest items per unit of speed: ``(in flight + 1) / speed``. The default: a good choice
-    when item sizes are unknown or similar, and it needs no cost estimates."""
+    """Fewest items per unit of speed: ``(in flight + 1) / speed``. A good choice when item
+    sizes are unknown or similar: it needs no cost estimates."""
 
     name = "weighted_least_connections"
 
@@ -64,10 +64,11 @@ def check_overtake_weight(overtake_weight: float) -> None:
 class ShortestExpectedDelay(Policy):
     """The device that would finish the item soonest: ``(work ahead of it + cost) / speed``.
 
-    The best general choice on a mixed fleet when item costs are known (tokens, FLOPs): it
-    sends work to fast devices until their queues make a slower one quicker. With size-ordered
-    queues it counts only the work the item would really wait for, plus the delay it adds to
-    the larger items it passes (``overtake_weight``). The default strategy.
+    Often the lowest mean latency on a mixed fleet when item costs are known (tokens, FLOPs):
+    it sends work to fast devices until their queues make a slower one quicker. With
+    size-ordered queues it counts only the work the item would really wait for, plus the delay
+    it adds to the larger items it passes (``overtake_weight``). The default strategy,
+    ``tail_budget``, builds on it for a lower median and tail.
     """
 
     name = "shortest_expected_delay"
