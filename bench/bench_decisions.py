@@ -39,13 +39,17 @@ def make_view(n: int, rng: np.random.Generator) -> FleetView:
         Device(id=f"dev{i}", spec=catalog.get(m), emulated=True) for i, m in enumerate(models)
     ]
     view = FleetView(devices, PerfModel(devices), ManualClock())
-    # Size-ordered queues, as the dispatcher keeps them by default: one running item and up to
-    # seven queued ones per device, lognormal costs.
+    # Size-ordered queues, as the dispatcher keeps them by default: one running item (part
+    # done) and up to seven queued ones per device, lognormal costs.
     view.size_order = True
     queued = rng.integers(0, 8, n)
     view.in_flight[:] = queued + 1
     view.running_work[:] = rng.lognormal(0, 1, n)
     view.outstanding[:] = view.running_work
+    view.running[:] = [1] * n
+    view.running_count[:] = 1.0
+    # started a random part of its service time ago (the clock is at 0)
+    view.running_since[:] = -rng.random(n) * view.running_work / view.speed()
     for i, count in enumerate(queued.tolist()):
         for cost in rng.lognormal(0, 1, count).tolist():
             view.note_queued(i, view.size_class(cost), cost, 1)

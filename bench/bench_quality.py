@@ -10,13 +10,18 @@ is the dispatcher's default and rescues even round robin.
 
 Default against round robin: the default scheduler (``SchedulerConfig()``: its strategy and
 queue order, stealing on) beside round robin under the same dispatcher settings, round robin
-with FIFO queues (the order the dispatcher used before size order), and the former best,
-shortest_expected_delay with FIFO queues. Scenarios: Poisson arrivals at 50%, 85% and 95% load
+with FIFO queues (the order the dispatcher used before size order), the former default
+(shortest_expected_delay, size-ordered queues) and the best before that, shortest_expected_delay
+with FIFO queues. Scenarios: Poisson arrivals at 50%, 85% and 95% load
 and bursty arrivals on the fleet above (SLO ``--slo`` seconds), and the demo
 (``examples/mixed_fleet.yaml`` with ``examples/workloads/poisson_85.yaml``, its own SLO and
 scheduler settings). Each run reports mean, p50, p99, SLO attainment, and what the largest 1% of
-items (by cost) pay: their mean and worst latency. Last, the default strategy at ``--load`` with
-``overtake_weight`` 0 to 3 and with FIFO queues.
+items (by cost) pay: their mean and worst latency. Then the default's p99 against round robin's
+at ``--load`` for ``--seeds`` other draws of the same workload (how much of the margin is the
+draw), and the default beside round robin and shortest_expected_delay on other fleets and size
+spreads at 80-85% load (what the default's trade-off looks like away from the benchmark fleet).
+Last, the default strategy at ``--load`` with ``overtake_weight`` 0 to 4 and with FIFO
+queues.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_quality.py --out bench/results/quality.json
@@ -37,7 +42,7 @@ from hetero.config import SchedulerConfig, load_config
 from hetero.devices.catalog import get_catalog
 from hetero.devices.fleet import build_fleet
 from hetero.devices.spec import Device
-from hetero.sched.registry import policy_names
+from hetero.sched.registry import make_policy, policy_names
 from hetero.sim.result import SimResult
 from hetero.sim.run import simulate
 from hetero.sim.workload import WorkloadSpec, load_workload, parse_workload
@@ -58,6 +63,29 @@ def fleet(per_class: int) -> list[Device]:
         for model, speed in CLASSES
         for k in range(per_class)
     ]
+
+
+def speed_fleet(classes: list[tuple[float, int]]) -> list[Device]:
+    """``count`` emulated devices of each relative ``speed``."""
+    spec = get_catalog().get("A100-80GB")
+    return [
+        Device(id=f"speed{speed:g}:{k}", spec=spec, emulated=True, speed_override=speed)
+        for speed, count in classes
+        for k in range(count)
+    ]
+
+
+BENCHMARK_FLEET = [(speed, 4) for _, speed in CLASSES]
+# (name, fleet as (speed, count) pairs, lognormal sigma of sizes, load)
+OTHER_CASES: list[tuple[str, list[tuple[float, int]], float, float]] = [
+    ("2 devices per class", [(speed, 2) for _, speed in CLASSES], 1.0, 0.85),
+    ("8 devices per class", [(speed, 8) for _, speed in CLASSES], 1.0, 0.85),
+    ("sizes sigma 0.5", BENCHMARK_FLEET, 0.5, 0.85),
+    ("sizes sigma 1.5", BENCHMARK_FLEET, 1.5, 0.85),
+    ("6 at speed 1, 2 at speed 4", [(1.0, 6), (4.0, 2)], 1.0, 0.85),
+    ("8 at speed 1, 1 at speed 8", [(1.0, 8), (8.0, 1)], 1.0, 0.8),
+    ("8 alike devices", [(1.0, 8)], 1.0, 0.85),
+]
 
 
 def latency_row(result: SimResult) -> dict[str, Any]:
@@ -86,6 +114,9 @@ def versus_round_robin(
         "round_robin": simulate(devices, workload, ["round_robin"], scheduler=scheduler)[0],
         "round_robin_fifo": simulate(
             devices, workload, ["round_robin"], scheduler=scheduler, dispatcher_options=fifo
+        )[0],
+        "shortest_expected_delay": simulate(
+            devices, workload, ["shortest_expected_delay"], scheduler=scheduler
         )[0],
         "shortest_expected_delay_fifo": simulate(
             devices,
@@ -160,27 +191,78 @@ def scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
     return docs
 
 
-def overtake_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The default strategy at ``--load`` with overtake_weight 0 to 3, and with FIFO queues: the
-    line between the median and the tail that the weight moves along."""
-    devices = fleet(args.per_class)
-    workload = parse_workload(
+def open_workload(args: argparse.Namespace, seed: int) -> WorkloadSpec:
+    """Poisson arrivals at ``--load`` with the scenarios' sizes and SLO."""
+    return parse_workload(
         {
             "requests": args.requests,
-            "seed": args.seed,
+            "seed": seed,
             "size": {"dist": "lognormal", "mean": 1.0, "sigma": args.sigma},
             "arrivals": {"process": "poisson", "load": args.load},
             "slo": {"latency": args.slo},
         }
     )
+
+
+def other_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The default beside round robin and shortest_expected_delay (stealing on, size-ordered
+    queues) on ``OTHER_CASES``, with half of ``--requests`` each."""
+    scheduler = SchedulerConfig(max_queue_size=1_000_000_000)
+    labels = {scheduler.strategy: "default", "round_robin": "round_robin"}
+    labels["shortest_expected_delay"] = "shortest_expected_delay"
+    docs = []
+    for name, classes, sigma, load in OTHER_CASES:
+        workload = parse_workload(
+            {
+                "requests": args.requests // 2,
+                "seed": args.seed,
+                "size": {"dist": "lognormal", "mean": 1.0, "sigma": sigma},
+                "arrivals": {"process": "poisson", "load": load},
+                "slo": {"latency": args.slo},
+            }
+        )
+        results = simulate(speed_fleet(classes), workload, list(labels), scheduler=scheduler)
+        doc = {
+            "case": name,
+            "load": load,
+            "runs": {labels[r.policy]: latency_row(r) for r in results},
+        }
+        docs.append(doc)
+        print(json.dumps(doc), file=sys.stderr)
+    return docs
+
+
+def seed_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The default's p99 against round robin's at ``--load`` for seeds ``--seed`` onwards."""
+    devices = fleet(args.per_class)
+    scheduler = SchedulerConfig(max_queue_size=1_000_000_000)
     rows = []
-    for order, weight in [
-        ("fifo", None),
-        ("size", 0.0),
-        ("size", 1.0),
-        ("size", 2.0),
-        ("size", 3.0),
-    ]:
+    for seed in range(args.seed, args.seed + args.seeds):
+        default, rr = simulate(
+            devices,
+            open_workload(args, seed),
+            [scheduler.strategy, "round_robin"],
+            scheduler=scheduler,
+        )
+        rows.append(
+            {
+                "seed": seed,
+                "default_p99": round(default.metrics.p99, 4),
+                "round_robin_p99": round(rr.metrics.p99, 4),
+                "p99_vs_round_robin": round(default.metrics.p99 / rr.metrics.p99, 4),
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def overtake_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The default strategy at ``--load`` with overtake_weight 0 to 4, and with FIFO queues: the
+    line between the median and the tail that the weight moves along."""
+    devices = fleet(args.per_class)
+    workload = open_workload(args, args.seed)
+    rows = []
+    for order, weight in [("fifo", None), *(("size", float(w)) for w in range(5))]:
         scheduler = SchedulerConfig(
             max_queue_size=1_000_000_000,
             queue_order=order,
@@ -202,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of sizes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--seeds", type=int, default=4, help="draws of the --load workload in the seed sweep"
+    )
+    parser.add_argument(
         "--policies", default=",".join(p for p in policy_names() if p not in NEEDS_OPTIONS)
     )
     parser.add_argument(
@@ -212,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests = 5_000
+        args.seeds = 2
     policies = args.policies.split(",")
     devices = fleet(args.per_class)
     capacity = sum(d.speed for d in devices)
@@ -275,8 +361,13 @@ def main(argv: list[str] | None = None) -> int:
         "best_p99_vs_round_robin": best["p99_vs_round_robin"],
         "best_saturated_vs_capacity": best["saturated_vs_capacity"],
         "policies": rows,
-        "default": SchedulerConfig().model_dump(include={"strategy", "queue_order", "aging"}),
+        "default": {
+            **SchedulerConfig().model_dump(include={"strategy", "queue_order", "aging"}),
+            "overtake_weight": make_policy(SchedulerConfig().strategy).overtake_weight,
+        },
         "default_vs_round_robin": scenarios(args),
+        "seeds": seed_sweep(args),
+        "other_cases": other_cases(args),
         "overtake_weight": overtake_sweep(args),
     }
     return emit(doc, args.out)

@@ -143,6 +143,7 @@ _CONFIGS = {
     "default": "**default**",
     "round_robin": "round robin",
     "round_robin_fifo": "round robin, FIFO",
+    "shortest_expected_delay": "shortest_expected_delay (the former default)",
     "shortest_expected_delay_fifo": "shortest_expected_delay, FIFO",
 }
 
@@ -190,7 +191,8 @@ def versus_round_robin(doc: dict[str, Any]) -> str:
         "### The default against round robin\n\n"
         f"The default scheduler (`{default['strategy']}`, `queue_order: "
         f"{default['queue_order']}`, aging {default['aging']}, work stealing on) beside round "
-        "robin under the same settings, round robin with FIFO queues and the former best "
+        "robin under the same settings, round robin with FIFO queues, the former default "
+        "(`shortest_expected_delay`, size-ordered queues) and the best before it "
         "(`shortest_expected_delay` with FIFO queues). Latencies in seconds; SLO attainment is "
         "the share of items done within the scenario's SLO (3 s on the benchmark fleet, the "
         "workload's 5 s on the demo, whose config also sets a 30 s timeout); *largest 1%* is "
@@ -198,7 +200,39 @@ def versus_round_robin(doc: dict[str, Any]) -> str:
         + _table(["scenario", "scheduler", *_LATENCY, "failed"], rows)
         + "\n\n"
         + verdicts
+        + ("\n\n" + seeds(doc) if "seeds" in doc else "")
+        + ("\n\n" + other_cases(doc) if "other_cases" in doc else "")
         + ("\n\n" + overtake(doc) if "overtake_weight" in doc else "")
+    )
+
+
+def seeds(doc: dict[str, Any]) -> str:
+    rows = [
+        [r["seed"], r["default_p99"], r["round_robin_p99"], r["p99_vs_round_robin"]]
+        for r in doc["seeds"]
+    ]
+    return (
+        f"### Other draws\n\nThe same {doc['workload']['load']:.0%} load run with other seeds "
+        "(arrival times and sizes drawn anew): the default's p99 against round robin's.\n\n"
+        + _table(["seed", "default p99 s", "round robin p99 s", "p99 / round robin"], rows)
+    )
+
+
+def other_cases(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            f"{case['case']}, {case['load']:.0%} load" if label == "default" else "",
+            _CONFIGS[label],
+            *_latency_cells(r),
+        ]
+        for case in doc["other_cases"]
+        for label, r in case["runs"].items()
+    ]
+    return (
+        "### Other fleets and sizes\n\nThe default beside round robin and "
+        "`shortest_expected_delay` (stealing on, size-ordered queues) on other fleets and "
+        "spreads of item sizes (lognormal, mean 1), Poisson arrivals, the same 3 s SLO:\n\n"
+        + _table(["case", "scheduler", *_LATENCY], rows)
     )
 
 
@@ -214,7 +248,8 @@ def overtake(doc: dict[str, Any]) -> str:
     return (
         f"### `overtake_weight`\n\n`{doc['default']['strategy']}` on the benchmark fleet at "
         f"{doc['workload']['load']:.0%} load with FIFO queues and with size order at weights 0 "
-        "to 3 (the default is 2):\n\n" + _table(["queue order", "overtake_weight", *_LATENCY], rows)
+        f"to 4 (the default is {doc['default']['overtake_weight']:g}):\n\n"
+        + _table(["queue order", "overtake_weight", *_LATENCY], rows)
     )
 
 
