@@ -191,7 +191,8 @@ class FleetView:
     def elapsed_work(self) -> FloatArray:
         """Per device: the work its running items have done so far, estimated from how long they
         have run at the device's speed (each of ``parallel`` items at ``speed / parallel``),
-        and never more than their cost."""
+        and never more than their cost. An estimate: an item that an executor holds in a
+        prefetch slot counts as running from when it was sent."""
         done = self.running_count * self.clock.now()
         done -= self.running_since
         done *= self.perf.speed()
