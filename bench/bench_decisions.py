@@ -46,8 +46,7 @@ def make_view(n: int, rng: np.random.Generator) -> FleetView:
     view.in_flight[:] = queued + 1
     view.running_work[:] = rng.lognormal(0, 1, n)
     view.outstanding[:] = view.running_work
-    view.running[:] = [1] * n
-    view.running_count[:] = 1.0
+    view.running[:] = 1
     # started a random part of its service time ago (the clock is at 0)
     view.running_since[:] = -rng.random(n) * view.running_work / view.speed()
     for i, count in enumerate(queued.tolist()):

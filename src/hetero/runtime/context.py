@@ -1172,7 +1172,7 @@ class Context:
                         "temperature": device.state.temperature_c,
                     }
                 )
-            running = int(sum(d.view.running))
+            running = int(d.view.running.sum())
             return {
                 "pid": os.getpid(),
                 "started": self._started_at,

@@ -659,7 +659,7 @@ class Dispatcher:
             rec.seq = seq = next(self._seq)
             heapq.heappush(self._pending, (-rec.item.priority, self._key(rec), seq, rec))
             return
-        if view.running[i] < self._slots[i] and view.in_flight[i] == view.running[i]:
+        if view.starts_now(i):
             self._run_now(rec, i, out)  # a free slot and nothing queued
             return
         self._enqueue(rec, i)
@@ -672,9 +672,7 @@ class Dispatcher:
             # The policy queued it behind a busy device while a slot is free elsewhere: the
             # fastest idle device may finish it sooner. (Skipped for policies that already
             # weighed every device's expected delay: such a steal would never pay.)
-            idle = np.where(
-                np.array(view.running) < view.slots, view.inv_speed(rec.item.kind), np.inf
-            )
+            idle = np.where(view.running < view.slots, view.inv_speed(rec.item.kind), np.inf)
             thief = int(idle.argmin())
             if idle[thief] < np.inf:
                 self._steal(thief, out)
@@ -737,7 +735,6 @@ class Dispatcher:
         view.outstanding[i] += item.cost
         view.running_work[i] += item.cost
         view.running_since[i] += rec.started
-        view.running_count[i] += 1
         if item.memory:
             view.mem_used[i] += item.memory
         self._free_slots -= 1
@@ -767,7 +764,6 @@ class Dispatcher:
         view.queued_work[i] -= rec.item.cost
         view.running_work[i] += rec.item.cost
         view.running_since[i] += rec.started
-        view.running_count[i] += 1
         if self._size_order:
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
@@ -789,7 +785,6 @@ class Dispatcher:
             view.mem_used[i] -= item.memory
         if running:
             view.running[i] -= 1
-            view.running_count[i] -= 1
             if view.running[i]:
                 view.running_work[i] -= item.cost
                 view.running_since[i] -= rec.started
@@ -1071,7 +1066,6 @@ class Dispatcher:
             assert active == self.active, f"active {active} != counter {self.active}"
             assert pending + int(queued.sum()) == self.waiting, "waiting counter drifted"
             assert np.array_equal(running, view.running), "running counts drifted"
-            assert np.array_equal(running, view.running_count), "running_count drifted"
             assert np.array_equal(running + queued, view.in_flight), "in_flight drifted"
             assert np.allclose(outstanding, view.outstanding, atol=1e-6), "outstanding drifted"
             assert np.allclose(queued_work, np.array(view.queued_work), atol=1e-6), (
@@ -1088,14 +1082,13 @@ class Dispatcher:
                 )
                 assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
-        running_now = np.array(view.running)
-        free = int((view.slots - running_now)[view.usable].sum())
+        free = int((view.slots - view.running)[view.usable].sum())
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
-        assert (running_now <= view.slots).all(), "a device runs more than its slots"
+        assert (view.running <= view.slots).all(), "a device runs more than its slots"
         assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
         idle = ~view.usable  # may run nothing, but a draining device finishes what it runs
         idle[list(self._draining - self._removed)] = False
-        assert (running_now[idle] == 0).all(), "an unhealthy device is running items"
+        assert (view.running[idle] == 0).all(), "an unhealthy device is running items"
         for rec in self.records.values():
             if rec.only is not None and rec.state in (QUEUED, RUNNING):
                 assert rec.only[rec.device], f"{rec.item.id}: placed outside its only= devices"

@@ -36,13 +36,13 @@ class FleetView:
 
     Attributes (arrays of length ``n``, read-only for policies):
 
-    - ``slots``: items a device runs at once; ``running``: items running now (a list);
+    - ``slots``: items a device runs at once; ``running``: items running now;
     - ``in_flight``: items placed on the device (queued there or running);
     - ``outstanding``: work units placed on the device and not finished;
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``running_work``: the rest, the work of the running items; ``running_since``: the sum of
-      their start times and ``running_count`` their number (``running`` as an array), so that
-      with the clock, how long they have run (``elapsed_work``) is a few vector operations;
+      their start times, so that with the clock, how long they have run (``elapsed_work``) is a
+      few vector operations;
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``mem_external``: bytes measured in use beyond that (``Dispatcher.set_external_memory``);
     - ``usable``: healthy and accepting work.
@@ -90,11 +90,11 @@ class FleetView:
                 f"parallel must be {n} integers from 1 to the slots, got {list(self.parallel)}"
             )
         self.multi_slot = bool((self.parallel > 1).any())
-        # Lists, not arrays: only the dispatcher reads these one device at a time, and a list
-        # element costs a fraction of a numpy scalar update on the hot path.
-        self.running: list[int] = [0] * n
+        self.running: IntArray = np.zeros(n, dtype=np.int64)
         self.in_flight: IntArray = np.zeros(n, dtype=np.int64)
         self.outstanding: FloatArray = np.zeros(n, dtype=np.float64)
+        # A list, not an array: only the dispatcher reads it, one device at a time, and a list
+        # element costs a fraction of a numpy scalar update on the hot path.
         self.queued_work: list[float] = [0.0] * n
         self.mem_total: IntArray = np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
         self.mem_used: IntArray = np.zeros(n, dtype=np.int64)
@@ -106,7 +106,6 @@ class FleetView:
         # operation.
         self.running_work: FloatArray = np.zeros(n)
         self.running_since: FloatArray = np.zeros(n)
-        self.running_count: FloatArray = np.zeros(n)
         # Kept by the dispatcher for size-ordered queues only: row k of ``queued_below`` the
         # queued work in size classes below k and row k of ``queued_from`` the number of queued
         # items in classes k and up, per device. Rows, not columns, so that reading one class for
@@ -131,7 +130,7 @@ class FleetView:
         together = slots if parallel is None else parallel
         self.parallel = np.append(self.parallel, np.int64(together))
         self.multi_slot = self.multi_slot or together > 1
-        self.running.append(0)
+        self.running = np.append(self.running, np.int64(0))
         self.in_flight = np.append(self.in_flight, np.int64(0))
         self.outstanding = np.append(self.outstanding, 0.0)
         self.queued_work.append(0.0)
@@ -141,7 +140,6 @@ class FleetView:
         self.usable = np.append(self.usable, True)
         self.running_work = np.append(self.running_work, 0.0)
         self.running_since = np.append(self.running_since, 0.0)
-        self.running_count = np.append(self.running_count, 0.0)
         column = np.zeros((SIZE_CLASSES + 1, 1))
         self.queued_below = np.hstack([self.queued_below, column])
         self.queued_from = np.hstack([self.queued_from, column])
@@ -188,12 +186,18 @@ class FleetView:
         self.queued_below[:, index] = 0.0
         self.queued_from[:, index] = 0.0
 
+    def starts_now(self, index: int) -> bool:
+        """Whether an item placed on device ``index`` now would start at once: a slot is free
+        and nothing is queued there."""
+        running = self.running[index]
+        return bool(running < self.slots[index] and self.in_flight[index] == running)
+
     def elapsed_work(self) -> FloatArray:
         """Per device: the work its running items have done so far, estimated from how long they
         have run at the device's speed (each of ``parallel`` items at ``speed / parallel``),
         and never more than their cost. An estimate: an item that an executor holds in a
         prefetch slot counts as running from when it was sent."""
-        done = self.running_count * self.clock.now()
+        done = np.multiply(self.running, self.clock.now(), dtype=np.float64)
         done -= self.running_since
         done *= self.perf.speed()
         done /= self.parallel

@@ -119,8 +119,8 @@ class TailBudget(Policy):
             return None
         if not cost > 0 or cost < self.split_cost:
             return best
-        if view.running[best] < view.slots[best] and view.in_flight[best] == view.running[best]:
-            return best  # it starts at once
+        if view.starts_now(best):
+            return best
         within = score <= self.budget_for(item, view)
         if not within.any():
             return best
