@@ -191,15 +191,15 @@ def scenarios(args: argparse.Namespace) -> list[dict[str, Any]]:
     return docs
 
 
-def open_workload(args: argparse.Namespace, seed: int) -> WorkloadSpec:
-    """Poisson arrivals at ``--load`` with the scenarios' sizes and SLO."""
+def open_workload(requests: int, seed: int, sigma: float, load: float, slo: float) -> WorkloadSpec:
+    """Poisson arrivals at ``load``, lognormal sizes of mean 1, a latency SLO of ``slo`` s."""
     return parse_workload(
         {
-            "requests": args.requests,
+            "requests": requests,
             "seed": seed,
-            "size": {"dist": "lognormal", "mean": 1.0, "sigma": args.sigma},
-            "arrivals": {"process": "poisson", "load": args.load},
-            "slo": {"latency": args.slo},
+            "size": {"dist": "lognormal", "mean": 1.0, "sigma": sigma},
+            "arrivals": {"process": "poisson", "load": load},
+            "slo": {"latency": slo},
         }
     )
 
@@ -208,19 +208,14 @@ def other_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The default beside round robin and shortest_expected_delay (stealing on, size-ordered
     queues) on ``OTHER_CASES``, with half of ``--requests`` each."""
     scheduler = SchedulerConfig(max_queue_size=1_000_000_000)
-    labels = {scheduler.strategy: "default", "round_robin": "round_robin"}
-    labels["shortest_expected_delay"] = "shortest_expected_delay"
+    labels = {
+        scheduler.strategy: "default",
+        "round_robin": "round_robin",
+        "shortest_expected_delay": "shortest_expected_delay",
+    }
     docs = []
     for name, classes, sigma, load in OTHER_CASES:
-        workload = parse_workload(
-            {
-                "requests": args.requests // 2,
-                "seed": args.seed,
-                "size": {"dist": "lognormal", "mean": 1.0, "sigma": sigma},
-                "arrivals": {"process": "poisson", "load": load},
-                "slo": {"latency": args.slo},
-            }
-        )
+        workload = open_workload(args.requests // 2, args.seed, sigma, load, args.slo)
         results = simulate(speed_fleet(classes), workload, list(labels), scheduler=scheduler)
         doc = {
             "case": name,
@@ -240,7 +235,7 @@ def seed_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     for seed in range(args.seed, args.seed + args.seeds):
         default, rr = simulate(
             devices,
-            open_workload(args, seed),
+            open_workload(args.requests, seed, args.sigma, args.load, args.slo),
             [scheduler.strategy, "round_robin"],
             scheduler=scheduler,
         )
@@ -260,7 +255,7 @@ def overtake_sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The default strategy at ``--load`` with overtake_weight 0 to 4, and with FIFO queues: the
     line between the median and the tail that the weight moves along."""
     devices = fleet(args.per_class)
-    workload = open_workload(args, args.seed)
+    workload = open_workload(args.requests, args.seed, args.sigma, args.load, args.slo)
     rows = []
     for order, weight in [("fifo", None), *(("size", float(w)) for w in range(5))]:
         scheduler = SchedulerConfig(
