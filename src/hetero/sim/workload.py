@@ -748,7 +748,8 @@ def _sizes(
     if isinstance(size, LognormalSize):
         return rng.lognormal(size.mu, size.sigma, m)
     cost = size.trace().cost
-    return cost[np.arange(start, start + m) % len(cost)]
+    picked: npt.NDArray[np.float64] = cost[np.arange(start, start + m) % len(cost)]
+    return picked
 
 
 def _items(
