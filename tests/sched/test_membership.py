@@ -25,6 +25,7 @@ ops = st.lists(
         st.tuples(st.just("drain"), st.integers(0, 10**6)),
         st.tuples(st.just("remove"), st.integers(0, 10**6)),
         st.tuples(st.just("back"), st.integers(0, 10**6)),
+        st.tuples(st.just("slots"), st.integers(0, 10**6), st.integers(1, 4)),
     ),
     max_size=70,
 )
@@ -48,6 +49,7 @@ def test_devices_that_come_and_go_lose_and_duplicate_nothing(
         for ins in out:
             if isinstance(ins, Run):
                 assert ins.item.id not in running, "started twice at once"
+                assert d.view.running[ins.device] <= d.view.slots[ins.device], "over its slots"
                 assert ins.device not in d._removed and ins.device not in d._draining
                 running[ins.item.id] = ins.device
             elif isinstance(ins, Stop):
@@ -76,6 +78,8 @@ def test_devices_that_come_and_go_lose_and_duplicate_nothing(
             apply(d.drain_device(ids[step[1] % len(ids)]))
         elif kind == "remove":
             apply(d.remove_device(ids[step[1] % len(ids)]))
+        elif kind == "slots":  # a replica's capacity learned up or down while work runs
+            apply(d.set_slots(ids[step[1] % len(ids)], step[2]))
         elif kind == "back":
             device = d.view.devices[step[1] % len(ids)]
             if d.view.index[device.id] in d._removed:

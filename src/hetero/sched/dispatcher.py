@@ -431,7 +431,7 @@ class Dispatcher:
                 return out
             self._draining.discard(i)
         else:
-            self._free_slots -= int(self.view.slots[i] - self.view.running[i])
+            self._free_slots -= self._free_on(i)
             self.view.set_usable(i, False)
         why = f"{reason} ({device_id})"
         for rec in sorted(self._running[i], key=lambda r: r.seq):
@@ -453,7 +453,7 @@ class Dispatcher:
         if self.view.usable[i]:
             return out
         self.view.set_usable(i, True)
-        self._free_slots += int(self.view.slots[i] - self.view.running[i])
+        self._free_slots += self._free_on(i)
         self._refill(i, out)
         return out
 
@@ -508,10 +508,44 @@ class Dispatcher:
         self._draining.add(i)
         if not self.view.usable[i]:
             return out
-        self._free_slots -= int(self.view.slots[i] - self.view.running[i])
+        self._free_slots -= self._free_on(i)
         self.view.set_usable(i, False)
         self._move_queue(i, out)
         return out
+
+    def set_slots(self, device_id: str, slots: int) -> list[Instruction]:
+        """How many items a device may run at once, learned while it runs (a replica's
+        capacity, ``hetero.sched.capacity``). More slots start its queue and take waiting work
+        at once; fewer let what runs there finish, and nothing new starts until it is below
+        the new count. The speed model keeps each item's own speed: the device's throughput
+        scales with its slots."""
+        if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ConfigError([("slots", f"must be an integer >= 1, got {slots!r}")])
+        i = self._device(device_id)
+        view = self.view
+        old = self._slots[i]
+        if slots == old:
+            return []
+        free_before = self._free_on(i)
+        self._slots[i] = int(slots)
+        view.slots[i] = slots
+        # Each running item goes at speed / parallel: parallel follows the slots unless some
+        # slots only hold a prefetched item (then it never exceeds them).
+        view.parallel[i] = slots if view.parallel[i] == old else min(int(view.parallel[i]), slots)
+        view.multi_slot = bool((view.parallel > 1).any())
+        self.perf.rescale(i, slots / old)
+        self._default_speed_list[i] = float(self._default_speed[i])
+        out: list[Instruction] = []
+        if view.usable[i]:
+            self._free_slots += self._free_on(i) - free_before
+            if slots > old:
+                self._steal_miss_at = -1  # more room: a steal may be worth it now
+                self._refill(i, out)
+        return out
+
+    def _free_on(self, i: int) -> int:
+        """Free slots of device ``i`` (none while it runs more than a lowered slot count)."""
+        return max(0, int(self._slots[i]) - int(self.view.running[i]))
 
     def remove_device(self, device_id: str, reason: str = "device removed") -> list[Instruction]:
         """A device leaves the fleet: it is drained, and what still runs there is stopped and
@@ -791,7 +825,7 @@ class Dispatcher:
             else:  # exactly nothing running: drop the float drift
                 view.running_work[i] = 0.0
                 view.running_since[i] = 0.0
-            if view.usable[i]:
+            if view.usable[i] and view.running[i] < self._slots[i]:
                 self._free_slots += 1
             self._running[i].discard(rec)
         else:
@@ -1082,9 +1116,9 @@ class Dispatcher:
                 )
                 assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
-        free = int((view.slots - view.running)[view.usable].sum())
+        # A device may run more than its slots only after set_slots lowered them.
+        free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
-        assert (view.running <= view.slots).all(), "a device runs more than its slots"
         assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
         idle = ~view.usable  # may run nothing, but a draining device finishes what it runs
         idle[list(self._draining - self._removed)] = False

@@ -49,6 +49,7 @@ class PerfModel:
         self.alpha = alpha
         self.batch_table = dict(batch_table or {})
         self._usable = np.ones(len(self.devices), dtype=bool)
+        self._scale = np.ones(len(self.devices))  # of the priors, by rescale
         self._speed: dict[str, FloatArray] = {}
         self._inv: dict[str, FloatArray] = {}
         self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
@@ -70,6 +71,7 @@ class PerfModel:
         arr = self._speed.get(kind)
         if arr is None:
             arr = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
+            arr *= self._scale
             self._speed[kind] = arr
             self._inv[kind] = np.where(self._usable, 1.0 / arr, np.inf)
         return arr
@@ -93,12 +95,27 @@ class PerfModel:
         """A device joins the fleet: its catalog prior for every kind known so far."""
         self.devices.append(device)
         self._usable = np.append(self._usable, True)
+        self._scale = np.append(self._scale, 1.0)
         for kind, arr in self._speed.items():
             prior = self.prior(device, kind)
             self._speed[kind] = np.append(arr, prior)
             self._inv[kind] = np.append(self._inv[kind], 1.0 / prior)
         self._fastest.clear()
         return len(self.devices) - 1
+
+    def rescale(self, index: int, factor: float) -> None:
+        """Multiply device ``index``'s speed for every kind by ``factor`` (its slots changed:
+        each item's own speed stays, the device's throughput follows the slots)."""
+        if not factor > 0 or not math.isfinite(factor):
+            raise ValueError(
+                f"PerfModel rescale factor must be a finite number > 0, got {factor!r}"
+            )
+        self._scale[index] *= factor
+        for kind, arr in self._speed.items():
+            arr[index] *= factor
+            if self._usable[index]:
+                self._inv[kind][index] = 1.0 / arr[index]
+        self._fastest.clear()
 
     def set_usable(self, index: int, usable: bool) -> None:
         self._usable[index] = usable
