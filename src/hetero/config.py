@@ -188,10 +188,13 @@ class LoggingConfig(_Strict):
 class ReplicaConfig(_Strict):
     """One line of ``replicas:``: an inference server that ``hetero serve`` routes to.
 
-    ``speed`` is how fast one request runs there (relative, V100 = 1.0); without it, the
-    catalog ``device``'s memory bandwidth gives it (decoding is bandwidth-bound). ``slots`` is how
-    many requests it serves at once; without it, ``hetero fit`` derives it from ``device`` and
-    ``fit_model`` at ``context`` tokens, else 8.
+    ``url`` is enough: the router learns each replica's speed and capacity from its replies and
+    its engine's published load. The rest are priors that make the start faster. ``speed`` is
+    how fast one request runs there (relative, V100 = 1.0); without it, the catalog
+    ``device``'s memory bandwidth gives it (decoding is bandwidth-bound). ``slots`` is how many
+    requests it serves at once to start with; without it, ``hetero fit`` derives it from
+    ``device`` and ``fit_model`` at ``context`` tokens, else the engine's published cap or a
+    starting guess that grows while the replica keeps up.
     """
 
     url: str = Field(description="base URL of an OpenAI-compatible server")
@@ -223,14 +226,6 @@ class ReplicaConfig(_Strict):
     @classmethod
     def _known_device(cls, value: str | None) -> str | None:
         return DeviceConfig._known_model(value)
-
-    @model_validator(mode="after")
-    def _speed_source(self) -> ReplicaConfig:
-        if self.device is None and self.speed is None:
-            raise ValueError(
-                f"replica {self.url}: give its GPU (device: a catalog name) or its speed"
-            )
-        return self
 
 
 class HeteroConfig(_Strict):

@@ -48,8 +48,8 @@ class Spec:
     """One replica of a test fleet: how the mock behaves and what the router is told."""
 
     config: MockConfig = field(default_factory=mock)
-    speed: float = 1.0  # declared to the router
-    slots: int = 4  # declared to the router
+    speed: float | None = 1.0  # declared to the router (None: its URL alone)
+    slots: int | None = 4  # declared to the router (None: learned)
     models: set[str] = field(default_factory=set)  # declared (empty: asked at /v1/models)
 
 

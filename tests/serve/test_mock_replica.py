@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from hetero.cli import app
@@ -451,7 +452,8 @@ async def test_models_health_and_worker_info(start: Start, http: aiohttp.ClientS
     await wait_for(lambda: replica.stats["in_flight"] == 1)
     async with http.get(url + "/get_load") as r:
         (load,) = await r.json()
-    assert load["num_reqs"] == 1 and load["num_tokens"] == 20  # 10 prompt + 10 output
+    # Its 10 prompt tokens, and the output generated so far (a token a second).
+    assert load["num_reqs"] == 1 and 10 <= load["num_tokens"] <= 20
     await cancel(busy)
 
 
@@ -464,6 +466,310 @@ def test_config_lists_every_bad_field() -> None:
     assert "got 'normal'" in str(caught.value)
 
 
+def test_config_rejects_unknown_engines_and_faults() -> None:
+    bad = {"engine": "tgi", "kv_tokens": 0, "load_fault": "flaky", "load_delay": -1}
+    with pytest.raises(ConfigError) as caught:
+        MockConfig(**bad)  # type: ignore[arg-type]
+    assert [field for field, _ in caught.value.problems] == list(bad)
+    message = str(caught.value)
+    assert "engine: must be one of sglang, vllm, openai, got 'tgi'" in message
+    assert "load_fault: must be one of none, garbage, nan, negative, huge, slow, error" in message
+    assert "got 'flaky'" in message
+    assert MockConfig(slots=4).kv_capacity == 4 * 2048
+    assert MockConfig(slots=4, kv_tokens=100).kv_capacity == 100
+
+
+# --- the engines' load endpoints ---------------------------------------------------------------
+
+#: What each engine answers besides the OpenAI API and /health (a GET of each gives 200).
+ENGINE_PATHS = {
+    "sglang": [
+        "/health_generate",
+        "/get_server_info",
+        "/server_info",
+        "/get_model_info",
+        "/model_info",
+        "/get_load",
+        "/v1/loads",
+        "/metrics",
+    ],
+    "vllm": ["/metrics", "/version", "/load"],
+    "openai": [],
+}
+ALL_PATHS = sorted({p for paths in ENGINE_PATHS.values() for p in paths})
+#: The endpoints load_fault breaks, by engine (all answer 200 without it).
+LOAD_PATHS = {
+    "sglang": ["/metrics", "/get_load", "/v1/loads", "/get_server_info", "/server_info"],
+    "vllm": ["/metrics", "/load"],
+}
+SLOW = {"slots": 2, "decode_time": 1.0, "prefill_time": 0.0, **FIXED}  # 10 s a request
+
+
+def families(text: str) -> dict[str, Any]:
+    """The metric families of a Prometheus page, by name (prometheus_client's parser)."""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample named ``name`` whose labels include ``labels``."""
+    found = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
+    assert len(found) == 1, (name, labels, found)
+    return float(found[0])
+
+
+async def load_figures(
+    http: aiohttp.ClientSession, url: str, engine: str
+) -> list[tuple[float, float, float]]:
+    """``(running, waiting, KV usage)`` as each of the engine's load endpoints reports them."""
+    async with http.get(url + "/metrics") as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        page = await r.text()
+    if engine == "vllm":
+        async with http.get(url + "/load") as r:
+            in_flight = (await r.json())["server_load"]
+        running = sample(page, "vllm:num_requests_running", engine="0", model_name="mock-llm")
+        waiting = sample(page, "vllm:num_requests_waiting")
+        assert in_flight == running + waiting
+        assert sample(page, "vllm:num_requests_waiting_by_reason", reason="capacity") == waiting
+        return [(running, waiting, sample(page, "vllm:kv_cache_usage_perc"))]
+    async with http.get(url + "/v1/loads") as r:
+        (load,) = (await r.json())["loads"]
+    async with http.get(url + "/get_load") as r:
+        (legacy,) = await r.json()
+    assert legacy["num_tokens"] == load["num_total_tokens"]
+    return [
+        (
+            sample(page, "sglang:num_running_reqs", tp_rank="0", model_name="mock-llm"),
+            sample(page, "sglang:num_queue_reqs"),
+            sample(page, "sglang:token_usage"),
+        ),
+        (load["num_running_reqs"], load["num_waiting_reqs"], load["token_usage"]),
+        (legacy["num_reqs"] - legacy["num_waiting_reqs"], legacy["num_waiting_reqs"], math.nan),
+    ]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "openai"])
+async def test_each_engine_answers_its_endpoints_and_404_the_rest(
+    start: Start, http: aiohttp.ClientSession, engine: str
+) -> None:
+    _, url = await start(engine=engine, **INSTANT, **FIXED)
+    for path in ("/health", "/v1/models"):
+        async with http.get(url + path) as r:
+            assert r.status == 200, path
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 200
+    for path in ALL_PATHS:
+        async with http.get(url + path) as r:
+            expected = 200 if path in ENGINE_PATHS[engine] else 404
+            assert r.status == expected, (engine, path)
+
+
+async def test_sglang_bodies_have_sglangs_shape(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(slots=6, kv_tokens=5000, **INSTANT, **FIXED)
+    async with http.get(url + "/get_server_info") as r:
+        info = await r.json()
+    assert info["version"] == "0.5.23" and info["max_running_requests"] == 6
+    assert info["max_total_num_tokens"] == 5000
+    (state,) = info["internal_states"]
+    assert state["effective_max_running_requests_per_dp"] == 6
+    assert state["memory_usage"]["token_capacity"] == 5000
+    async with http.get(url + "/v1/loads") as r:
+        loads = await r.json()
+    assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+    (load,) = loads["loads"]
+    assert (load["dp_rank"], load["max_running_requests"], load["max_total_num_tokens"]) == (
+        0,
+        6,
+        5000,
+    )
+    assert {"memory", "disaggregation", "queues"} <= set(load)
+    async with http.get(url + "/v1/loads", params={"include": "core"}) as r:
+        (core,) = (await r.json())["loads"]
+    assert "memory" not in core and core["num_running_reqs"] == 0
+    async with http.get(url + "/v1/loads", params={"dp_rank": "1"}) as r:
+        assert (await r.json())["loads"] == []
+    async with http.get(url + "/v1/loads", params={"include": "gpu"}) as r:
+        assert r.status == 400 and "Invalid include sections" in (await r.json())["detail"]
+    async with http.get(url + "/v1/loads", params={"format": "prometheus"}) as r:
+        page = await r.text()
+    assert sample(page, "sglang_max_running_requests", dp_rank="0") == 6
+    assert sample(page, "sglang_memory_token_capacity") == 5000
+    async with http.get(url + "/get_load") as r:
+        (legacy,) = await r.json()
+    assert set(legacy) == {
+        "dp_rank",
+        "num_reqs",
+        "num_waiting_reqs",
+        "num_tokens",
+        "num_pending_tokens",
+        "ts_tic",
+    }
+    async with http.get(url + "/model_info") as r:
+        assert (await r.json())["served_model_name"] == "mock-llm"
+
+
+async def test_vllm_version_and_labels(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(engine="vllm", models=["org/model-7b"], **INSTANT, **FIXED)
+    async with http.get(url + "/version") as r:
+        assert await r.json() == {"version": "0.33.0"}
+    async with http.get(url + "/metrics") as r:
+        page = await r.text()
+    found = families(page)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert found[name].type == "gauge"
+        (series,) = found[name].samples
+        assert series.labels == {"engine": "0", "model_name": "org/model-7b"}
+    for name in (
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:num_preemptions",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+    ):
+        assert found[name].type == "counter", name
+        assert sample(page, name + "_total") == 0
+    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+        assert found[name].type == "histogram"
+        assert sample(page, name + "_count") == 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_gauges_follow_the_load(
+    start: Start, http: aiohttp.ClientSession, engine: str
+) -> None:
+    replica, url = await start(engine=engine, kv_tokens=1000, **SLOW)
+    for running, waiting, usage in await load_figures(http, url, engine):
+        assert (running, waiting) == (0, 0) and (math.isnan(usage) or usage == 0)
+    # Two hold the slots and three wait: each holds its 10 prompt tokens, then its output.
+    requests = [asyncio.create_task(http.post(url + CHAT, json=chat("x" * 40))) for _ in range(5)]
+    await wait_for(lambda: replica.stats["waiting"] == 3)
+    for running, waiting, usage in await load_figures(http, url, engine):
+        assert (running, waiting) == (2, 3)
+        assert math.isnan(usage) or 0.02 <= usage <= 0.04  # 20 to 40 of 1000 tokens
+    await cancel(*requests)
+    await wait_for(lambda: replica.stats["in_flight"] == 0)
+    for running, waiting, usage in await load_figures(http, url, engine):
+        assert (running, waiting) == (0, 0) and (math.isnan(usage) or usage == 0)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_kv_usage_is_held_tokens_over_capacity(
+    start: Start, http: aiohttp.ClientSession, engine: str
+) -> None:
+    # decode_time 10 s: a request holds its prompt alone for as long as the test looks.
+    replica, url = await start(engine=engine, kv_tokens=40, slots=1, decode_time=10.0, **FIXED)
+    busy = asyncio.create_task(http.post(url + CHAT, json=chat("x" * 40)))  # 10 tokens
+    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    (_, _, usage), *_ = await load_figures(http, url, engine)
+    assert usage == 0.25
+    await cancel(busy)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_counters_and_histograms_count_completions(
+    start: Start, http: aiohttp.ClientSession, engine: str
+) -> None:
+    _, url = await start(engine=engine, **INSTANT, **FIXED)
+    for stream in (False, True, False):
+        async with http.post(url + CHAT, json=chat("x" * 40, stream=stream)) as r:
+            await r.read()
+    async with http.get(url + "/metrics") as r:
+        page = await r.text()
+    if engine == "vllm":
+        assert sample(page, "vllm:prompt_tokens_total") == 30
+        assert sample(page, "vllm:generation_tokens_total") == 30
+        assert sample(page, "vllm:request_success_total", finished_reason="stop") == 3
+        assert sample(page, "vllm:e2e_request_latency_seconds_count") == 3
+        assert sample(page, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == 3
+    else:
+        assert sample(page, "sglang:num_requests_total", is_streaming="false") == 2
+        assert sample(page, "sglang:generation_tokens_total", is_streaming="true") == 10
+        assert sample(page, "sglang:e2e_request_latency_seconds_count", is_streaming="false") == 2
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+async def test_load_faults(start: Start, http: aiohttp.ClientSession, engine: str) -> None:
+    replica, url = await start(engine=engine, **INSTANT, **FIXED)
+    paths = LOAD_PATHS[engine]
+
+    async def bodies() -> dict[str, tuple[int, str]]:
+        out = {}
+        for path in paths:
+            async with http.get(url + path) as r:
+                out[path] = (r.status, await r.text())
+        # The API is never affected.
+        async with http.post(url + CHAT, json=chat()) as r:
+            assert r.status == 200
+        return out
+
+    replica.configure(load_fault="error")
+    assert {status for status, _ in (await bodies()).values()} == {500}
+
+    replica.configure(load_fault="garbage")
+    for path, (status, text) in (await bodies()).items():
+        assert status == 200, path
+        with pytest.raises(ValueError):  # neither a Prometheus page nor JSON
+            if path == "/metrics":
+                list(text_string_to_metric_families(text))
+            else:
+                json.loads(text)
+
+    gauges = {
+        "vllm": ["vllm:num_requests_running", "vllm:num_requests_waiting"],
+        "sglang": ["sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"],
+    }[engine]
+    for fault, bad in (("nan", math.isnan), ("negative", lambda v: v < 0)):
+        replica.configure(load_fault=fault)  # type: ignore[arg-type]
+        got = await bodies()
+        page = got["/metrics"][1]
+        assert all(bad(sample(page, name)) for name in gauges), (fault, page)
+        if engine == "sglang":
+            (load,) = json.loads(got["/v1/loads"][1])["loads"]
+            assert bad(load["num_running_reqs"]) and bad(load["token_usage"])
+            (legacy,) = json.loads(got["/get_load"][1])
+            assert bad(legacy["num_reqs"])
+        else:
+            assert bad(json.loads(got["/load"][1])["server_load"])
+
+    replica.configure(load_fault="huge")
+    status, page = (await bodies())["/metrics"]
+    assert status == 200 and len(page) >= 10 * 1024 * 1024
+    assert page.startswith("# hetero mock padding 0")
+    real = page[page.index(f"# HELP {gauges[0]}") :]
+    assert sample(real, gauges[0]) == 0  # the page proper follows the padding
+    list(text_string_to_metric_families(page[:100_000].rsplit("\n", 1)[0]))  # the padding parses
+
+    replica.configure(load_fault="slow", load_delay=60)
+    for path in paths:
+        with pytest.raises(TimeoutError):
+            await http.get(url + path, timeout=aiohttp.ClientTimeout(total=0.2))
+    async with http.post(url + CHAT, json=chat()) as r:
+        assert r.status == 200
+
+    replica.configure(load_fault="none")
+    assert {status for status, _ in (await bodies()).values()} == {200}
+
+
+async def test_load_fault_over_http(start: Start, http: aiohttp.ClientSession) -> None:
+    _, url = await start(engine="vllm", load_fault="error", **INSTANT)
+    async with http.get(url + "/metrics") as r:
+        assert r.status == 500
+    async with http.post(url + "/mock/config", json={"load_fault": "none"}) as r:
+        assert r.status == 200 and (await r.json())["load_fault"] == "none"
+    async with http.get(url + "/metrics") as r:
+        assert r.status == 200
+    async with http.post(url + "/mock/config", json={"load_fault": "flaky"}) as r:
+        message = (await r.json())["error"]["message"]
+    assert r.status == 400 and "load_fault: must be one of none, garbage" in message
+    async with http.post(url + "/mock/config", json={"engine": "sglang"}) as r:
+        assert r.status == 400 and "settable: speed" in (await r.json())["error"]["message"]
+
+
 # --- command line ------------------------------------------------------------------------------
 
 runner = CliRunner()
@@ -472,7 +778,8 @@ runner = CliRunner()
 def test_cli_help_names_every_option() -> None:
     result = runner.invoke(app, ["mock-replica", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for option in ("--model", "--speed", "--slots", "--port", "--queue-limit", "--output-dist"):
+    options = ("--model", "--speed", "--slots", "--port", "--queue-limit", "--output-dist")
+    for option in (*options, "--engine", "--kv-tokens", "--load-fault", "--load-delay"):
         assert option in result.stdout
     assert "Example: `hetero mock-replica" in result.stdout
 
@@ -494,6 +801,8 @@ def test_cli_defaults_match_the_config() -> None:
         (["--speed", "-1"], "--speed: must be a positive finite number, got -1.0"),
         (["--output-dist", "normal"], "--output-dist: must be one of lognormal"),
         (["--max-tokens", "0"], "--max-tokens: must be an integer >= 1, got 0"),
+        (["--engine", "tgi"], "--engine: must be one of sglang, vllm, openai, got 'tgi'"),
+        (["--load-fault", "flaky"], "--load-fault: must be one of none, garbage, nan"),
     ],
 )
 def test_cli_bad_value_is_a_clear_error(args: list[str], message: str) -> None:

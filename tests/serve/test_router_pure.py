@@ -19,7 +19,7 @@ from hetero.sched.item import CostModel
 from hetero.serve.cost import OutputLengths, prompt_tokens, requested_max_tokens
 from hetero.serve.health import Breaker, gray_replicas
 from hetero.serve.ratelimit import RateLimiter
-from hetero.serve.replicas import DEFAULT_SLOTS, Replica, parse_replica_flag, replica_from_config
+from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
 from hetero.serve.router import NoReplica, Router, RouterOptions, Ticket, UnknownModel
 from tests.serve.conftest import PINNED, assert_settled
 
@@ -245,7 +245,7 @@ def test_replica_flag_with_a_catalog_gpu() -> None:
     assert (config.url, config.device, config.speed) == ("http://10.0.0.5:8000", "A100-80GB", None)
     replica = replica_from_config(config)
     assert replica.name == "10.0.0.5:8000"
-    assert replica.slots == DEFAULT_SLOTS and replica.models == set()
+    assert replica.slots is None and replica.models == set()  # learned, not guessed
     assert replica.declared_models is False and replica.device_model == "A100-80GB"
     v100 = replica_from_config(parse_replica_flag("http://h:1=V100-32GB"))
     assert v100.speed == pytest.approx(1.0)  # the unit of speed
@@ -256,7 +256,7 @@ def test_replica_flag_with_a_speed_and_options() -> None:
     config = parse_replica_flag("http://h:8001=speed:2.5,slots=4,models=a|b,name=x")
     replica = replica_from_config(config)
     assert replica == Replica("x", "http://h:8001", 2.5, 4, {"a", "b"}, True, None)
-    device = replica.device()
+    device = replica.device(4)
     assert device.id == "x" and device.node == "h"
     assert device.speed_override == 10.0  # a device runs all its slots: 2.5 x 4
 
@@ -264,8 +264,7 @@ def test_replica_flag_with_a_speed_and_options() -> None:
 @pytest.mark.parametrize(
     ("flag", "part"),
     [
-        ("http://h:1", "expected URL=GPU or URL=speed:N"),
-        ("http://h:1=", "expected URL=GPU or URL=speed:N"),
+        ("http://h:1=", "expected URL or URL=GPU or URL=speed:N"),
         ("http://h:1=speed:2,color=red", "bad option 'color=red'"),
         ("http://h:1=speed:2,slots", "bad option 'slots'"),
         ("http://h:1=speed:fast", "speed: Input should be a valid number"),
@@ -288,7 +287,7 @@ def test_replica_slots_from_hetero_fit() -> None:
     config = ReplicaConfig(url=URL, device="A100-80GB", fit_model="llama-3-8b")
     fit = fit_memory(get_model("llama-3-8b"), "A100-80GB", FitRequest(seq=4096))
     replica = replica_from_config(config)
-    assert replica.slots == fit.max_batch > DEFAULT_SLOTS
+    assert replica.slots == fit.max_batch > 8
     long = replica_from_config(config.model_copy(update={"context": 32768}))
     assert 1 <= long.slots < replica.slots  # longer requests: fewer at once
     declared = replica_from_config(config.model_copy(update={"slots": 3}))
@@ -305,9 +304,20 @@ def test_replica_whose_model_does_not_fit_is_a_config_error() -> None:
         replica_from_config(config)
 
 
-def test_replica_without_fit_model_gets_the_default_slots() -> None:
-    assert replica_from_config(ReplicaConfig(url=URL, device="A100-80GB")).slots == DEFAULT_SLOTS
-    assert replica_from_config(ReplicaConfig(url=URL, speed=3.0)).slots == DEFAULT_SLOTS
+def test_replica_without_slots_or_fit_model_declares_none() -> None:
+    assert replica_from_config(ReplicaConfig(url=URL, device="A100-80GB")).slots is None
+    assert replica_from_config(ReplicaConfig(url=URL, speed=3.0)).slots is None
+
+
+def test_a_replica_is_a_url() -> None:
+    for text in ("http://10.0.0.5:8000", "http://10.0.0.5:8000/"):
+        replica = replica_from_config(parse_replica_flag(text))
+        assert replica.url == "http://10.0.0.5:8000" and replica.name == "10.0.0.5:8000"
+        assert (replica.speed, replica.slots, replica.device_model) == (None, None, None)
+    # options without a GPU or speed
+    replica = replica_from_config(parse_replica_flag("http://h:1=slots=3,name=a"))
+    assert (replica.name, replica.slots, replica.speed) == ("a", 3, None)
+    assert replica_from_config(ReplicaConfig(url="http://h:2")).speed is None
 
 
 # --- router options and construction ----------------------------------------------------------

@@ -172,8 +172,8 @@ async def test_admin_api_adds_drains_undrains_and_removes_replicas(serve: Serve)
             assert (
                 r.status == 409 and "already in the fleet" in (await r.json())["error"]["message"]
             )
-        async with session.post(admin, json={"url": url}, headers=bearer(ADMIN_KEY)) as r:
-            assert r.status == 400 and "give its GPU" in (await r.json())["error"]["message"]
+        async with session.post(admin, json={"url": "ftp://h"}, headers=bearer(ADMIN_KEY)) as r:
+            assert r.status == 400 and "expected http://" in (await r.json())["error"]["message"]
         async with session.get(admin, headers=bearer(ADMIN_KEY)) as r:
             listed = {x["name"]: x for x in (await r.json())["replicas"]}
         assert listed[name]["models"] == ["m"] and listed[name]["slots"] == 2
@@ -272,8 +272,11 @@ async def test_client_that_leaves_mid_stream_ends_its_request(serve: Serve) -> N
 async def test_replica_that_answers_429_is_held_and_the_request_served_elsewhere(
     serve: Serve,
 ) -> None:
-    # The router thinks the fast replica has 4 slots; it has 1 and no queue, so it refuses.
-    full = mock(decode_time=0.01, output_mean=20, slots=1, queue_limit=0, speed=10.0)
+    # The router thinks the fast replica has 4 slots; it has 1 and no queue, so it refuses
+    # (it publishes no load that would tell the router so).
+    full = mock(
+        decode_time=0.01, output_mean=20, slots=1, queue_limit=0, speed=10.0, engine="openai"
+    )
     fleet = await serve(Spec(full, speed=10.0, slots=4), Spec(mock(decode_time=0.002)))
     answers = await asyncio.gather(*(fleet.post(chat(f"request {i}")) for i in range(4)))
     assert [status for status, _ in answers] == [200] * 4
@@ -544,7 +547,7 @@ def test_cli_help() -> None:
     ("args", "message"),
     [
         ([], "--replica: no replicas"),
-        (["-r", "http://127.0.0.1:9"], "--replica: expected URL=GPU or URL=speed:N"),
+        (["-r", "http://127.0.0.1:9="], "--replica: expected URL or URL=GPU or URL=speed:N"),
         (["-r", "http://127.0.0.1:9=A100-80"], "closest catalog names: A100-80GB"),
         (["-r", "http://127.0.0.1:9=speed:2,color=red"], "bad option 'color=red'"),
         (["-r", "http://127.0.0.1:9=speed:1", "--strategy", "best"], "unknown strategy 'best'"),

@@ -13,7 +13,7 @@ from hetero._cli_util import fail, print_problems
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:  # the server (and aiohttp) is imported when the command runs, not for --help
-    from hetero.serve.mock import MockConfig, OutputDist
+    from hetero.serve.mock import Engine, LoadFault, MockConfig, OutputDist
 
 __all__ = ["register"]
 
@@ -92,14 +92,49 @@ def mock_replica(
             show_default=False,
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            metavar="ENGINE",
+            help="Whose load endpoints to answer besides the OpenAI API: sglang (/get_server_info,"
+            " /v1/loads, /get_load, /metrics), vllm (/metrics, /version, /load) or openai (none).",
+        ),
+    ] = "sglang",
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(
+            metavar="TOKENS",
+            help="KV cache capacity, the denominator of the KV usage reported. Default: slots ×"
+            " 2048.",
+            show_default=False,
+        ),
+    ] = None,
+    load_fault: Annotated[
+        str,
+        typer.Option(
+            metavar="FAULT",
+            help="Fault of the load endpoints (never the API): none, garbage, nan, negative, huge,"
+            " slow or error.",
+        ),
+    ] = "none",
+    load_delay: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS", help="How long a load endpoint takes under --load-fault slow."
+        ),
+    ] = 5.0,
 ) -> None:
     """Serve an emulated OpenAI-compatible inference replica until Ctrl-C or SIGTERM.
 
     Chat and text completions (streamed or not), embeddings and /v1/models, each taking as long
-    as on a replica of the given relative speed. sglang-router accepts it as a worker.
+    as on a replica of the given relative speed.
 
-    POST /mock/config with speed, slowdown, fail_rate or garbage_rate changes them at run time;
-    GET /mock/stats counts the requests.
+    --engine picks the load endpoints it speaks, with figures true to its state (running,
+    waiting, KV tokens held): SGLang's by default (sglang-router accepts it as a worker), vLLM's,
+    or none (openai).
+
+    POST /mock/config with speed, slowdown, fail_rate, garbage_rate, load_fault or load_delay
+    changes them at run time; GET /mock/stats counts the requests.
 
     On start it prints one line: hetero mock-replica listening on http://HOST:PORT (...).
 
@@ -122,6 +157,10 @@ def mock_replica(
             garbage_rate=garbage_rate,
             slowdown=slowdown,
             queue_limit=queue_limit,
+            engine=cast("Engine", engine),  # MockConfig checks these two
+            kv_tokens=kv_tokens,
+            load_fault=cast("LoadFault", load_fault),
+            load_delay=load_delay,
         )
     except ConfigError as exc:
         named = [(_OPTIONS.get(f, "--" + f.replace("_", "-")), m) for f, m in exc.problems]

@@ -34,10 +34,12 @@ def serve(
         typer.Option(
             "--replica",
             "-r",
-            metavar="URL=GPU|speed:N[,slots=N,models=a|b,name=X,fit_model=M,context=N]",
-            help="A replica: its base URL and its GPU (catalog name) or per-request speed "
-            "(V100 = 1.0). Repeat for each. Slots: requests it serves at once (default: from "
-            "`hetero fit` with fit_model, else 8). Models: default asked at its /v1/models.",
+            metavar="URL[=GPU|speed:N][,slots=N,models=a|b,name=X,fit_model=M,context=N]",
+            help="A replica: its base URL, which is enough. Repeat for each. Its speed and "
+            "capacity are learned from its replies and its engine's load (vLLM, SGLang); a GPU "
+            "(catalog name), a per-request speed (V100 = 1.0) or slots (requests at once; or "
+            "from `hetero fit` with fit_model) are priors that only make the start faster. "
+            "Models: default asked at its /v1/models.",
             show_default=False,
         ),
     ] = None,
@@ -110,6 +112,27 @@ def serve(
     health_interval: Annotated[
         float, typer.Option(help="Seconds between health checks of each replica.")
     ] = 2.0,
+    load_interval: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between reads of each replica's published load (vLLM /metrics, "
+            "SGLang /v1/loads), in the background."
+        ),
+    ] = 0.1,
+    capacity_initial: Annotated[
+        int,
+        typer.Option(
+            help="Requests at once, to start with, on a replica that declares no slots and "
+            "whose engine publishes no cap; it grows while the replica keeps up."
+        ),
+    ] = 8,
+    capacity_tolerance: Annotated[
+        float,
+        typer.Option(
+            help="A replica whose replies are this many times slower than unloaded (per token "
+            "or unit of work) is full: it gets no more until it drains."
+        ),
+    ] = 2.0,
     access_log: Annotated[
         str | None,
         typer.Option(
@@ -121,11 +144,15 @@ def serve(
 
     A request goes where it would finish soonest, by its prompt and expected output.
 
-    Speeds are learned from every reply; a replica that slows down gets less.
+    Speeds are learned from every reply; a replica that slows down gets less. Capacity is
+    learned too: the engine's own load (vLLM, SGLang) and each reply's pace say when a replica
+    is full.
 
     When every replica is full, requests wait here instead of overloading a small GPU.
 
     Examples:
+
+      hetero serve --port 8080 -r http://10.0.0.5:8000 -r http://10.0.0.6:8000
 
       hetero serve --port 8080 -r http://10.0.0.5:8000=A100-80GB -r http://10.0.0.6:8000=T4
 
@@ -133,6 +160,7 @@ def serve(
 
       hetero serve --port 0 -r http://127.0.0.1:9001=speed:6,slots=20
     """
+    from hetero.sched.capacity import CapacityOptions
     from hetero.serve.app import ServeOptions, Server
     from hetero.serve.replicas import parse_replica_flag, replica_from_config
     from hetero.serve.router import Router, RouterOptions
@@ -143,7 +171,7 @@ def serve(
         entries += [parse_replica_flag(text) for text in replica or []]
         if not entries:
             raise ConfigError(
-                [("--replica", "no replicas: give --replica URL=GPU, or a config with replicas:")]
+                [("--replica", "no replicas: give --replica URL, or a config with replicas:")]
             )
         if strategy is not None and strategy not in policy_names() and ":" not in strategy:
             raise ConfigError(
@@ -166,6 +194,7 @@ def serve(
             default_max_tokens=default_max_tokens,
             prefill_weight=prefill_weight,
             unit_rate=unit_rate,
+            capacity=CapacityOptions(initial=capacity_initial, tolerance=capacity_tolerance),
         )
         router = Router([replica_from_config(e) for e in entries], options)
         server = Server(
@@ -179,6 +208,7 @@ def serve(
                 max_body=max_body,
                 rate_limit=rate_limit,
                 health_interval=health_interval,
+                load_interval=load_interval,
             ),
         )
     except ConfigError as exc:

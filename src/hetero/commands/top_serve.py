@@ -16,7 +16,7 @@ from hetero._tables import SplitTable
 
 __all__ = ["fetch_status", "serve_view", "watch_serve"]
 
-_TEXT = ("replica", "state", "models")
+_TEXT = ("replica", "state", "engine", "models", "load")
 _COLUMNS = (*_TEXT, "speed", "run", "queue", "slots", "done", "fail", "tok/s", "latency")
 _STATE_STYLE = {"up": "green", "busy": "yellow", "draining": "yellow", "gray": "red", "down": "red"}
 
@@ -46,7 +46,8 @@ def serve_view(
         f"(of {status['queue_size']:,})"
     )
     table = SplitTable(
-        caption="speed: learned / declared per request (V100 = 1.0); latency: mean seconds",
+        caption="speed: learned / declared per request (V100 = 1.0); slots: learned capacity; "
+        "load: the engine's running + waiting requests and KV cache use; latency: mean seconds",
         caption_justify="left",
     )
     for header in _COLUMNS:
@@ -58,8 +59,10 @@ def serve_view(
         table.add_row(
             Text(r["name"]),
             Text(r["state"], style=style),
+            Text(r.get("engine", "—")),
             Text(",".join(r["models"]) or "—"),
-            f"{r['learned_speed']:.2f} / {r['speed']:.2f}",
+            _load_text(r.get("load")),
+            f"{r['learned_speed']:.2f} / " + ("—" if r["speed"] is None else f"{r['speed']:.2f}"),
             f"{r['in_flight']:,}",
             f"{r['queued']:,}",
             f"{r['slots']:,}",
@@ -69,6 +72,18 @@ def serve_view(
             "—" if latency is None else f"{latency:.2f}",
         )
     return Group(head, table)
+
+
+def _load_text(load: dict[str, Any] | None) -> Text:
+    if not load:
+        return Text("—")
+    if not load.get("known"):
+        why = str(load.get("why", ""))
+        return Text(f"unknown: {why[:40]}{'…' if len(why) > 40 else ''}", style="yellow")
+    parts = [f"{load.get('running', '?')} + {load.get('waiting', '?')}"]
+    if load.get("kv_usage") is not None:
+        parts.append(f"kv {load['kv_usage']:.0%}")
+    return Text(" · ".join(parts))
 
 
 def watch_serve(out: Console, url: str, interval: float) -> None:

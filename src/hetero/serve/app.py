@@ -25,6 +25,7 @@ from hetero.errors import ConfigError, QueueFull
 from hetero.sched import Finish
 from hetero.serve.cost import prompt_tokens, requested_max_tokens
 from hetero.serve.metrics import ServeMetrics
+from hetero.serve.poller import LoadPoller
 from hetero.serve.proxy import Outcome, error_json, forward, forward_stream, uncancel
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import replica_from_config
@@ -50,6 +51,7 @@ class ServeOptions:
     max_body: int = 8 * 2**20
     rate_limit: float | None = None  # requests per second per API key
     health_interval: float = 2.0
+    load_interval: float = 0.1  # seconds between reads of each replica's published load
     drain_timeout: float = 30.0
 
 
@@ -78,6 +80,7 @@ class Server:
         self.session: aiohttp.ClientSession | None = None
         self._runners: list[web.AppRunner] = []
         self._health: asyncio.Task[None] | None = None
+        self.poller: LoadPoller | None = None
         self.url = ""
         self.admin_url: str | None = None
         app = web.Application(client_max_size=options.max_body)
@@ -103,6 +106,9 @@ class Server:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         await asyncio.gather(*(self._probe(s, models=True) for s in self.router.replicas))
+        self.poller = LoadPoller(self.router, self.session, o.load_interval)
+        for state in self.router.replicas:
+            self.poller.watch(state)
         self.url = await self._listen(self.app, o.host, o.port)
         if o.admin_key:
             admin = web.Application()
@@ -139,6 +145,9 @@ class Server:
         await self.stop()
 
     async def stop(self) -> None:
+        if self.poller is not None:
+            await self.poller.stop()
+            self.poller = None
         if self._health is not None:
             self._health.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -415,6 +424,8 @@ class Server:
         except ConfigError as exc:
             return _error(409, str(exc), "conflict")
         await self._probe(state, models=True)
+        if self.poller is not None:
+            self.poller.watch(state)
         return web.json_response({"added": replica.name}, status=201)
 
     async def _admin_member(self, request: web.Request, action: str) -> web.Response:

@@ -45,6 +45,32 @@ class _RouterState(Collector):
             "Circuit breaker of a replica: 0 closed, 1 half open, 2 open",
             labels=["replica"],
         )
+        slots = GaugeMetricFamily(
+            "hetero_serve_capacity",
+            "Requests the router sends a replica at once, as learned (its slots)",
+            labels=["replica"],
+        )
+        known = GaugeMetricFamily(
+            "hetero_serve_load_known",
+            "1 while the replica's published load is read, 0 while it is unknown",
+            labels=["replica", "engine"],
+        )
+        engine_running = GaugeMetricFamily(
+            "hetero_serve_engine_running",
+            "Requests the replica's engine reports running (last good read)",
+            labels=["replica"],
+        )
+        engine_waiting = GaugeMetricFamily(
+            "hetero_serve_engine_waiting",
+            "Requests the replica's engine reports waiting (last good read)",
+            labels=["replica"],
+        )
+        kv_usage = GaugeMetricFamily(
+            "hetero_serve_engine_kv_usage",
+            "Fraction of the replica's KV cache in use, as its engine reports (last good read)",
+            labels=["replica"],
+        )
+        now = router.clock.now()
         decisions = CounterMetricFamily(
             "hetero_serve_routing_decisions",
             "Requests placed on a replica by the routing policy",
@@ -59,11 +85,22 @@ class _RouterState(Collector):
             speed.add_metric([name], float(speeds[i]))
             circuit.add_metric([name], _CIRCUIT[str(s.breaker.state)])
             decisions.add_metric([router.options.strategy, name], router.decisions.get(name, 0))
+            slots.add_metric([name], int(view.slots[i]))
+            known.add_metric([name, s.engine], 0 if router.load_stale(s, now) else 1)
+            load = s.load
+            if load is not None:
+                if load.running is not None:
+                    engine_running.add_metric([name], load.running)
+                if load.waiting is not None:
+                    engine_waiting.add_metric([name], load.waiting)
+                if load.kv_usage is not None:
+                    kv_usage.add_metric([name], load.kv_usage)
         pending = GaugeMetricFamily(
             "hetero_serve_pending", "Requests waiting in the router's central queue"
         )
         pending.add_metric([], router.dispatcher.waiting - router.dispatcher.queued_total)
-        yield from (in_flight, queued, pending, speed, circuit, decisions)
+        yield from (in_flight, queued, pending, speed, circuit, decisions, slots, known)
+        yield from (engine_running, engine_waiting, kv_usage)
 
 
 class ServeMetrics:

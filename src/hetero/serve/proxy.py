@@ -230,7 +230,7 @@ async def forward_stream(
         reply.release()
     tokens = counts[1] if counts[1] >= 0 else counts[0]
     outcome.output_tokens = tokens
-    router.complete(ticket, tokens, loop.time() - started)
+    router.complete(ticket, tokens, loop.time() - started, outcome.ttft)
     await response.write_eof()
     return response
 

@@ -1,5 +1,9 @@
 """Replicas as the scheduling core sees them: a ``Device`` each, with its slots.
 
+A replica is its URL. Its GPU, ``speed`` and ``slots`` are optional *priors*: the router learns
+each replica's per-request speed from its replies and its capacity (the requests it takes at
+once) from its replies and its engine's published load (``hetero.sched.capacity``).
+
 A replica's ``speed`` is how fast *one* request runs there; the core's speed is a device's
 throughput with every slot busy (``Dispatcher`` runs each item at ``speed / slots``), so the
 replica becomes a device of speed ``per-request speed × slots``.
@@ -18,10 +22,10 @@ from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS
 
-__all__ = ["DEFAULT_SLOTS", "Replica", "parse_replica_flag", "replica_from_config"]
+__all__ = ["UNKNOWN_SPEED", "Replica", "parse_replica_flag", "replica_from_config"]
 
-#: Requests at once on a replica whose slots are neither declared nor derivable.
-DEFAULT_SLOTS = 8
+#: Per-request speed assumed, until replies tell, of a replica whose GPU and speed are not given.
+UNKNOWN_SPEED = 1.0
 
 # A replica known only by its measured speed: no catalog figures, no memory limit to enforce.
 _UNKNOWN_GPU = DeviceSpec(
@@ -38,24 +42,26 @@ _FLAG_KEYS = ("slots", "models", "name", "fit_model", "context", "speed", "devic
 
 @dataclass(slots=True)
 class Replica:
-    """One replica: where it is, what it serves and how fast one request runs there."""
+    """One replica: where it is, what it serves, and what was declared of it (priors)."""
 
     name: str
     url: str
-    speed: float  # relative speed of one request (V100 = 1.0)
-    slots: int
+    speed: float | None  # declared (or from its GPU) relative speed of one request, V100 = 1.0
+    slots: int | None  # declared requests at once (or from `hetero fit`)
     models: set[str]
     declared_models: bool  # models from the config/flag; else learned from /v1/models
     device_model: str | None = None
 
-    def device(self) -> Device:
+    def device(self, slots: int) -> Device:
+        """The replica as a device of the core running ``slots`` requests at once."""
         spec = get_catalog().get(self.device_model) if self.device_model else _UNKNOWN_GPU
+        speed = UNKNOWN_SPEED if self.speed is None else self.speed
         return Device(
             id=self.name,
             spec=spec,
             node=urlsplit(self.url).hostname or "localhost",
             emulated=True,  # the router never touches the GPU itself
-            speed_override=self.speed * self.slots,
+            speed_override=speed * slots,
         )
 
 
@@ -80,13 +86,12 @@ def _fit_slots(config: ReplicaConfig) -> int | None:
 
 
 def replica_from_config(config: ReplicaConfig) -> Replica:
-    """The replica a ``replicas:`` entry describes (slots declared, from ``hetero fit``, or 8)."""
-    if config.speed is not None:
-        speed = config.speed
-    else:
-        assert config.device is not None  # the config requires one of the two
+    """The replica a ``replicas:`` entry describes: its URL, and as priors its speed (declared,
+    or from its GPU's memory bandwidth) and slots (declared, or from ``hetero fit``)."""
+    speed = config.speed
+    if speed is None and config.device is not None:
         speed = get_catalog().get(config.device).memory_bandwidth_gbs / REFERENCE_BANDWIDTH_GBS
-    slots = config.slots or _fit_slots(config) or DEFAULT_SLOTS
+    slots = config.slots or _fit_slots(config)
     parts = urlsplit(config.url)
     return Replica(
         name=config.name or f"{parts.hostname}:{parts.port or 80}",
@@ -100,23 +105,27 @@ def replica_from_config(config: ReplicaConfig) -> Replica:
 
 
 def parse_replica_flag(text: str) -> ReplicaConfig:
-    """``URL=WHAT[,key=value...]`` from ``hetero serve --replica``.
+    """``URL[=WHAT][,key=value...]`` from ``hetero serve --replica``.
 
-    ``WHAT`` is a catalog GPU name (``A100-80GB``) or ``speed:2.5``; keys: ``slots``, ``models``
-    (``a|b``), ``name``, ``fit_model``, ``context``. Raises ``ConfigError`` on field
-    ``--replica`` naming the bad part.
+    The URL alone is enough. ``WHAT`` is a catalog GPU name (``A100-80GB``) or ``speed:2.5``;
+    keys: ``slots``, ``models`` (``a|b``), ``name``, ``fit_model``, ``context``, ``speed``,
+    ``device``. Raises ``ConfigError`` on field ``--replica`` naming the bad part.
     """
     url, sep, rest = text.partition("=")
-    if not sep or not rest:
+    if sep and not rest:
         raise ConfigError(
-            [("--replica", f"expected URL=GPU or URL=speed:N[,slots=N,...], got {text!r}")]
+            [("--replica", f"expected URL or URL=GPU or URL=speed:N[,slots=N,...], got {text!r}")]
         )
-    what, *options = rest.split(",")
     data: dict[str, object] = {"url": url}
-    if what.startswith("speed:"):
-        data["speed"] = what.removeprefix("speed:")
-    else:
-        data["device"] = what
+    options: list[str] = []
+    if rest:
+        what, *options = rest.split(",")
+        if what.startswith("speed:"):
+            data["speed"] = what.removeprefix("speed:")
+        elif "=" in what:
+            options.insert(0, what)  # URL=slots=4: no GPU, only options
+        else:
+            data["device"] = what
     for option in options:
         key, eq, value = option.partition("=")
         if not eq or key not in _FLAG_KEYS:

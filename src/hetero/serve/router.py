@@ -33,7 +33,9 @@ from hetero.sched import (
     WorkItem,
     make_policy,
 )
+from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
 from hetero.serve.cost import OutputLengths
+from hetero.serve.engines import LoadSample
 from hetero.serve.health import Breaker, CircuitState, gray_replicas
 from hetero.serve.replicas import Replica
 
@@ -71,6 +73,7 @@ class RouterOptions:
     breaker_cooldown: float = 5.0
     gray_ratio: float = 0.35
     gray_min_done: int = 20
+    capacity: CapacityOptions = field(default_factory=CapacityOptions)
 
     def __post_init__(self) -> None:
         problems = []
@@ -115,6 +118,11 @@ class ReplicaState:
     replica: Replica
     index: int
     breaker: Breaker
+    capacity: ConcurrencyLimit
+    engine: str = "unknown"  # the engine detected behind the URL (hetero.serve.engines)
+    load: LoadSample | None = None  # its last good load read
+    load_at: float = 0.0  # when (the router's clock)
+    load_error: str = "not read yet"  # why the load is unknown ("" while reads succeed)
     completed: int = 0
     failed: int = 0
     output_tokens: int = 0
@@ -137,7 +145,8 @@ class Router:
             raise ConfigError([("replicas", f"duplicate replica name {dup!r}; give each a name")])
         self.options = options = options or RouterOptions()
         self.clock = MonotonicClock()
-        devices = [r.device() for r in replicas]
+        limits = [ConcurrencyLimit(options.capacity, r.slots) for r in replicas]
+        devices = [r.device(c.slots) for r, c in zip(replicas, limits, strict=True)]
         self.perf = PerfModel(devices, unit_rate=options.unit_rate)
         self.policy = make_policy(options.strategy, options.strategy_options)
         self.dispatcher = Dispatcher(
@@ -145,14 +154,15 @@ class Router:
             self.policy,
             self.clock,
             perf=self.perf,
-            slots=[r.slots for r in replicas],
+            slots=[c.slots for c in limits],
             max_queue_size=options.queue_size,
             timeout=options.timeout,
             max_retries=options.max_retries,
             keep_finished=False,
         )
         self.replicas: list[ReplicaState] = [
-            ReplicaState(r, i, self._breaker()) for i, r in enumerate(replicas)
+            ReplicaState(r, i, self._breaker(), c)
+            for i, (r, c) in enumerate(zip(replicas, limits, strict=True))
         ]
         self.by_name = {s.replica.name: s for s in self.replicas}
         self.outputs = OutputLengths(
@@ -166,6 +176,8 @@ class Router:
         self.started = time.time()
         self.closing = False
         self.decisions: dict[str, int] = {}  # replica name -> requests placed there
+        # A load read older than this is no longer the replica's load (the poller sets it).
+        self.load_stale_after = 1.0
 
     def _breaker(self) -> Breaker:
         return Breaker(self.options.breaker_threshold, self.options.breaker_cooldown)
@@ -229,9 +241,16 @@ class Router:
 
     # ------------------------------------------------------------------ outcomes
 
-    def complete(self, ticket: Ticket, output_tokens: int | None, latency: float) -> None:
+    def complete(
+        self,
+        ticket: Ticket,
+        output_tokens: int | None,
+        latency: float,
+        ttft: float | None = None,
+    ) -> None:
         """The replica answered; ``output_tokens`` is the real output length (None: unknown,
-        0: it refused the request, which teaches the speed model nothing)."""
+        0: it refused the request, which teaches the speed model nothing); ``ttft`` the time to
+        its first streamed event."""
         state = self.replicas[ticket.replica]
         work = None
         if output_tokens is not None:
@@ -241,6 +260,7 @@ class Router:
             if output_tokens:
                 self.outputs.observe(ticket.model, output_tokens)
                 state.output_tokens += output_tokens
+                self._learn_capacity(state, output_tokens, work, latency, ttft)
         state.completed += 1
         state.latency_sum += latency
         if state.breaker.success():
@@ -249,6 +269,60 @@ class Router:
         self._apply(self.dispatcher.complete(ticket.id, work=work))
         if state.completed % 16 == 0:
             self._check_gray()
+
+    def _learn_capacity(
+        self,
+        state: ReplicaState,
+        output_tokens: int,
+        work: float,
+        latency: float,
+        ttft: float | None,
+    ) -> None:
+        # A stream's time per token after the first is the engine's decode pace alone; a whole
+        # reply's latency per unit of work also holds its prefill and the round trip, which
+        # only longer replies amortise.
+        if ttft is not None and output_tokens >= 2:
+            pace, measure = (latency - ttft) / (output_tokens - 1), "token"
+        elif output_tokens >= 8 and work > 0:
+            pace, measure = latency / work, "work"
+        else:
+            return
+        in_flight = int(self.dispatcher.view.running[state.index]) - 1
+        state.capacity.on_reply(self.clock.now(), in_flight, pace, latency, measure)
+        self._sync_slots(state)
+
+    def _sync_slots(self, state: ReplicaState) -> None:
+        slots = state.capacity.slots
+        if slots != self.dispatcher.view.slots[state.index] and not state.removed:
+            self._apply(self.dispatcher.set_slots(state.replica.name, slots))
+
+    def load_read(self, state: ReplicaState, engine: str, sample: LoadSample) -> None:
+        """A good read of the replica's published load (the engine adapters' poller)."""
+        if state.load_error:
+            log.info("replica %s: %s load read again", state.replica.name, engine)
+        state.engine = engine
+        state.load = sample
+        state.load_at = self.clock.now()
+        state.load_error = ""
+        capacity = state.capacity
+        if sample.cap != capacity.cap:
+            capacity.set_cap(sample.cap)
+        if sample.waiting is not None:
+            in_flight = int(self.dispatcher.view.running[state.index])
+            capacity.on_load(state.load_at, in_flight, sample.waiting)
+        self._sync_slots(state)
+
+    def load_failed(
+        self, state: ReplicaState, engine: str, reason: str, expected: bool = False
+    ) -> None:
+        """The replica's load could not be read: it is unknown (capacity is then learned from
+        replies alone) until a read succeeds. ``expected``: the server has no load page at
+        all (a plain OpenAI server), which is logged as information, not as a warning."""
+        if reason != state.load_error:
+            level = logging.INFO if expected else logging.WARNING
+            log.log(level, "replica %s: load unknown: %s", state.replica.name, reason)
+        state.engine = engine
+        state.load_error = reason
 
     def fail(self, ticket: Ticket, reason: str, retryable: bool = True) -> None:
         """The attempt on ``ticket.replica`` failed (the replica's fault). The dispatcher retries
@@ -373,8 +447,10 @@ class Router:
             self._apply(self.dispatcher.device_up(state.replica.name))
 
     def _check_gray(self) -> None:
-        speeds = self.perf.speed().tolist()
-        priors = [self.perf.prior(d, "default") for d in self.perf.devices]
+        speeds = self.learned_speeds().tolist()
+        # A device class only where one was declared: a replica known by its URL alone has
+        # none to fall short of.
+        priors = [s.replica.speed or 0.0 for s in self.replicas]
         done = [s.completed if not s.removed else 0 for s in self.replicas]
         options = self.options
         for i in gray_replicas(speeds, priors, done, options.gray_ratio, options.gray_min_done):
@@ -396,13 +472,17 @@ class Router:
         """A replica joins at run time."""
         if replica.name in self.by_name and not self.by_name[replica.name].removed:
             raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
-        self._apply(self.dispatcher.add_device(replica.device(), replica.slots))
+        capacity = ConcurrencyLimit(self.options.capacity, replica.slots)
         old = self.by_name.get(replica.name)
+        self._apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
         if old is not None:  # joined again under its name: the dispatcher kept its position
             old.replica, old.removed, old.draining, old.gray = replica, False, False, False
+            old.capacity = capacity
+            old.engine, old.load, old.load_error = "unknown", None, "not read yet"
             state = old
+            self._sync_slots(state)
         else:
-            state = ReplicaState(replica, len(self.replicas), self._breaker())
+            state = ReplicaState(replica, len(self.replicas), self._breaker(), capacity)
             self.replicas.append(state)
             self.by_name[replica.name] = state
         self._model_masks.clear()
@@ -443,23 +523,32 @@ class Router:
     def status(self) -> dict[str, Any]:
         d = self.dispatcher
         view = d.view
-        speed = self.perf.speed()
-        rate = self.options.unit_rate
+        speeds = self.learned_speeds()
+        now = self.clock.now()
         replicas = []
         for s in self.replicas:
             i, r = s.index, s.replica
             if s.removed:
                 continue
             queued = int(view.in_flight[i]) - int(view.running[i])
+            capacity = s.capacity
             replicas.append(
                 {
                     "name": r.name,
                     "url": r.url,
                     "device": r.device_model,
+                    "engine": s.engine,
                     "models": sorted(r.models),
-                    "slots": r.slots,
+                    "slots": int(view.slots[i]),
+                    "declared_slots": r.slots,
+                    "capacity": {
+                        "limit": round(capacity.limit, 2),
+                        "why": capacity.reason,
+                        "engine_cap": capacity.cap,
+                    },
                     "speed": r.speed,
-                    "learned_speed": round(float(speed[i]) / r.slots / rate, 4),
+                    "learned_speed": round(float(speeds[i]), 4),
+                    "load": self._load_status(s, now),
                     "in_flight": int(view.running[i]),
                     "queued": queued,
                     "completed": s.completed,
@@ -483,6 +572,22 @@ class Router:
             "closing": self.closing,
             "replicas": replicas,
         }
+
+    def load_stale(self, state: ReplicaState, now: float) -> str:
+        """Why the replica's load is unknown now ("" if it is known)."""
+        if state.load_error:
+            return state.load_error
+        age = now - state.load_at
+        if age > self.load_stale_after:
+            return f"last read {age:.1f} s ago"
+        return ""
+
+    def _load_status(self, state: ReplicaState, now: float) -> dict[str, Any]:
+        stale = self.load_stale(state, now)
+        if stale:
+            return {"known": False, "why": stale}
+        assert state.load is not None
+        return {"known": True, "age_s": round(now - state.load_at, 3), **state.load.as_dict()}
 
     def any_up(self) -> bool:
         """Whether some replica (not removed) is in state "up", as ``status()`` words it."""

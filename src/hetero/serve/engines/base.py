@@ -1,0 +1,134 @@
+"""What an engine adapter reads from a replica, and how a read fails.
+
+An adapter knows one engine's load endpoints (vLLM's ``/metrics``, SGLang's
+``/get_server_info`` and ``/get_load``) and turns a read into a ``LoadSample``. Every read is
+bounded in size and time, and every value is checked: an engine that lies (a negative count,
+NaN, a 10 MB page) gives a ``LoadError`` naming what was wrong, which the router shows as
+"load unknown" and logs; it never reaches the scheduling core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import aiohttp
+
+__all__ = [
+    "MAX_BODY",
+    "Engine",
+    "LoadError",
+    "LoadSample",
+    "count",
+    "fraction",
+    "get_body",
+    "json_object",
+]
+
+#: Largest load page read (vLLM's /metrics is tens of KB; its histograms grow with models).
+MAX_BODY = 2 * 2**20
+
+
+class LoadError(Exception):
+    """A load read that failed or answered something that cannot be right; the message says
+    which endpoint and what."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    """One read of a replica's load, as its engine publishes it (``None``: not published)."""
+
+    running: int | None = None
+    """Requests the engine is running now (in its batch)."""
+    waiting: int | None = None
+    """Requests the engine holds and has not started."""
+    cap: int | None = None
+    """Requests it runs at once at most (SGLang's ``max_running_requests``)."""
+    kv_usage: float | None = None
+    """Fraction of its KV cache in use, 0 to 1."""
+    kv_tokens: int | None = None
+    """Tokens its KV cache holds (SGLang's ``max_total_num_tokens``)."""
+    prefix_hit_rate: float | None = None
+    """Prefix-cache hits over queries since it started, 0 to 1."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+
+
+class Engine(ABC):
+    """One engine's load endpoints. ``detect`` says whether a replica runs it; ``read`` reads
+    its load. Both raise ``LoadError`` (or return ``False``), never anything else."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def detect(self, session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+        """Whether the server at ``url`` runs this engine."""
+
+    @abstractmethod
+    async def read(self, session: aiohttp.ClientSession, url: str, timeout: float) -> LoadSample:
+        """The replica's load now."""
+
+
+async def get_body(
+    session: aiohttp.ClientSession, url: str, timeout: float, *, missing_ok: bool = False
+) -> bytes | None:
+    """GET ``url``'s body, at most ``MAX_BODY`` bytes within ``timeout`` seconds. A 404 gives
+    ``None`` when ``missing_ok``; any other failure raises ``LoadError``."""
+    path = "/" + url.split("/", 3)[-1] if url.count("/") >= 3 else url
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as reply:
+            if reply.status == 404 and missing_ok:
+                return None
+            if reply.status != 200:
+                raise LoadError(f"{path} answered HTTP {reply.status}")
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_BODY:  # read() returns what has arrived, not n bytes
+                chunk = await reply.content.read(MAX_BODY + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            body = b"".join(chunks)
+    except asyncio.TimeoutError:
+        raise LoadError(f"{path} did not answer within {timeout:g} s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise LoadError(f"{path}: {type(exc).__name__}: {exc}") from None
+    if len(body) > MAX_BODY:
+        raise LoadError(f"{path} is over {MAX_BODY // 2**20} MB; not read")
+    return body
+
+
+def json_object(body: bytes, path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        raise LoadError(f"{path} is not JSON: {body[:60]!r}") from None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        return data[0]  # one entry per data-parallel rank: the caller sums them
+    if not isinstance(data, dict):
+        raise LoadError(f"{path} is not a JSON object: {body[:60]!r}")
+    return data
+
+
+def count(value: object, what: str) -> int:
+    """A published count: a finite number >= 0 (engines write integers as floats)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LoadError(f"{what} is {value!r}; expected a count >= 0")
+    if value < 0:
+        raise LoadError(f"{what} is {value!r}; a count cannot be negative")
+    return int(value)
+
+
+def fraction(value: object, what: str) -> float:
+    """A published fraction: a finite number from 0 to 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise LoadError(f"{what} is {value!r}; expected a fraction from 0 to 1")
+    if not 0 <= value <= 1.000001:
+        raise LoadError(f"{what} is {value!r}; expected a fraction from 0 to 1")
+    return min(float(value), 1.0)

@@ -1,0 +1,69 @@
+"""vLLM: its Prometheus ``/metrics`` page (the v1 engine's names, and the older ones).
+
+Each data-parallel engine writes its own line (label ``engine``): counts are summed over
+them, the KV cache's use is their mean.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from hetero.serve.engines.base import Engine, LoadError, LoadSample, count, fraction, get_body
+from hetero.serve.engines.prometheus import samples
+
+__all__ = ["VLLM"]
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new name, before 0.10
+PREFIX = (
+    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+    ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
+)
+_NAMES = (RUNNING, WAITING, *KV_USAGE, *(n for pair in PREFIX for n in pair))
+
+
+class VLLM(Engine):
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self.seen = ""  # why detect said no
+
+    async def detect(self, session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+        body = await get_body(session, url + "/metrics", timeout, missing_ok=True)
+        if body is None:
+            return False  # no /metrics at all: a plain OpenAI server
+        if RUNNING.encode() not in body:
+            self.seen = f"/metrics is not vLLM's page (no {RUNNING})"
+            return False
+        return True
+
+    async def read(self, session: aiohttp.ClientSession, url: str, timeout: float) -> LoadSample:
+        body = await get_body(session, url + "/metrics", timeout)
+        assert body is not None
+        return parse(body)
+
+
+def parse(body: bytes) -> LoadSample:
+    """The load on a vLLM ``/metrics`` page."""
+    found = samples(body, _NAMES)
+    if not found[RUNNING] or not found[WAITING]:
+        raise LoadError(f"/metrics is not vLLM's page now (no {RUNNING} and {WAITING} lines)")
+    running = sum(count(v, RUNNING) for v in found[RUNNING])
+    waiting = sum(count(v, WAITING) for v in found[WAITING])
+    kv_usage = None
+    for name in KV_USAGE:
+        if found[name]:
+            values = [fraction(v, name) for v in found[name]]
+            kv_usage = sum(values) / len(values)
+            break
+    hit_rate = None
+    for queries_name, hits_name in PREFIX:
+        if found[queries_name] and found[hits_name]:
+            queries = sum(count(v, queries_name) for v in found[queries_name])
+            hits = sum(count(v, hits_name) for v in found[hits_name])
+            if hits > queries:
+                raise LoadError(f"{hits_name} ({hits}) is more than {queries_name} ({queries})")
+            hit_rate = hits / queries if queries else None
+            break
+    return LoadSample(running=running, waiting=waiting, kv_usage=kv_usage, prefix_hit_rate=hit_rate)

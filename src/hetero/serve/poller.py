@@ -1,0 +1,99 @@
+"""Reads each replica's published load in the background, never on a request's path.
+
+One task per replica: detect its engine (``hetero.serve.engines``), then read its load every
+``interval`` seconds and hand each read to the router, which feeds the capacity model. A read
+that fails makes the load *unknown* (shown in ``/status``, ``/metrics`` and ``hetero top
+--serve``, logged once per new reason); the replica's engine is then detected again, with the
+pause between tries doubling up to ``max_backoff``, so a replica that restarted on another
+engine is read in its new language and a dead one costs little. A server that publishes no
+load is asked again every ``redetect`` seconds in case it starts to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from hetero.serve.engines import Engine, LoadError, OpenAIServer, detect
+from hetero.serve.router import ReplicaState, Router
+
+__all__ = ["LoadPoller"]
+
+log = logging.getLogger("hetero.serve")
+
+
+class LoadPoller:
+    """The background reads of every replica's load (``watch`` each, ``stop`` at the end)."""
+
+    def __init__(
+        self,
+        router: Router,
+        session: aiohttp.ClientSession,
+        interval: float = 0.1,
+        timeout: float = 1.0,
+        max_backoff: float = 2.0,
+        redetect: float = 10.0,
+    ) -> None:
+        self.router = router
+        self.session = session
+        self.interval = interval
+        self.timeout = timeout
+        self.max_backoff = max(max_backoff, interval)
+        self.redetect = redetect
+        self.reads = 0  # successful reads, for the cost figure of bench_serve
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # A read older than a few intervals (or the timeout) is no longer the replica's load.
+        router.load_stale_after = max(1.0, 5 * interval, timeout)
+
+    def watch(self, state: ReplicaState) -> None:
+        """Start reading ``state``'s load (again, if it joined again)."""
+        name = state.replica.name
+        old = self._tasks.get(name)
+        if old is not None and not old.done():
+            old.cancel()
+        self._tasks[name] = asyncio.create_task(self._loop(state), name=f"load {name}")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self, state: ReplicaState) -> None:
+        engine: Engine | None = None
+        pause = self.interval
+        loop = asyncio.get_running_loop()
+        next_detect = 0.0
+        while not state.removed:
+            url = state.replica.url
+            try:
+                if engine is None or (
+                    isinstance(engine, OpenAIServer) and loop.time() >= next_detect
+                ):
+                    engine = await detect(self.session, url, self.timeout)
+                    next_detect = loop.time() + self.redetect
+                sample = await engine.read(self.session, url, self.timeout)
+            except LoadError as exc:
+                name = engine.name if engine is not None else "unknown"
+                plain = isinstance(engine, OpenAIServer) and not engine.seen
+                self.router.load_failed(state, name, str(exc), expected=plain)
+                if isinstance(engine, OpenAIServer):
+                    pause = self.max_backoff  # nothing to read until it is detected again
+                else:
+                    engine = None  # detect again: it may have restarted as something else
+                    pause = min(pause * 2, self.max_backoff)
+            except Exception as exc:  # a bug must not end the replica's reads for good
+                log.exception("replica %s: load read failed unexpectedly", state.replica.name)
+                self.router.load_failed(state, "unknown", f"{type(exc).__name__}: {exc}")
+                engine, pause = None, self.max_backoff
+            else:
+                self.reads += 1
+                self.router.load_read(state, engine.name, sample)
+                pause = self.interval
+            await asyncio.sleep(pause)
