@@ -141,7 +141,8 @@ def test_fewer_slots_let_running_work_finish_and_start_nothing_until_below() -> 
 
 
 def test_slots_keep_each_items_speed() -> None:
-    d = Dispatcher(make_devices([1.0, 1.0]), make_policy("round_robin"), ManualClock(), slots=[2, 2])
+    policy = make_policy("round_robin")
+    d = Dispatcher(make_devices([1.0, 1.0]), policy, ManualClock(), slots=[2, 2])
     before = float(d.perf.speed()[0])
     d.set_slots("d0", 8)
     assert float(d.perf.speed()[0]) == pytest.approx(4 * before)  # 4x the slots, 4x throughput
