@@ -1,13 +1,14 @@
-"""hetero serve in 20 seconds: three emulated replicas of speeds 1, 2.5 and 6, the same burst of
-chat requests sent through the router and round robin straight to the replicas, side by side.
+"""hetero serve in 20 seconds: three emulated replicas of speeds 1, 2.5 and 6, given to the router
+by their URLs alone (it learns their speed and capacity), the same burst of chat requests sent
+through the router and round robin straight to the replicas, side by side.
 
 The same set-up from a shell, with real processes::
 
     hetero mock-replica --model demo-llm --speed 1 --slots 4 --port 9001 &
     hetero mock-replica --model demo-llm --speed 2.5 --slots 10 --port 9002 &
     hetero mock-replica --model demo-llm --speed 6 --slots 20 --port 9003 &
-    hetero serve --port 8080 -r http://127.0.0.1:9001=speed:1,slots=4 \\
-        -r http://127.0.0.1:9002=speed:2.5,slots=10 -r http://127.0.0.1:9003=speed:6,slots=20
+    hetero serve --port 8080 -r http://127.0.0.1:9001 -r http://127.0.0.1:9002 \\
+        -r http://127.0.0.1:9003
     hetero top --serve http://127.0.0.1:8080
 
 Run: ``python examples/serve_demo.py`` (``--requests N`` for a longer run).
@@ -75,9 +76,10 @@ async def main(count: int) -> None:
         for i, (_, speed, slots) in enumerate(FLEET)
     ]
     urls = [await m.start() for m in mocks]
+    # URLs alone: speeds are learned from the replies, capacity from each mock's published cap.
     replicas = [
-        Replica(name, url, speed, slots, {MODEL}, True)
-        for (name, speed, slots), url in zip(FLEET, urls, strict=True)
+        Replica(name, url, None, None, {MODEL}, True)
+        for (name, _, _), url in zip(FLEET, urls, strict=True)
     ]
     # The mock's own scale and prompt cost, so that learned speeds read like declared ones.
     server = Server(
