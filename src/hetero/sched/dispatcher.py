@@ -204,6 +204,7 @@ class Dispatcher:
         self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
         self._draining: set[int] = set()  # take no new work (drain_device)
+        self._lowered = False  # set_slots has lowered some device's slots (see _release)
         self._only_masks: dict[tuple[str, ...], BoolArray] = {}  # submit's only= sets
         self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
         self._steal_on_place = stealing and not policy.places_by_delay
@@ -527,6 +528,7 @@ class Dispatcher:
         if slots == old:
             return []
         free_before = self._free_on(i)
+        self._lowered = self._lowered or slots < old
         self._slots[i] = int(slots)
         view.slots[i] = slots
         # Each running item goes at speed / parallel: parallel follows the slots unless some
@@ -825,7 +827,8 @@ class Dispatcher:
             else:  # exactly nothing running: drop the float drift
                 view.running_work[i] = 0.0
                 view.running_since[i] = 0.0
-            if view.usable[i] and view.running[i] < self._slots[i]:
+            # A device may run more than slots that set_slots lowered: no slot frees up then.
+            if view.usable[i] and (not self._lowered or view.running[i] < self._slots[i]):
                 self._free_slots += 1
             self._running[i].discard(rec)
         else:
