@@ -65,3 +65,38 @@ def test_top_serve_unreachable_is_a_clear_error() -> None:
     assert result.exit_code == 1
     assert "cannot read http://127.0.0.1:9/status" in result.output
     assert "Traceback" not in result.output
+
+
+def test_top_serve_shows_each_replica_s_engine_and_load() -> None:
+    from hetero.commands.top_serve import serve_view
+    from tests.rendering import render
+
+    base = {"strategy": "power_of_two", "uptime_s": 3, "active": 0, "waiting": 0}
+    replica = {
+        "name": "a",
+        "state": "up",
+        "models": ["m"],
+        "learned_speed": 1.5,
+        "speed": None,
+        "in_flight": 2,
+        "queued": 0,
+        "slots": 12,
+        "completed": 9,
+        "failed": 0,
+        "mean_latency_s": 0.5,
+    }
+    known = replica | {
+        "engine": "vllm",
+        "load": {"known": True, "running": 2, "waiting": 1, "kv_usage": 0.25},
+    }
+    unknown = replica | {
+        "name": "b",
+        "engine": "openai",
+        "load": {"known": False, "why": "the server publishes no load"},
+    }
+    status = base | {"queue_size": 100, "replicas": [known, unknown]}
+    text = render(serve_view(status, "http://x"), 220)
+    row_a = next(line for line in text.splitlines() if "│ a " in line)
+    row_b = next(line for line in text.splitlines() if "│ b " in line)
+    assert "vllm" in row_a and "2 + 1 · kv 25%" in row_a and "1.50 / —" in row_a
+    assert "openai" in row_b and "unknown: the server publishes no load" in row_b
