@@ -137,13 +137,16 @@ def test_sglang_loads_that_lie_are_refused(text: bytes, message: str) -> None:
 
 
 def test_prometheus_scan_takes_only_whole_names_on_sample_lines() -> None:
+    # A family's samples are consecutive lines (the text format's rule).
     page = (
-        b"# HELP m_total counts m\n# TYPE m_total counter\nm_total 4\n"
-        b'm_total_more 9\nm_total{x="a b}"} 5 1700000000\nm_totalish 1\nm_total NaN'
+        b"# HELP m_total counts m_total\n# TYPE m_total counter\nm_total_more 9\nm_total 4\n"
+        b'm_total{x="a b}"} 5 1700000000\nm_total NaN\nm_totalish 1\nm_total 7'
     )
     found = samples(page, ["m_total", "absent"])
     assert found["m_total"][:2] == [4.0, 5.0] and math.isnan(found["m_total"][2])
+    assert len(found["m_total"]) == 3  # the family ended at m_totalish
     assert found["absent"] == []
+    assert samples(b"m_total 2\n", ["m_total"]) == {"m_total": [2.0]}  # at the page's start
 
 
 # --- detection and reads against real servers -------------------------------------------------

@@ -552,6 +552,19 @@ def test_cli_help() -> None:
         (["-r", "http://127.0.0.1:9=speed:2,color=red"], "bad option 'color=red'"),
         (["-r", "http://127.0.0.1:9=speed:1", "--strategy", "best"], "unknown strategy 'best'"),
         (["-r", "http://127.0.0.1:9=speed:1", "--queue-size", "0"], "queue_size: must be >= 1"),
+        (
+            ["-r", "http://127.0.0.1:9", "--load-interval", "0"],
+            "load_interval: must be a number > 0",
+        ),
+        (["-r", "http://127.0.0.1:9", "--load-reads", "-1"], "load_reads: must be a number > 0"),
+        (
+            ["-r", "http://127.0.0.1:9", "--capacity-tolerance", "1"],
+            "capacity_tolerance: must be a number > 1, got 1.0",
+        ),
+        (
+            ["-r", "http://127.0.0.1:9", "--capacity-initial", "0"],
+            "capacity_initial: must be an integer >= 1",
+        ),
     ],
 )
 def test_cli_bad_setup_is_a_clear_error(args: list[str], message: str) -> None:

@@ -52,7 +52,17 @@ class ServeOptions:
     rate_limit: float | None = None  # requests per second per API key
     health_interval: float = 2.0
     load_interval: float = 0.1  # seconds between reads of each replica's published load
+    load_reads: float = 80.0  # reads per second over the whole fleet at most (their budget)
     drain_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        problems = [
+            (name, f"must be a number > 0, got {value!r}")
+            for name in ("health_interval", "load_interval", "load_reads")
+            if not (isinstance(value := getattr(self, name), int | float) and 0 < value < 1e9)
+        ]
+        if problems:
+            raise ConfigError(problems)
 
 
 def _error(
@@ -106,7 +116,7 @@ class Server:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         await asyncio.gather(*(self._probe(s, models=True) for s in self.router.replicas))
-        self.poller = LoadPoller(self.router, self.session, o.load_interval)
+        self.poller = LoadPoller(self.router, self.session, o.load_interval, max_reads=o.load_reads)
         for state in self.router.replicas:
             self.poller.watch(state)
         self.url = await self._listen(self.app, o.host, o.port)

@@ -20,7 +20,9 @@ PREFIX = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
     ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
 )
-_NAMES = (RUNNING, WAITING, *KV_USAGE, *(n for pair in PREFIX for n in pair))
+# Each read looks for the current names; the older ones only when those are absent (every
+# name searched for and absent costs a pass over the whole page).
+_NAMES = (RUNNING, WAITING, KV_USAGE[0], *PREFIX[0])
 
 
 class VLLM(Engine):
@@ -47,6 +49,10 @@ class VLLM(Engine):
 def parse(body: bytes) -> LoadSample:
     """The load on a vLLM ``/metrics`` page."""
     found = samples(body, _NAMES)
+    if not found[KV_USAGE[0]]:
+        found |= samples(body, KV_USAGE[1:])
+    if not found[PREFIX[0][0]]:
+        found |= samples(body, PREFIX[1])
     if not found[RUNNING] or not found[WAITING]:
         raise LoadError(f"/metrics is not vLLM's page now (no {RUNNING} and {WAITING} lines)")
     running = sum(count(v, RUNNING) for v in found[RUNNING])
