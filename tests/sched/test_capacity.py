@@ -14,9 +14,11 @@ from tests.sched.conftest import make_devices
 
 def test_options_name_every_bad_field() -> None:
     with pytest.raises(ConfigError) as info:
-        CapacityOptions(initial=0, maximum=True, tolerance=1.0, backoff=1.5, drift=-1)
+        CapacityOptions(
+            initial=0, maximum=True, tolerance=1.0, backoff=1.5, drift=-1, min_excess=-0.1
+        )
     fields = [field for field, _ in info.value.problems]
-    assert fields == ["initial", "maximum", "tolerance", "backoff", "drift"]
+    assert fields == ["initial", "maximum", "tolerance", "backoff", "drift", "min_excess"]
     assert "must be a number > 1, got 1.0" in str(info.value)
 
 
@@ -78,6 +80,16 @@ def test_slow_replies_under_load_back_off_once_per_round_trip() -> None:
     assert limit.slots == 18
     limit.on_reply(3.5, 17, pace=0.030, latency=2.0)
     assert limit.slots == 16
+
+
+def test_a_slow_reply_must_lose_more_than_a_round_trip_to_count() -> None:
+    limit = ConcurrencyLimit(declared=20)
+    limit.on_reply(0.0, 0, pace=0.0001, latency=0.002, units=16)  # an instant replica
+    # Four times its unloaded pace, but 5 ms in all: the router's own round trip, not overload.
+    limit.on_reply(1.0, 19, pace=0.0004, latency=0.006, units=16)
+    assert limit.slots == 21  # full and keeping up: it grew
+    limit.on_reply(2.0, 20, pace=0.01, latency=0.16, units=16)  # 0.16 s lost: overload
+    assert limit.slots == 18
 
 
 def test_a_replica_slow_when_idle_moves_its_unloaded_pace_not_its_limit() -> None:

@@ -13,9 +13,9 @@ a slow one. ``ConcurrencyLimit`` learns the number instead, from what the replic
 - each reply's pace (a stream's time per output token, or a whole reply's latency per unit of
   work) against the replica's unloaded pace (the fastest seen, following replies that ran
   alone, so that a replica that became slower for good is not read as overloaded): above
-  ``tolerance`` times it, the replica no longer keeps up, and the limit drops to ``backoff``
-  of what runs there, at most once per round trip (the replies of one round trip all tell
-  of the same overload);
+  ``tolerance`` times it, and by more than ``min_excess`` seconds in all, the replica no
+  longer keeps up, and the limit drops to ``backoff`` of what runs there, at most once per
+  round trip (the replies of one round trip all tell of the same overload);
 - a reply that keeps up while the replica is full raises the limit: by one per reply until
   the first sign of overload (doubling per round trip, as TCP's slow start), then by one per
   full round of replies.
@@ -53,6 +53,10 @@ class CapacityOptions:
     drift: float = 0.02
     """How fast the unloaded pace follows the replies that ran alone (a fraction of the gap per
     reply), so that it tracks a replica that became slower for good."""
+    min_excess: float = 0.05
+    """Seconds a slow reply must have lost against its unloaded pace to count: below that the
+    difference is the round trip and the router's own work, not the replica (an instant
+    replica's replies are several times their unloaded pace whenever the router is busy)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -66,6 +70,8 @@ class CapacityOptions:
             problems.append(("backoff", f"must be between 0 and 1, got {self.backoff!r}"))
         if not (isinstance(self.drift, int | float) and 0 <= self.drift <= 1):
             problems.append(("drift", f"must be from 0 to 1, got {self.drift!r}"))
+        if not (isinstance(self.min_excess, int | float) and 0 <= self.min_excess < math.inf):
+            problems.append(("min_excess", f"must be a number >= 0, got {self.min_excess!r}"))
         if problems:
             raise ConfigError(problems)
 
@@ -136,11 +142,17 @@ class ConcurrencyLimit:
         self._hold_until = now
 
     def on_reply(
-        self, now: float, in_flight: int, pace: float, latency: float, measure: str = "work"
+        self,
+        now: float,
+        in_flight: int,
+        pace: float,
+        latency: float,
+        measure: str = "work",
+        units: float = math.inf,
     ) -> None:
-        """A reply: ``pace`` seconds per unit of ``measure``, ``latency`` seconds in all, and
-        ``in_flight`` requests still on the replica after it ended. Each measure is compared
-        with its own unloaded value only."""
+        """A reply: ``pace`` seconds per unit of ``measure`` over ``units`` of it, ``latency``
+        seconds in all, and ``in_flight`` requests still on the replica after it ended. Each
+        measure is compared with its own unloaded value only."""
         if not (pace > 0 and math.isfinite(pace)):
             return
         base = self.base.get(measure)
@@ -150,7 +162,11 @@ class ConcurrencyLimit:
             # It ran alone, or nearly: its pace now is its unloaded pace, which follows a
             # replica that became slower for good.
             self.base[measure] = base = base + self.options.drift * (pace - base)
-        if pace > self.options.tolerance * base:
+        # Slower than tolerated, and by more than a round trip's noise in all.
+        if (
+            pace > self.options.tolerance * base
+            and (pace - base) * units >= self.options.min_excess
+        ):
             if in_flight > 0 and now >= self._hold_until:
                 self.limit = max(1.0, min(self.limit, in_flight + 1) * self.options.backoff)
                 self.reason = f"replies {pace / base:.1f}x slower than unloaded"

@@ -282,13 +282,15 @@ class Router:
         # reply's latency per unit of work also holds its prefill and the round trip, which
         # only longer replies amortise.
         if ttft is not None and output_tokens >= 2:
-            pace, measure = (latency - ttft) / (output_tokens - 1), "token"
+            units, measure = float(output_tokens - 1), "token"
+            pace = (latency - ttft) / units
         elif output_tokens >= 8 and work > 0:
-            pace, measure = latency / work, "work"
+            units, measure = work, "work"
+            pace = latency / work
         else:
             return
         in_flight = int(self.dispatcher.view.running[state.index]) - 1
-        state.capacity.on_reply(self.clock.now(), in_flight, pace, latency, measure)
+        state.capacity.on_reply(self.clock.now(), in_flight, pace, latency, measure, units)
         self._sync_slots(state)
 
     def _sync_slots(self, state: ReplicaState) -> None:
