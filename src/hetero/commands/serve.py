@@ -125,9 +125,9 @@ def serve(
         typer.Option(
             help="The load reads' budget: reads per second over the whole fleet at most (a "
             "large fleet is read less often than --load-interval; each read costs the router "
-            "about 0.2 ms of CPU)."
+            "about 0.3 ms of CPU)."
         ),
-    ] = 80.0,
+    ] = 50.0,
     capacity_initial: Annotated[
         int,
         typer.Option(

@@ -52,7 +52,7 @@ class ServeOptions:
     rate_limit: float | None = None  # requests per second per API key
     health_interval: float = 2.0
     load_interval: float = 0.1  # seconds between reads of each replica's published load
-    load_reads: float = 80.0  # reads per second over the whole fleet at most (their budget)
+    load_reads: float = 50.0  # reads per second over the whole fleet at most (their budget)
     drain_timeout: float = 30.0
 
     def __post_init__(self) -> None:
