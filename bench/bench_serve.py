@@ -62,6 +62,7 @@ import _common
 import numpy as np
 from _common import calibration_seconds, emit
 from _serve_procs import (
+    URL,
     Child,
     Children,
     StartError,
@@ -76,9 +77,10 @@ from _serve_procs import (
 )
 
 import hetero
+from hetero.serve.app import ServeOptions
 from hetero.serve.router import DEFAULT_STRATEGY
 
-FIGURES = ("goodput", "max_rate", "overhead")
+FIGURES = ("goodput", "max_rate", "overhead", "poller")
 MODEL = "mock-llm"
 HETERO_STRATEGIES = tuple(
     dict.fromkeys(
@@ -94,9 +96,6 @@ HETERO_STRATEGIES = tuple(
 # sglang-router's policies but ``manual``, which routes by a routing key the client sends
 # (sticky sessions) and without one picks at random.
 SGLANG_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
-#: Policies also measured as the routers users run them: no queue in the router (see Config).
-FORWARD_STRATEGIES = ("round_robin", "least_connections")
-FORWARD_SLOTS = 100_000
 #: SLO bounds (× a request's service time alone on the slowest replica) reported beside the
 #: chosen one, so that the comparison can be read at any bound.
 SLO_CURVE = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
@@ -135,7 +134,6 @@ class Goodput:
     slo_slack: float = 1.5
     slo_per_token: float | None = None
     strategies: tuple[str, ...] = HETERO_STRATEGIES
-    forward_strategies: tuple[str, ...] = FORWARD_STRATEGIES
     sglang_policies: tuple[str, ...] = SGLANG_POLICIES
     seed: int = 0
 
@@ -334,19 +332,12 @@ class Config:
     label: str
     kind: str  # hetero | client | sglang
     name: str  # strategy or policy
-    # hetero serve told each replica has FORWARD_SLOTS slots: it forwards every request at once
-    # and the replica queues what it cannot start, as routers that count connections do.
-    forward: bool = False
 
 
 def goodput_configs(w: Goodput) -> list[Config]:
     configs = [
         Config(f"hetero serve, {s}" + (" (default)" if s == DEFAULT_STRATEGY else ""), "hetero", s)
         for s in w.strategies
-    ]
-    configs += [
-        Config(f"hetero serve, {s}, forwarding at once", "hetero", s, forward=True)
-        for s in w.forward_strategies
     ]
     configs.append(Config("client-side round robin (no router)", "client", "round_robin"))
     configs += [
@@ -359,19 +350,13 @@ def goodput_configs(w: Goodput) -> list[Config]:
 
 
 def start_router(
-    children: Children,
-    config: Config,
-    urls: Sequence[str],
-    speeds: Sequence[float],
-    slots: Sequence[int],
+    children: Children, config: Config, urls: Sequence[str]
 ) -> tuple[Child | None, list[str]]:
-    """The router of ``config`` in front of ``urls``: it and the targets to send to."""
+    """The router of ``config`` in front of ``urls``: it and the targets to send to. Every
+    router is told the replicas' URLs and nothing else: hetero serve learns their speed and
+    capacity as sglang-router must."""
     if config.kind == "hetero":
-        replicas = [
-            f"{u}=speed:{s:g},slots={FORWARD_SLOTS if config.forward else n}"
-            for u, s, n in zip(urls, speeds, slots, strict=True)
-        ]
-        child, url = start_hetero_serve(children, replicas, config.name)
+        child, url = start_hetero_serve(children, list(urls), config.name)
         return child, [url]
     if config.kind == "sglang":
         child, url = start_sglang_router(children, urls, config.name)
@@ -444,7 +429,7 @@ def run_goodput_config(
     mocks, urls = start_mocks(children, mock_configs(w))
     router: Child | None = None
     try:
-        router, targets = start_router(children, config, urls, w.speeds, w.slots)
+        router, targets = start_router(children, config, urls)
         for t in targets:
             warm_up(t, WARM_BODY, len(urls) if router else 1)
         watch = {"mocks": mocks} | ({"router": router} if router else {})
@@ -452,14 +437,26 @@ def run_goodput_config(
         records = run_load(children, {**spec, "targets": targets}, 1, watch, "goodput")
         after = [_fetch_json(u + "/mock/stats") for u in urls]
         stats = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+        # What hetero serve learned of the replicas it was given by URL alone.
+        learned = (
+            _fetch_json(targets[0] + "/status")["replicas"] if config.kind == "hetero" else None
+        )
     finally:
         if router is not None:
             children.stop(router)
         children.stop(mocks)
     row = {"config": config.label, "kind": config.kind, "name": config.name}
-    if config.forward:
-        row["forward"] = True
     row |= summarize_goodput(w, records, prompt_tokens, duration)
+    if learned is not None:
+        row["learned"] = [
+            {
+                "slots": r["slots"],
+                "why": r["capacity"]["why"],
+                "engine": r["engine"],
+                "speed": r["learned_speed"],
+            }
+            for r in learned
+        ]
     done = sum(s["completed"] for s in stats)
     row["replicas"] = [
         {
@@ -607,11 +604,7 @@ class MaxRate:
 
 def max_rate_configs(w: Goodput) -> list[Config]:
     """hetero serve's default and every baseline (the ablations are left out)."""
-    return [
-        c
-        for c in goodput_configs(w)
-        if c.kind != "hetero" or c.forward or c.name == DEFAULT_STRATEGY
-    ]
+    return [c for c in goodput_configs(w) if c.kind != "hetero" or c.name == DEFAULT_STRATEGY]
 
 
 def highest_step(attainment: Callable[[int], float], steps: int, target: float) -> int:
@@ -757,12 +750,10 @@ def goodput_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if default is None:
         return {"note": "hetero serve's default strategy was not measured"}
     ours = default["goodput_rps"]
-    # Baselines: what routes without hetero's placement — no router, sglang-router, and
-    # speed-blind policies forwarding at once. The speed-blind policies behind hetero's own
-    # queue are an ablation (how much the queue alone gives), reported but not a baseline.
-    baselines = [
-        r for r in rows if "skipped" not in r and (r["kind"] != "hetero" or r.get("forward"))
-    ]
+    # Baselines: what routes without hetero: no router, and sglang-router. The speed-blind
+    # policies behind hetero's own queue are an ablation (what the queue and the learned
+    # capacity alone give), reported but not a baseline.
+    baselines = [r for r in rows if "skipped" not in r and r["kind"] != "hetero"]
     best = max(baselines, key=lambda r: r["goodput_rps"], default=None)
     return {
         "hetero_default_goodput_rps": ours,
@@ -856,7 +847,7 @@ def run_overhead_config(
     open_spec: dict[str, Any],
     closed_spec: dict[str, Any],
 ) -> dict[str, Any]:
-    router, targets = start_router(children, config, [url], [1.0], [o.slots])
+    router, targets = start_router(children, config, [url])
     try:
         warm_up(targets[0], WARM_BODY, 50)
         watch = {"mock": mocks} | ({"router": router} if router else {})
@@ -1000,6 +991,61 @@ def overhead_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- printing
 
 
+# --------------------------------------------------------------------------------- poller
+
+
+@dataclass(frozen=True)
+class Poller:
+    replicas: int = 8
+    interval: float = 0.1  # hetero serve's default --load-interval
+    duration: float = 30.0
+    engine: str = "vllm"  # the mock's /metrics is vLLM's page: the largest one to parse
+
+
+def poller(children: Children, p: Poller, hetero_reason: str | None) -> dict[str, Any]:
+    """The CPU the background load reads cost the router: an idle ``hetero serve`` in front of
+    ``p.replicas`` mock engines, once reading their load every ``p.interval`` s and once with
+    reads an hour apart (what the router costs idle without them), ``p.duration`` s each."""
+    doc: dict[str, Any] = {"replicas": p.replicas, "engine": p.engine, "duration_s": p.duration}
+    if hetero_reason is not None:
+        return doc | {"skipped": hetero_reason}
+    mocks, urls = start_mocks(children, [{"models": [MODEL], "engine": p.engine}] * p.replicas)
+    rows = []
+    try:
+        for interval in (p.interval, 3600.0):
+            command = [*hetero_serve_command(urls, None), "--load-interval", f"{interval:g}"]
+            child = children.start(f"hetero-serve-poll-{interval:g}", command)
+            url = child.wait_for_line(re.compile(r"hetero serve " + URL.pattern), 60).group(1)
+            time.sleep(3.0)  # engines detected, the first reads done
+            cpu0, t0 = child.cpu_seconds(), time.perf_counter()
+            time.sleep(p.duration)
+            cpu, wall = child.cpu_seconds() - cpu0, time.perf_counter() - t0
+            known = sum(r["load"]["known"] for r in _fetch_json(url + "/status")["replicas"])
+            children.stop(child)
+            rows.append(
+                {
+                    "load_interval_s": interval,
+                    "cpu_share_of_one_core": round(cpu / wall, 5),
+                    "loads_known": known,
+                }
+            )
+    finally:
+        children.stop(mocks)
+    # The reads' budget stretches the period of a fleet too large for it (hetero.serve.poller).
+    period = max(p.interval, p.replicas / ServeOptions().load_reads)
+    reads = p.replicas * p.duration / period
+    extra = rows[0]["cpu_share_of_one_core"] - rows[1]["cpu_share_of_one_core"]
+    return doc | {
+        "configs": rows,
+        "poller_share_of_one_core": round(extra, 5),
+        "period_s": round(period, 4),
+        "reads_per_second": round(reads / p.duration, 1),
+        "cpu_us_per_read": round(extra * p.duration / reads * 1e6, 1),
+        "note": "share of one core: router CPU seconds / wall seconds while idle; the poller's "
+        "is the difference between the two rows",
+    }
+
+
 def print_tables(figures: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -1063,6 +1109,8 @@ def print_tables(figures: dict[str, Any]) -> None:
             table.add_row(r["config"], *cells)
         console.print(table)
         console.print(json.dumps(fig["ratios"], indent=1))
+    if "poller" in figures:
+        console.print(json.dumps(figures["poller"], indent=1))
     if "overhead" in figures:
         fig = figures["overhead"]
         table = Table(title="overhead: instant mock")
@@ -1110,7 +1158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    g, m, o = Goodput(), MaxRate(), Overhead()
+    g, m, o, pl = Goodput(), MaxRate(), Overhead(), Poller()
     parser.add_argument("--only", choices=FIGURES, help="run one figure")
     parser.add_argument("--quick", action="store_true", help="a short smoke run of everything")
     parser.add_argument("--out", help="also write the JSON here")
@@ -1203,6 +1251,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.quick:
         g, m, o = quick_sizes(g, m, o)
+        pl = dataclasses.replace(pl, duration=5.0)
     if args.duration is not None:
         g = dataclasses.replace(g, duration=args.duration)
     m = dataclasses.replace(m, targets=args.targets)
@@ -1239,6 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
         "goodput": lambda c: goodput(c, g, hetero_reason, sglang_reason),
         "max_rate": lambda c: max_rate(c, g, m, hetero_reason, sglang_reason),
         "overhead": lambda c: overhead(c, o, hetero_reason, sglang_reason),
+        "poller": lambda c: poller(c, pl, hetero_reason),
     }
     figures: dict[str, Any] = {}
     started = time.perf_counter()
@@ -1267,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
         "hetero_serve": {
             "available": hetero_reason is None,
             "reason": hetero_reason,
-            "command": _template(hetero_serve_command(["URL=speed:S,slots=N", "..."], "NAME")),
+            "command": _template(hetero_serve_command(["URL", "..."], "NAME")),
         },
         "sglang_router": {
             "version": sglang_version,

