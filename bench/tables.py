@@ -367,7 +367,13 @@ def _figures(
         if name in figures:
             fig = figures[name]
             rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
-            parts.append(render(fig) + "\n\n" + _conditions(fig) + rerun)
+            commit = (fig.get("revision") or {}).get("commit")
+            at = (
+                f" Measured at commit `{commit[:7]}`."
+                if commit and commit != (doc.get("revision") or {}).get("commit")
+                else ""
+            )
+            parts.append(render(fig) + "\n\n" + _conditions(fig) + at + rerun)
     return parts
 
 
@@ -760,7 +766,14 @@ def _serve_max_rate(fig: dict[str, Any]) -> str:
         )
     return (
         "### Highest rate within the SLO\n\n"
-        "Goodput as serving papers (DistServe) define it: the highest request rate at which a "
+        + (
+            "*Measured before replicas were given by their URLs alone: in this run `hetero "
+            "serve` was told each replica's speed and slots, and the rows forwarding at once "
+            "declared unbounded slots; not rerun since.* "
+            if any("forwarding at once" in r["config"] for r in fig["configs"])
+            else ""
+        )
+        + "Goodput as serving papers (DistServe) define it: the highest request rate at which a "
         "router still keeps a target share of requests within the SLO. Same fleet, requests "
         "and SLO as above; Poisson loads on a grid of "
         f"{fig['step']:.0%} of the capacity ({fig['capacity_rps']} requests/s), up to "
