@@ -113,8 +113,9 @@ async def test_urls_alone_learn_engine_speed_and_capacity(
     # Speeds: the small model is about ten times faster per token; learned, not declared.
     assert small["learned_speed"] > 3 * large["learned_speed"]
     assert small["completed"] > large["completed"]
-    # Capacity moved from the starting guess of 8, by what the replies showed.
-    assert small["capacity"]["why"] != "initial" and large["capacity"]["why"] != "initial"
+    # The replica that took most of the load moved from the starting guess of 8 by what its
+    # replies showed (the large one may never have been full).
+    assert small["capacity"]["why"] != "initial" and small["slots"] != 8
     assert seen_running, "the engines' running gauges were read during the load"
 
 
