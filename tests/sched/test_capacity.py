@@ -84,12 +84,22 @@ def test_slow_replies_under_load_back_off_once_per_round_trip() -> None:
 
 def test_a_slow_reply_must_lose_more_than_a_round_trip_to_count() -> None:
     limit = ConcurrencyLimit(declared=20)
-    limit.on_reply(0.0, 0, pace=0.0001, latency=0.002, units=16)  # an instant replica
-    # Four times its unloaded pace, but 5 ms in all: the router's own round trip, not overload.
-    limit.on_reply(1.0, 19, pace=0.0004, latency=0.006, units=16)
+    limit.on_reply(0.0, 0, pace=0.004, latency=0.07, units=16)
+    # 2.5 times its unloaded pace, but 48 ms lost in all: round trip, not overload.
+    limit.on_reply(1.0, 19, pace=0.010, latency=0.09, units=8)
     assert limit.slots == 21  # full and keeping up: it grew
-    limit.on_reply(2.0, 20, pace=0.01, latency=0.16, units=16)  # 0.16 s lost: overload
+    limit.on_reply(2.0, 20, pace=0.03, latency=0.5, units=16)  # 0.4 s lost: overload
     assert limit.slots == 18
+
+
+def test_a_reply_too_quick_to_time_does_not_set_the_unloaded_pace() -> None:
+    limit = ConcurrencyLimit(declared=8)
+    limit.on_reply(0.0, 0, pace=0.003, latency=0.3, measure="token", units=63)
+    # A stream whose 63 chunks came back together: 1e-5 s per token, 0.6 ms in all.
+    limit.on_reply(1.0, 0, pace=1e-5, latency=0.2, measure="token", units=63)
+    assert limit.base["token"] == 0.003
+    limit.on_reply(2.0, 7, pace=0.005, latency=0.5, measure="token", units=63)
+    assert limit.slots == 9  # 1.7x its real unloaded pace while full: keeps up, grows
 
 
 def test_a_replica_slow_when_idle_moves_its_unloaded_pace_not_its_limit() -> None:

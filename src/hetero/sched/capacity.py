@@ -155,6 +155,13 @@ class ConcurrencyLimit:
         measure is compared with its own unloaded value only."""
         if not (pace > 0 and math.isfinite(pace)):
             return
+        if pace * units < self.options.min_excess:
+            # Too quick to time (a stream whose chunks arrived together, a reply of a few
+            # tokens): it shows no overload and must not set the unloaded pace, which would
+            # make every later reply look many times slower.
+            if in_flight + 1 >= self.slots and self._waiting_reads == 0:
+                self._grow()
+            return
         base = self.base.get(measure)
         if base is None or pace < base:
             self.base[measure] = base = pace
