@@ -12,7 +12,11 @@ SPEC (written by ``run_load``):
   URL, all to it); ``path``; ``bodies`` (one JSON text per request, used in turn);
 - ``grace``: seconds to wait after the last send (open) or after ``duration`` (closed) for what
   is still in flight; what is not back by then is cancelled and recorded as unfinished;
-- ``usage``: parse each response for ``usage`` (else only the status is checked).
+- ``usage``: parse each response for ``usage`` (else only the status is checked);
+- ``stream`` (optional, default false): the bodies ask for a stream (``"stream": true`` with
+  ``stream_options.include_usage``); each reply is read as server-sent events, ``ttft`` records
+  the time to its first chunk with content, ``chunks`` how many chunks had content (an engine
+  that falls behind sends several tokens in one), and ``usage`` comes from its last chunk.
 
 This process takes every PARTS-th request from PART (open) or ``concurrency / PARTS`` clients
 (closed). It prints ``ready`` once its session is up, then reads the start time (``time.time()``,
@@ -53,6 +57,8 @@ class Recorder:
         self.lag: list[float] = []  # sent - scheduled (open)
         self.prompt_tokens: list[int | None] = []
         self.completion_tokens: list[int | None] = []
+        self.ttft: list[float | None] = []  # to the first content chunk (streams only)
+        self.chunks: list[int] = []  # chunks with content (streams only)
         self.errors: dict[str, int] = {}
         self.samples: list[str] = []
 
@@ -65,6 +71,8 @@ class Recorder:
         self.lag.append(0.0)
         self.prompt_tokens.append(None)
         self.completion_tokens.append(None)
+        self.ttft.append(None)
+        self.chunks.append(0)
         return len(self.index) - 1
 
     def error(self, kind: str, detail: str) -> None:
@@ -82,6 +90,8 @@ class Recorder:
             "lag": [round(v, 6) for v in self.lag],
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "ttft": [None if v is None else round(v, 6) for v in self.ttft],
+            "chunks": self.chunks,
             "errors": self.errors,
             "error_samples": self.samples,
         }
@@ -93,11 +103,15 @@ class Generator:
         self.urls = [t.rstrip("/") + spec["path"] for t in spec["targets"]]
         self.bodies = [b.encode() for b in spec["bodies"]]
         self.usage = bool(spec.get("usage", True))
+        self.stream = bool(spec.get("stream", False))
         self.rec = Recorder()
         self.headers = {"Content-Type": "application/json"}
 
     async def one(self, session: aiohttp.ClientSession, i: int, row: int, t0: float) -> None:
         """Request ``i``; its latency counts from ``t0`` (the scheduled or actual send time)."""
+        if self.stream:
+            await self.one_stream(session, i, row, t0)
+            return
         rec = self.rec
         try:
             async with session.post(
@@ -125,6 +139,67 @@ class Generator:
             except (ValueError, KeyError, TypeError) as exc:
                 rec.status[row] = NO_RESPONSE  # a 200 without a usable body is no answer
                 rec.error("bad body", f"{type(exc).__name__}: {payload[:200]!r}")
+
+    async def one_stream(self, session: aiohttp.ClientSession, i: int, row: int, t0: float) -> None:
+        """Request ``i`` as a stream: ``ttft`` at its first content chunk, ``usage`` from the
+        chunk that carries it, and the latency when the stream ends."""
+        rec = self.rec
+        usage: dict[str, Any] | None = None
+        done = False
+        try:
+            async with session.post(
+                self.urls[i % len(self.urls)],
+                data=self.bodies[i % len(self.bodies)],
+                headers=self.headers,
+            ) as resp:
+                status = resp.status
+                if status != 200:
+                    payload = await resp.read()
+                    rec.latency[row] = time.monotonic() - t0
+                    rec.status[row] = status
+                    rec.error(f"http {status}", payload.decode(errors="replace"))
+                    return
+                async for raw in resp.content:  # one line of the event stream at a time
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:  # a router's word that the stream broke
+                        rec.status[row] = NO_RESPONSE
+                        rec.latency[row] = time.monotonic() - t0
+                        rec.error("stream error", data.decode(errors="replace"))
+                        return
+                    if any(
+                        (c.get("delta") or {}).get("content") or c.get("text")
+                        for c in chunk.get("choices") or ()
+                    ):
+                        rec.chunks[row] += 1
+                        if rec.ttft[row] is None:
+                            rec.ttft[row] = time.monotonic() - t0
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            rec.status[row] = NO_RESPONSE
+            rec.latency[row] = time.monotonic() - t0
+            rec.error("connection", f"{type(exc).__name__}: {exc}")
+            return
+        rec.latency[row] = time.monotonic() - t0
+        if not done or usage is None:
+            # A stream cut short, or one without its usage chunk, is no answer.
+            rec.status[row] = NO_RESPONSE
+            rec.error("bad stream", "no [DONE]" if not done else "no usage chunk")
+            return
+        rec.status[row] = status
+        try:
+            rec.prompt_tokens[row] = int(usage["prompt_tokens"])
+            rec.completion_tokens[row] = int(usage["completion_tokens"])
+        except (KeyError, TypeError, ValueError) as exc:
+            rec.status[row] = NO_RESPONSE
+            rec.error("bad usage", f"{type(exc).__name__}: {usage!r}"[:300])
 
     async def open_loop(self, session: aiohttp.ClientSession, start: float) -> None:
         send_at: list[float] = self.spec["send_at"]

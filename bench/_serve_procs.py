@@ -1,5 +1,6 @@
-"""The processes bench_serve.py starts: a fleet of mock replicas (one process for all of them),
-``hetero serve``, sglang-router and the load generator, each stopped for sure at the end.
+"""The processes bench_serve.py and bench_serve_real.py start: a fleet of mock replicas (one
+process for all of them), ``hetero serve``, sglang-router, vllm-router and the load generator,
+each stopped for sure at the end.
 
 Every child runs in a session of its own, so stopping it stops what it started too; a child that
 is not Python of ours is also asked by the kernel to die with this process (``PR_SET_PDEATHSIG``),
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import re
@@ -300,6 +302,73 @@ def start_sglang_router(children: Children, urls: Sequence[str], policy: str) ->
                 return child, url
         if time.monotonic() > deadline:
             raise StartError(f"sglang-router not ready after 60 s:\n{child.tail()}")
+        time.sleep(0.1)
+
+
+def vllm_router_version() -> tuple[str | None, str | None]:
+    """``(version, None)``, or ``(None, why not)`` when vllm-router (PyPI ``vllm-router``, the
+    Rust router of the vLLM project) is not installed."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm-router")
+    except metadata.PackageNotFoundError:
+        return None, "vllm-router is not installed (pip install vllm-router)"
+    try:
+        # The Rust router's module too: without it vllm-router falls back to a debugging LB.
+        for module in ("vllm_router.launch_router", "vllm_router.router"):
+            importlib.import_module(module)
+    except Exception as exc:
+        return None, f"import vllm_router failed: {type(exc).__name__}: {exc}"
+    return version, None
+
+
+def vllm_router_command(
+    urls: Sequence[str], policy: str, port: int | str, metrics: int | str
+) -> list[str]:
+    # Its console script ``vllm-router`` runs this module's main().
+    return [
+        sys.executable,
+        "-m",
+        "vllm_router.launch_router",
+        "--worker-urls",
+        *urls,
+        "--policy",
+        policy,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(metrics),
+        "--log-level",
+        "warning",
+        "--worker-startup-check-interval",
+        "1",  # default 30 s between checks of a worker that is not up yet
+    ]
+
+
+def start_vllm_router(children: Children, urls: Sequence[str], policy: str) -> tuple[Child, str]:
+    port = free_port()
+    child = children.start(
+        f"vllm-router-{policy}", vllm_router_command(urls, policy, port, free_port())
+    )
+    url = f"http://127.0.0.1:{port}"
+    # Forked from sglang-router: /readiness counts the registered healthy workers.
+    deadline = time.monotonic() + 60
+    while True:
+        if child.proc.poll() is not None:
+            raise StartError(f"vllm-router exited ({child.proc.returncode}):\n{child.tail()}")
+        with (
+            contextlib.suppress(OSError, ValueError),
+            urllib.request.urlopen(url + "/readiness", timeout=2) as resp,
+        ):
+            if json.loads(resp.read()).get("healthy_workers") == len(urls):
+                return child, url
+        if time.monotonic() > deadline:
+            raise StartError(f"vllm-router not ready after 60 s:\n{child.tail()}")
         time.sleep(0.1)
 
 
