@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -284,16 +284,25 @@ def sglang_router_command(
 
 
 def start_sglang_router(children: Children, urls: Sequence[str], policy: str) -> tuple[Child, str]:
+    return _start_rust_router(children, "sglang-router", sglang_router_command, urls, policy)
+
+
+def _start_rust_router(
+    children: Children,
+    name: str,
+    command: Callable[[Sequence[str], str, int | str, int | str], list[str]],
+    urls: Sequence[str],
+    policy: str,
+) -> tuple[Child, str]:
+    """sglang-router or vllm-router (its fork), started and waited for: their /health answers
+    before the workers are registered; /readiness counts the healthy ones."""
     port = free_port()
-    child = children.start(
-        f"sglang-router-{policy}", sglang_router_command(urls, policy, port, free_port())
-    )
+    child = children.start(f"{name}-{policy}", command(urls, policy, port, free_port()))
     url = f"http://127.0.0.1:{port}"
-    # Its /health answers before the workers are registered; /readiness counts them.
     deadline = time.monotonic() + 60
     while True:
         if child.proc.poll() is not None:
-            raise StartError(f"sglang-router exited ({child.proc.returncode}):\n{child.tail()}")
+            raise StartError(f"{name} exited ({child.proc.returncode}):\n{child.tail()}")
         with (
             contextlib.suppress(OSError, ValueError),
             urllib.request.urlopen(url + "/readiness", timeout=2) as resp,
@@ -301,7 +310,7 @@ def start_sglang_router(children: Children, urls: Sequence[str], policy: str) ->
             if json.loads(resp.read()).get("healthy_workers") == len(urls):
                 return child, url
         if time.monotonic() > deadline:
-            raise StartError(f"sglang-router not ready after 60 s:\n{child.tail()}")
+            raise StartError(f"{name} not ready after 60 s:\n{child.tail()}")
         time.sleep(0.1)
 
 
@@ -351,25 +360,7 @@ def vllm_router_command(
 
 
 def start_vllm_router(children: Children, urls: Sequence[str], policy: str) -> tuple[Child, str]:
-    port = free_port()
-    child = children.start(
-        f"vllm-router-{policy}", vllm_router_command(urls, policy, port, free_port())
-    )
-    url = f"http://127.0.0.1:{port}"
-    # Forked from sglang-router: /readiness counts the registered healthy workers.
-    deadline = time.monotonic() + 60
-    while True:
-        if child.proc.poll() is not None:
-            raise StartError(f"vllm-router exited ({child.proc.returncode}):\n{child.tail()}")
-        with (
-            contextlib.suppress(OSError, ValueError),
-            urllib.request.urlopen(url + "/readiness", timeout=2) as resp,
-        ):
-            if json.loads(resp.read()).get("healthy_workers") == len(urls):
-                return child, url
-        if time.monotonic() > deadline:
-            raise StartError(f"vllm-router not ready after 60 s:\n{child.tail()}")
-        time.sleep(0.1)
+    return _start_rust_router(children, "vllm-router", vllm_router_command, urls, policy)
 
 
 def warm_up(url: str, body: bytes, n: int, path: str = "/v1/chat/completions") -> None:
