@@ -244,26 +244,43 @@ def start_hetero_serve(
 
 def sglang_router_version() -> tuple[str | None, str | None]:
     """``(version, None)``, or ``(None, why not)`` when sglang-router is not installed."""
+    return _router_version("sglang-router", ("sglang_router.launch_router",))
+
+
+def _router_version(dist: str, modules: Sequence[str]) -> tuple[str | None, str | None]:
     from importlib import metadata
 
     try:
-        version = metadata.version("sglang-router")
+        version = metadata.version(dist)
     except metadata.PackageNotFoundError:
-        return None, "sglang-router is not installed (pip install sglang-router)"
+        return None, f"{dist} is not installed (pip install {dist})"
     try:
-        import sglang_router.launch_router  # noqa: F401
+        for module in modules:
+            importlib.import_module(module)
     except Exception as exc:  # a broken install: its Rust extension missing, say
-        return None, f"import sglang_router.launch_router failed: {type(exc).__name__}: {exc}"
+        return None, f"import {module} failed: {type(exc).__name__}: {exc}"
     return version, None
 
 
 def sglang_router_command(
     urls: Sequence[str], policy: str, port: int | str, metrics: int | str
 ) -> list[str]:
+    return _router_command("sglang_router.launch_router", "warn", urls, policy, port, metrics)
+
+
+def _router_command(
+    module: str,
+    log_level: str,
+    urls: Sequence[str],
+    policy: str,
+    port: int | str,
+    metrics: int | str,
+) -> list[str]:
+    """sglang-router's command line, which its fork vllm-router shares."""
     return [
         sys.executable,
         "-m",
-        "sglang_router.launch_router",
+        module,
         "--worker-urls",
         *urls,
         "--policy",
@@ -277,7 +294,7 @@ def sglang_router_command(
         "--prometheus-port",
         str(metrics),  # its default, 29000, would clash between runs
         "--log-level",
-        "warn",
+        log_level,
         "--worker-startup-check-interval",
         "1",  # default 30 s between checks of a worker that is not up yet
     ]
@@ -316,47 +333,16 @@ def _start_rust_router(
 
 def vllm_router_version() -> tuple[str | None, str | None]:
     """``(version, None)``, or ``(None, why not)`` when vllm-router (PyPI ``vllm-router``, the
-    Rust router of the vLLM project) is not installed."""
-    from importlib import metadata
-
-    try:
-        version = metadata.version("vllm-router")
-    except metadata.PackageNotFoundError:
-        return None, "vllm-router is not installed (pip install vllm-router)"
-    try:
-        # The Rust router's module too: without it vllm-router falls back to a debugging LB.
-        for module in ("vllm_router.launch_router", "vllm_router.router"):
-            importlib.import_module(module)
-    except Exception as exc:
-        return None, f"import vllm_router failed: {type(exc).__name__}: {exc}"
-    return version, None
+    Rust router of the vLLM project) is not installed. Its Rust module is imported too: without
+    it vllm-router falls back to a debugging balancer."""
+    return _router_version("vllm-router", ("vllm_router.launch_router", "vllm_router.router"))
 
 
 def vllm_router_command(
     urls: Sequence[str], policy: str, port: int | str, metrics: int | str
 ) -> list[str]:
     # Its console script ``vllm-router`` runs this module's main().
-    return [
-        sys.executable,
-        "-m",
-        "vllm_router.launch_router",
-        "--worker-urls",
-        *urls,
-        "--policy",
-        policy,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(metrics),
-        "--log-level",
-        "warning",
-        "--worker-startup-check-interval",
-        "1",  # default 30 s between checks of a worker that is not up yet
-    ]
+    return _router_command("vllm_router.launch_router", "warning", urls, policy, port, metrics)
 
 
 def start_vllm_router(children: Children, urls: Sequence[str], policy: str) -> tuple[Child, str]:
