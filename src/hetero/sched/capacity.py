@@ -155,26 +155,12 @@ class ConcurrencyLimit:
         measure is compared with its own unloaded value only."""
         if not (pace > 0 and math.isfinite(pace)):
             return
-        if pace * units < self.options.min_excess:
-            # Too quick to time (a stream whose chunks arrived together, a reply of a few
-            # tokens): it shows no overload and must not set the unloaded pace, which would
-            # make every later reply look many times slower.
-            if in_flight + 1 >= self.slots and self._waiting_reads == 0:
-                self._grow()
-            return
-        base = self.base.get(measure)
-        if base is None or pace < base:
-            self.base[measure] = base = pace
-        elif in_flight == 0:
-            # It ran alone, or nearly: its pace now is its unloaded pace, which follows a
-            # replica that became slower for good.
-            self.base[measure] = base = base + self.options.drift * (pace - base)
-        # Slower than tolerated, and by more than a round trip's noise in all.
-        if (
-            pace > self.options.tolerance * base
-            and (pace - base) * units >= self.options.min_excess
-        ):
+        # A reply too quick to time (a stream whose chunks arrived together, a few tokens)
+        # shows no overload and must not set the unloaded pace, which would make every later
+        # reply look many times slower.
+        if pace * units >= self.options.min_excess and self._slow(measure, in_flight, pace, units):
             if in_flight > 0 and now >= self._hold_until:
+                base = self.base[measure]
                 self.limit = max(1.0, min(self.limit, in_flight + 1) * self.options.backoff)
                 self.reason = f"replies {pace / base:.1f}x slower than unloaded"
                 self.growing = False
@@ -182,6 +168,19 @@ class ConcurrencyLimit:
             return
         if in_flight + 1 >= self.slots and self._waiting_reads == 0:
             self._grow()
+
+    def _slow(self, measure: str, in_flight: int, pace: float, units: float) -> bool:
+        """Fold a timed reply into the unloaded pace; whether it was slower than tolerated,
+        and by more than a round trip's noise in all."""
+        base = self.base.get(measure)
+        if base is None or pace < base:
+            self.base[measure] = base = pace
+        elif in_flight == 0:
+            # It ran alone, or nearly: its pace now is its unloaded pace, which follows a
+            # replica that became slower for good.
+            self.base[measure] = base = base + self.options.drift * (pace - base)
+        options = self.options
+        return pace > options.tolerance * base and (pace - base) * units >= options.min_excess
 
     def _grow(self) -> None:
         step = 1.0 if self.growing else 1.0 / self.limit

@@ -58,7 +58,8 @@ class LoadPoller:
     def period(self) -> float:
         """Seconds between two reads of one replica: ``interval``, longer when the fleet is
         too large for the read budget."""
-        return max(self.interval, len(self._tasks) / self.max_reads)
+        reading = sum(not task.done() for task in self._tasks.values())
+        return max(self.interval, reading / self.max_reads)
 
     def watch(self, state: ReplicaState) -> None:
         """Start reading ``state``'s load (again, if it joined again)."""

@@ -307,8 +307,7 @@ class Router:
         state.load_at = self.clock.now()
         state.load_error = ""
         capacity = state.capacity
-        if sample.cap != capacity.cap:
-            capacity.set_cap(sample.cap)
+        capacity.set_cap(sample.cap)
         if sample.waiting is not None:
             in_flight = int(self.dispatcher.view.running[state.index])
             capacity.on_load(state.load_at, in_flight, sample.waiting)

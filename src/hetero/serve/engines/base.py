@@ -26,7 +26,7 @@ __all__ = [
     "count",
     "fraction",
     "get_body",
-    "json_object",
+    "parse_json",
 ]
 
 #: Largest load page read (vLLM's /metrics is tens of KB; its histograms grow with models).
@@ -104,16 +104,12 @@ async def get_body(
     return body
 
 
-def json_object(body: bytes, path: str) -> dict[str, Any]:
+def parse_json(body: bytes, path: str) -> Any:
+    """``body`` as JSON; ``LoadError`` naming ``path`` when it is not (nesting too deep too)."""
     try:
-        data = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError):
         raise LoadError(f"{path} is not JSON: {body[:60]!r}") from None
-    if isinstance(data, list) and data and isinstance(data[0], dict):
-        return data[0]  # one entry per data-parallel rank: the caller sums them
-    if not isinstance(data, dict):
-        raise LoadError(f"{path} is not a JSON object: {body[:60]!r}")
-    return data
 
 
 def count(value: object, what: str) -> int:

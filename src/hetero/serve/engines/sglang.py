@@ -4,7 +4,6 @@ use and cache hits), or on releases without it ``/get_load`` and the cap from
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,7 @@ from hetero.serve.engines.base import (
     count,
     fraction,
     get_body,
-    json_object,
+    parse_json,
 )
 
 __all__ = ["SGLang"]
@@ -48,10 +47,12 @@ class SGLang(Engine):
         if body is None:
             return False
         try:
-            info = json_object(body, "/get_server_info")
+            info = parse_json(body, "/get_server_info")
         except LoadError:
             return False
-        if "max_running_requests" not in info and "max_total_num_tokens" not in info:
+        if not isinstance(info, dict) or not (
+            "max_running_requests" in info or "max_total_num_tokens" in info
+        ):
             return False  # another server's page of that name
         cap, tokens = _server_caps(info)
         self.cap = (count(cap, "max_running_requests") or None) if cap is not None else None
@@ -70,10 +71,7 @@ class SGLang(Engine):
         return self._get_load(body)
 
     def _loads(self, body: bytes) -> LoadSample:
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError):
-            raise LoadError(f"/v1/loads is not JSON: {body[:60]!r}") from None
+        data = parse_json(body, "/v1/loads")
         ranks = data.get("loads") if isinstance(data, dict) else None
         if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
             raise LoadError(f"/v1/loads has no list of loads: {body[:60]!r}")
@@ -101,10 +99,7 @@ class SGLang(Engine):
         )
 
     def _get_load(self, body: bytes) -> LoadSample:
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError):
-            raise LoadError(f"/get_load is not JSON: {body[:60]!r}") from None
+        data = parse_json(body, "/get_load")
         ranks = data if isinstance(data, list) else [data]
         if not ranks or not all(isinstance(r, dict) for r in ranks):
             raise LoadError(f"/get_load is not a list of loads: {body[:60]!r}")
