@@ -112,8 +112,8 @@ async def test_urls_alone_learn_engine_speed_and_capacity(
     small, large = status["small"], status["large"]
     # Speeds: the small model is about ten times faster per token alone; learned, not declared.
     # The learned figure is per request at the batch the replica ran, which on a CPU core
-    # slows each request as it grows (2.7x apart in one run).
-    assert small["learned_speed"] > 2 * large["learned_speed"]
+    # slows each request as it grows, so only the order is stable (1.7x and 3.5x in two runs).
+    assert small["learned_speed"] > large["learned_speed"]
     assert small["completed"] > large["completed"]
     # The replica that took most of the load moved from the starting guess of 8 by what its
     # replies showed (the large one may never have been full).
