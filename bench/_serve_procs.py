@@ -224,20 +224,23 @@ def hetero_serve_available() -> str | None:
     return None
 
 
-def hetero_serve_command(replicas: Sequence[str], strategy: str | None) -> list[str]:
-    """``replicas``: ``URL=speed:S,slots=N`` declarations."""
+def hetero_serve_command(
+    replicas: Sequence[str], strategy: str | None, flags: Sequence[str] = ()
+) -> list[str]:
+    """``replicas``: ``URL=speed:S,slots=N`` declarations; ``flags``: more of hetero serve's."""
     command = [sys.executable, "-m", "hetero", "serve", "--host", "127.0.0.1", "--port", "0"]
     for r in replicas:
         command += ["--replica", r]
     if strategy is not None:
         command += ["--strategy", strategy]
-    return command
+    return command + list(flags)
 
 
 def start_hetero_serve(
-    children: Children, replicas: Sequence[str], strategy: str | None
+    children: Children, replicas: Sequence[str], strategy: str | None, flags: Sequence[str] = ()
 ) -> tuple[Child, str]:
-    child = children.start(f"hetero-serve-{strategy}", hetero_serve_command(replicas, strategy))
+    name = re.sub(r"[^A-Za-z0-9.]+", "_", " ".join([f"hetero-serve-{strategy}", *flags]))
+    child = children.start(name, hetero_serve_command(replicas, strategy, flags))
     found = child.wait_for_line(re.compile(r"hetero serve " + URL.pattern), 60)
     return child, found.group(1)
 

@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -121,6 +122,8 @@ class Settings:
     sglang_policies: tuple[str, ...] = SGLANG_POLICIES
     vllm_router_policies: tuple[str, ...] = VLLM_ROUTER_POLICIES
     client: bool = True
+    # Extra hetero serve configurations, each a string of flags (its default always runs first).
+    hetero_variants: tuple[str, ...] = ()
     status_interval: float = 2.0  # seconds between reads of hetero serve's /status
     seed: int = 0
 
@@ -501,6 +504,7 @@ class Config:
 
 def configs(s: Settings) -> list[Config]:
     out = [Config(f"hetero serve, {DEFAULT_STRATEGY} (default)", "hetero", DEFAULT_STRATEGY)]
+    out += [Config(f"hetero serve {flags}", "hetero", flags) for flags in s.hetero_variants]
     out += [
         Config(
             f"sglang-router, {p}" + (" (its default)" if p == SGLANG_DEFAULT else ""), "sglang", p
@@ -525,7 +529,8 @@ def start_router(
 ) -> tuple[Child | None, list[str]]:
     """The router of ``config`` in front of ``urls`` (told nothing else); where to send."""
     if config.kind == "hetero":
-        child, url = start_hetero_serve(children, list(urls), None)  # its default strategy
+        flags = [] if config.name == DEFAULT_STRATEGY else shlex.split(config.name)
+        child, url = start_hetero_serve(children, list(urls), None, flags)
         return child, [url]
     if config.kind == "sglang":
         child, url = start_sglang_router(children, urls, config.name)
@@ -765,9 +770,12 @@ def comparison(
     """Attainment at each load side by side, hetero's max rate over each anchor's, and the
     project's targets, each said to be met or not."""
     attainment: dict[str, list[float | None]] = {}
+    ours_too: set[str] = set()  # hetero's variants: neither anchors nor the default
     for block in loads:
         for r in block["configs"]:
             attainment.setdefault(r["config"], []).append(r.get("slo_attainment"))
+            if r["kind"] == "hetero":
+                ours_too.add(r["config"])
     out: dict[str, Any] = {
         "loads": [b["load"] for b in loads],
         "slo_attainment": attainment,
@@ -799,7 +807,7 @@ def comparison(
                 "hetero": mine[k],
             }
             for label, a in attainment.items()
-            if label != ours["config"]
+            if label not in ours_too
             for k, b in enumerate(loads)
             if a[k] is not None and (mine[k] or 0.0) < (a[k] or 0.0)
         ]
@@ -1087,6 +1095,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated",
     )
     parser.add_argument("--no-client", action="store_true", help="skip client-side routing")
+    parser.add_argument(
+        "--hetero-variant",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="also run hetero serve with these flags (repeatable), e.g. "
+        "'--strategy shortest_expected_delay'; the targets are judged on the default alone",
+    )
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
 
@@ -1103,6 +1119,7 @@ def main(argv: list[str] | None = None) -> int:
         sglang_policies=args.sglang_policies,
         vllm_router_policies=args.vllm_router_policies,
         client=not args.no_client,
+        hetero_variants=tuple(args.hetero_variant),
     )
     if args.quick:
         s = quick(s)

@@ -129,6 +129,23 @@ def test_power_of_two_never_picks_unusable_and_takes_the_lower_delay() -> None:
     assert policy.pick(WorkItem(), view, allowed) == 5
 
 
+def test_power_of_two_compares_two_devices_sampled_by_the_speeds_learned() -> None:
+    view = view_of([1.0, 1.0])  # alike by the catalog
+    policy = bound("power_of_two", view, seed=3)
+    for _ in range(20):  # device 1 proves ten times slower
+        view.perf.observe(1, "default", 1.0, 10.0)
+    # Sampled twice by the priors, device 1 would be both samples a quarter of the time.
+    assert {policy.pick(WorkItem(cost=1.0), view, None) for _ in range(400)} == {0}
+    view = view_of([1.0] * 20)
+    policy = bound("power_of_two", view, seed=3)
+    for i in range(1, 20):
+        for _ in range(30):
+            view.perf.observe(i, "default", 1.0, 100.0)  # all but device 0 become 100x slower
+    view.outstanding[0] = 5.0  # still the sooner to finish: 6 s against 100 s
+    picks = Counter(policy.pick(WorkItem(cost=1.0), view, None) for _ in range(400))
+    assert picks[0] > 300  # sampled by speed, device 0 is nearly always one of the two
+
+
 def test_adaptive_learns_a_device_is_slower_than_its_catalog() -> None:
     view = view_of([1.0, 1.0])
     policy = bound("adaptive", view, every_completions=10)

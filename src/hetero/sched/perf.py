@@ -53,6 +53,8 @@ class PerfModel:
         self._speed: dict[str, FloatArray] = {}
         self._inv: dict[str, FloatArray] = {}
         self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
+        #: Counts changes to any speed, so a reader can tell cheaply that its copy is stale.
+        self.changes = 0
 
     def prior(self, device: Device, kind: str) -> float:
         """Catalog speed of ``device`` for ``kind`` in work units per second."""
@@ -101,6 +103,7 @@ class PerfModel:
             self._speed[kind] = np.append(arr, prior)
             self._inv[kind] = np.append(self._inv[kind], 1.0 / prior)
         self._fastest.clear()
+        self.changes += 1
         return len(self.devices) - 1
 
     def rescale(self, index: int, factor: float) -> None:
@@ -116,12 +119,14 @@ class PerfModel:
             if self._usable[index]:
                 self._inv[kind][index] = 1.0 / arr[index]
         self._fastest.clear()
+        self.changes += 1
 
     def set_usable(self, index: int, usable: bool) -> None:
         self._usable[index] = usable
         for kind, arr in self._speed.items():
             self._inv[kind][index] = 1.0 / arr[index] if usable else np.inf
         self._fastest.clear()
+        self.changes += 1
 
     def observe(
         self, index: int, kind: str, work: float, seconds: float, concurrency: int = 1
@@ -139,6 +144,7 @@ class PerfModel:
             return  # already right: skip the array writes (the simulator's common case)
         value = current + self.alpha * (observed - current)
         arr[index] = value
+        self.changes += 1
         if self._usable[index]:
             self._inv[kind][index] = 1.0 / value
             self._fastest.pop(kind, None)

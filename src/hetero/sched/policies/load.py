@@ -90,8 +90,9 @@ class ShortestExpectedDelay(Policy):
 
 @register
 class PowerOfTwo(Policy):
-    """Two devices sampled in proportion to speed; the one with the lower expected delay wins
-    (counted as ``shortest_expected_delay`` does, ``overtake_weight`` included).
+    """Two different devices sampled in proportion to their speed as now learned; the one with
+    the lower expected delay wins (counted as ``shortest_expected_delay`` does,
+    ``overtake_weight`` included).
 
     Near shortest_expected_delay's quality at O(log n) per decision, and without herding when
     many routers decide at once on slightly stale load: use it for very large fleets.
@@ -104,23 +105,33 @@ class PowerOfTwo(Policy):
         self.overtake_weight = overtake_weight
         self._rng = np.random.default_rng(seed)
         self._cumulative: list[float] = []
+        self._seen = -1  # PerfModel.changes when _cumulative was built
+        self._age = 0  # picks since
 
     def bind(self, view: FleetView) -> None:
         self._cumulative = np.cumsum(view.speed()).tolist()
+        self._seen = view.perf.changes
+        self._age = 0
 
-    def _sample(self, mask: BoolArray) -> int | None:
+    def _sample(self, mask: BoolArray, other: int = -1) -> int | None:
         cumulative = self._cumulative
         total = cumulative[-1]
         for _ in range(8):
             i = bisect.bisect_right(cumulative, float(self._rng.random()) * total)
             i = min(i, len(cumulative) - 1)
-            if mask[i]:
+            if mask[i] and i != other:
                 return i
         return None
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        # Sample by the speeds learned since, not the priors: rebuilt when they changed, at
+        # most once per len/16 picks so that a large fleet keeps O(log n) per pick on average.
+        self._age += 1
+        if view.perf.changes != self._seen and self._age * 16 >= len(self._cumulative):
+            self.bind(view)
         mask = view.usable if allowed is None else allowed
-        a, b = self._sample(mask), self._sample(mask)
+        a = self._sample(mask)
+        b = None if a is None else self._sample(mask, a)
         inv = view.inv_speed(item.kind)
         cost, weight = item.cost, self.overtake_weight
         if a is None or b is None:
