@@ -70,8 +70,11 @@ def test_engine_waiting_on_two_reads_sets_the_limit_to_what_runs() -> None:
     assert limit.slots == 7
 
 
+TIGHT = CapacityOptions(tolerance=2.0)  # replies over twice their unloaded pace: overload
+
+
 def test_slow_replies_under_load_back_off_once_per_round_trip() -> None:
-    limit = ConcurrencyLimit(declared=20)
+    limit = ConcurrencyLimit(TIGHT, declared=20)
     limit.on_reply(0.0, 0, pace=0.010, latency=1.0)  # unloaded pace
     limit.on_reply(1.0, 19, pace=0.030, latency=2.0)  # 3x slower with 19 others running
     assert limit.slots == 18 and not limit.growing  # 0.9 x (19 + 1)
@@ -83,7 +86,7 @@ def test_slow_replies_under_load_back_off_once_per_round_trip() -> None:
 
 
 def test_a_slow_reply_must_lose_more_than_a_round_trip_to_count() -> None:
-    limit = ConcurrencyLimit(declared=20)
+    limit = ConcurrencyLimit(TIGHT, declared=20)
     limit.on_reply(0.0, 0, pace=0.004, latency=0.07, units=16)
     # 2.5 times its unloaded pace, but 48 ms lost in all: round trip, not overload.
     limit.on_reply(1.0, 19, pace=0.010, latency=0.09, units=8)
@@ -103,7 +106,7 @@ def test_a_reply_too_quick_to_time_does_not_set_the_unloaded_pace() -> None:
 
 
 def test_a_replica_slow_when_idle_moves_its_unloaded_pace_not_its_limit() -> None:
-    limit = ConcurrencyLimit(declared=4)
+    limit = ConcurrencyLimit(TIGHT, declared=4)
     limit.on_reply(0.0, 0, pace=0.01, latency=1.0)
     for k in range(200):
         limit.on_reply(float(k), 0, pace=0.05, latency=1.0)  # alone, 5x slower: it slowed
@@ -112,10 +115,25 @@ def test_a_replica_slow_when_idle_moves_its_unloaded_pace_not_its_limit() -> Non
 
 
 def test_measures_are_compared_with_their_own_unloaded_pace() -> None:
-    limit = ConcurrencyLimit(declared=4)
+    limit = ConcurrencyLimit(TIGHT, declared=4)
     limit.on_reply(0.0, 0, pace=0.001, latency=1.0, measure="token")
     limit.on_reply(0.0, 3, pace=0.02, latency=1.0, measure="work")  # not 20x the token pace
     assert limit.slots == 5  # full and keeping up: it grew
+
+
+def test_by_default_a_cpu_engine_grows_while_its_throughput_does() -> None:
+    # Each step takes 2 ms + 0.6 ms per request in the batch, as a vLLM CPU replica's does:
+    # at 16 requests a reply is 4.5x slower than alone, yet the replica does 3.5x the work.
+    limit = ConcurrencyLimit(declared=2)
+    limit.on_reply(0.0, 0, pace=0.0026, latency=0.2, measure="token", units=63)
+    widest = 0
+    for k in range(40):
+        batch = limit.slots
+        widest = max(widest, batch)
+        pace = 0.002 + 0.0006 * batch
+        limit.on_reply(1.0 + k, batch - 1, pace=pace, latency=pace * 64, measure="token", units=63)
+    # Past 8x slower (32 requests), one more request adds under 2%: there it stops.
+    assert widest == 32 and 28 <= limit.slots <= 30 and not limit.growing
 
 
 def test_congestion_avoidance_grows_one_per_round_of_replies() -> None:

@@ -93,8 +93,8 @@ class Serve(Protocol):
     ) -> Awaitable[Fleet]: ...
 
 
-#: Tests that expect a request on a given replica route deterministically; the router's default
-#: (power_of_two) samples at random.
+#: Tests that expect a request on a given replica route deterministically, whatever the
+#: router's default becomes.
 PINNED = "shortest_expected_delay"
 
 

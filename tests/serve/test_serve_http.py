@@ -612,7 +612,7 @@ async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
         line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
         match = re.fullmatch(
             r"hetero serve listening on (http://127\.0\.0\.1:\d+) "
-            r"\(1 replicas?, strategy power_of_two\)\n",
+            r"\(1 replicas?, strategy shortest_expected_delay\)\n",
             line,
         )
         assert match, line

@@ -54,7 +54,7 @@ def router_url() -> Iterator[str]:
 def test_top_serve_shows_each_replica(router_url: str) -> None:
     result = runner.invoke(app, ["top", "--serve", router_url, "--once"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "strategy power_of_two" in result.output
+    assert "strategy shortest_expected_delay" in result.output
     row = next(line for line in result.output.splitlines() if "fast" in line)
     assert "up" in row and " m " in row and "/ 2.00" in row
     assert row.split("│")[-5].strip() == "1"  # done

@@ -139,9 +139,10 @@ def serve(
         float,
         typer.Option(
             help="A replica whose replies are this many times slower than unloaded (per token "
-            "or unit of work) is full: it gets no more until it drains."
+            "or unit of work) is full: it gets no more until it drains. One more request "
+            "at r times slower adds about 1/r² of a lone request's throughput."
         ),
-    ] = 2.0,
+    ] = 8.0,
     access_log: Annotated[
         str | None,
         typer.Option(
