@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import pickle
+import re
 import sys
 import time
 from collections import deque
@@ -45,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, default_collate
 
 from hetero import comm
+from hetero.config import MAX_SPEED, MIN_SPEED
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
@@ -62,6 +64,10 @@ _PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Back-to-back micro-batches are paced from where the previous one was due to end, so the
 # overshoot of each sleep is made up (as hetero's emulated workers do).
 _PACE_SLACK = 0.002
+# The longest emulated time per sample: longer ones are no device's, and overflow a sleep.
+_MAX_SAMPLE_SECONDS = 3600
+# What a checkpoint holds beside the optional "scaler".
+_CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
 # Step reports kept in ``Trainer.reports``; the whole run is in ``report_path``.
 _KEEP_REPORTS = 10_000
 # Ranks become devices of this spec for PerfModel, their speed the measured throughput.
@@ -170,10 +176,24 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     at_least("seed", 0)
     at_least("report_every", 1)
     at_least("checkpoint_every", 1)
-    for name in ("speed", "emulate_sample_time"):
-        value = getattr(o, name)
-        if value is not None and not _is_positive(value):
-            problems.append((name, f"must be a finite number > 0 or None, got {value!r}"))
+    if o.speed is not None and not (_is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
+        problems.append(
+            (
+                "speed",
+                f"must be a number from {MIN_SPEED:g} to {MAX_SPEED:g} or None, got {o.speed!r}",
+            )
+        )
+    sample_time = o.emulate_sample_time
+    if sample_time is not None and not (
+        _is_positive(sample_time) and sample_time <= _MAX_SAMPLE_SECONDS
+    ):
+        problems.append(
+            (
+                "emulate_sample_time",
+                f"must be a number of seconds > 0 and at most {_MAX_SAMPLE_SECONDS} or None, "
+                f"got {sample_time!r}",
+            )
+        )
     if not _is_positive(o.bucket_cap_mb):
         problems.append(("bucket_cap_mb", f"must be a finite number > 0, got {o.bucket_cap_mb!r}"))
     if o.compression not in _COMPRESSIONS:
@@ -383,24 +403,18 @@ class Trainer:
         path = self.checkpoint_path
         if path is None or not path.exists():
             return None
+        parameters = {name for name, _ in self.model.named_parameters()}
         try:
-            state = torch.load(path, map_location=self._device, weights_only=False)
+            state = _read_checkpoint(path, self._device, parameters)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.sampler.load_state_dict(state["sampler"])
-        except (
-            OSError,
-            RuntimeError,
-            KeyError,
-            ValueError,
-            EOFError,
-            pickle.UnpicklingError,
-        ) as exc:
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise ConfigError([("checkpoint_dir", f"cannot resume from {path}: {exc}")]) from exc
         if self._scaler is not None and state.get("scaler") is not None:
             self._scaler.load_state_dict(state["scaler"])
         self.sampler.set_shares(self.shares)
-        self.steps = int(state["steps"])
+        self.steps = state["steps"]
         return self.steps
 
     # ------------------------------------------------------------------------------ set-up
@@ -698,6 +712,60 @@ def _model_difference(
         if a[1:] != b[1:]:
             return f"{a[0]!r} is {list(b[1])} {b[2]} on rank {rank}, {list(a[1])} {a[2]} on rank 0"
     return f"it has {len(theirs)} parameters and buffers, rank 0 has {len(first)}"
+
+
+def _read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> dict[str, Any]:
+    """The training state saved at ``path``, loaded as tensors and plain values only (to
+    unpickle anything else could run any code: the file may come from a shared filesystem).
+    ``ValueError`` saying what is wrong when it is no training state, lacks a key, or a
+    parameter or the optimizer's state holds NaN or infinity. Buffers are not checked: they may
+    hold infinities on purpose (attention masks)."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        if found is None:
+            raise ValueError("it is not a file of tensors and plain values torch can read") from exc
+        raise ValueError(
+            "it holds an object other than tensors and plain values, which hetero does not load "
+            f"(loading it could run any code): {found.group(1)}"
+        ) from exc
+    except EOFError as exc:
+        raise ValueError("the file is empty or cut short") from exc
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"it holds a {type(state).__name__}, not a training state (a mapping of "
+            f"{', '.join(_CHECKPOINT_KEYS)})"
+        )
+    for key in _CHECKPOINT_KEYS:
+        if key not in state:
+            raise ValueError(f"it has no {key!r}; it holds: {', '.join(map(str, state))}")
+    if not _is_int(state["steps"]) or state["steps"] < 0:
+        raise ValueError(f"its 'steps' is {state['steps']!r}, not a step count (an integer >= 0)")
+    weights = [(f"model {n}", t) for n, t in _named_tensors(state["model"]) if n in parameters]
+    weights += [(f"optimizer {n}", t) for n, t in _named_tensors(state["optimizer"])]
+    for where, tensor in weights:
+        if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.isfinite().all():
+            continue
+        counts = ((int(tensor.isnan().sum()), "NaN"), (int(tensor.isinf().sum()), "infinite"))
+        bad = " and ".join(f"{n} {what}" for n, what in counts if n)
+        raise ValueError(
+            f"{where} holds {bad} of {tensor.numel()} values; a run resumed from it would "
+            "train on nothing but NaN"
+        )
+    return state
+
+
+def _named_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in ``obj`` (nested mappings and sequences), named by its dotted path."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _named_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _named_tensors(value, f"{prefix}.{i}" if prefix else str(i))
 
 
 def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
