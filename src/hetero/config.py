@@ -30,6 +30,9 @@ from hetero.errors import ConfigError
 from hetero.units import format_size, parse_size
 
 __all__ = [
+    "MAX_DEVICES",
+    "MAX_SPEED",
+    "MIN_SPEED",
     "BackendConfig",
     "CommunicationConfig",
     "DeviceConfig",
@@ -40,6 +43,16 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+
+#: The most devices a config may declare, in one entry or in all: more than any fleet hetero
+#: runs or simulates.
+MAX_DEVICES = 100_000
+#: The range of a relative speed (V100 = 1.0): a slow CPU core is about 0.008, a wafer-scale
+#: chip 500. Outside it, durations of cost / speed overflow or round to nothing.
+MIN_SPEED, MAX_SPEED = 1e-6, 1_000_000
+_DAY = 86_400  # seconds
+_YEAR = 365 * _DAY
 
 
 def _positive_size(value: Any) -> int:
@@ -65,8 +78,14 @@ class DeviceConfig(_Strict):
     )
     model: str | None = Field(default=None, description="catalog name, e.g. A100-80GB")
     emulate: bool = False
-    count: int = Field(default=1, ge=1, le=100_000)
-    speed: float | None = Field(default=None, gt=0, description="relative speed (V100 = 1.0)")
+    count: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    speed: float | None = Field(
+        default=None,
+        ge=MIN_SPEED,
+        le=MAX_SPEED,
+        allow_inf_nan=False,
+        description="relative speed (V100 = 1.0)",
+    )
     memory_limit: Size | None = None
     cores: int | None = Field(default=None, ge=1)
     name: str | None = Field(default=None, min_length=1)
@@ -96,7 +115,9 @@ class DeviceConfig(_Strict):
 class SchedulerConfig(_Strict):
     strategy: str = "tail_budget"
     max_queue_size: int = Field(default=1000, ge=1)
-    timeout: float | None = Field(default=None, gt=0, description="seconds per work item")
+    timeout: float | None = Field(
+        default=None, gt=0, le=_YEAR, allow_inf_nan=False, description="seconds per work item"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
     max_retries: int = Field(default=2, ge=0, description="failed attempts retried elsewhere")
     preemption: bool = False
@@ -111,13 +132,17 @@ class SchedulerConfig(_Strict):
         description="an item is passed over only by items arriving within aging × its service time",
     )
     max_bypass: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="seconds: a cap on that window"
+        default=None,
+        gt=0,
+        le=_YEAR,
+        allow_inf_nan=False,
+        description="seconds: a cap on that window",
     )
     batch_sizes: dict[str, int] = Field(
         default_factory=dict, description="static per-device batch size by device id or model"
     )
     monitoring_interval: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="seconds between device polls"
+        default=1.0, gt=0, le=_DAY, allow_inf_nan=False, description="seconds between device polls"
     )
 
     @field_validator("batch_sizes")
@@ -199,7 +224,7 @@ class ReplicaConfig(_Strict):
 
     url: str = Field(description="base URL of an OpenAI-compatible server")
     device: str | None = Field(default=None, description="catalog name of its GPU")
-    speed: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    speed: float | None = Field(default=None, ge=MIN_SPEED, le=MAX_SPEED, allow_inf_nan=False)
     slots: int | None = Field(default=None, ge=1, le=100_000)
     models: list[str] = Field(
         default_factory=list, description="models it serves (default: asked at /v1/models)"
@@ -395,4 +420,12 @@ def _device_problems(devices: list[tuple[int, DeviceConfig]]) -> list[tuple[str,
                     )
                 )
             seen_names.setdefault(dev.name, i)
+    total = sum(dev.count for _, dev in devices)
+    if total > MAX_DEVICES:
+        problems.append(
+            (
+                "devices",
+                f"{total} devices in all ({len(devices)} entries); allowed: at most {MAX_DEVICES}",
+            )
+        )
     return problems

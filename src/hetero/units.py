@@ -6,10 +6,11 @@ as in the SI/IEC standards, so ``8GB`` is 8,000,000,000 bytes and ``8GiB`` is 8,
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["MAX_SIZE", "format_size", "parse_size"]
 
 _UNITS: dict[str, int] = {
     "": 1,
@@ -32,20 +33,37 @@ _UNITS: dict[str, int] = {
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
 ALLOWED = "a byte count or a number with a unit: B, kB, MB, GB, TB, PB, KiB, MiB, GiB, TiB, PiB"
+#: The largest size: what a signed 64-bit byte count holds (8 EiB, far past any machine).
+MAX_SIZE = 2**63 - 1
+# Longer text is no size a person wrote; capping it keeps the arithmetic below small.
+_MAX_CHARS = 64
+# With at most _MAX_CHARS digits, a non-zero number times 10**100 is above MAX_SIZE and times
+# 10**-100 is below half a byte, so larger exponents change nothing and are clamped.
+_MAX_EXPONENT = 100
 
 
 def parse_size(value: str | int | float) -> int:
-    """Return ``value`` in bytes. Raises ``ValueError`` naming the value and what is allowed."""
-    if isinstance(value, bool):
+    """Return ``value`` in bytes, at most ``MAX_SIZE``. Raises ``ValueError`` naming the value
+    and what is allowed."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
-        return round(value)
-    if not isinstance(value, str):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
+    size = _parse_text(value) if isinstance(value, str) else round(value)
+    if size > MAX_SIZE:
+        raise ValueError(
+            f"invalid size {value!r}: allowed: at most 2**63 - 1 bytes "
+            f"({format_size(MAX_SIZE)}), far past any machine's memory"
+        )
+    return size
+
+
+def _parse_text(value: str) -> int:
+    if len(value) > _MAX_CHARS:
+        raise ValueError(
+            f"invalid size {value[:_MAX_CHARS]!r}...: longer than {_MAX_CHARS} characters; "
+            f"expected {ALLOWED}"
+        )
     match = _SIZE_RE.match(value)
     if match is None:
         raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
@@ -53,9 +71,9 @@ def parse_size(value: str | int | float) -> int:
     factor = _UNITS.get(unit.lower())
     if factor is None:
         raise ValueError(f"invalid size {value!r}: unknown unit {unit!r}; expected {ALLOWED}")
+    power = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, int(exponent or 0)))
     # Exact arithmetic: a float would lose bytes past 2**53.
-    amount = Fraction(number) * Fraction(10) ** int(exponent or 0)
-    return round(amount * factor)
+    return round(Fraction(number) * Fraction(10) ** power * factor)
 
 
 def format_size(n_bytes: int | float, binary: bool = True) -> str:

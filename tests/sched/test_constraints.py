@@ -151,3 +151,9 @@ def test_preemption_never_moves_an_item_onto_a_device_going_down() -> None:
     out = d.device_down("d0")
     assert not [i for i in out if isinstance(i, Run) and i.device_id == "d0"]
     d.validate_state()
+
+
+def test_a_timeout_no_timer_can_wait_is_refused_naming_it() -> None:
+    for bad in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ConfigError, match="timeout: must be finite seconds > 0 or None"):
+            Dispatcher(make_devices([1.0]), make_policy("round_robin"), ManualClock(), timeout=bad)

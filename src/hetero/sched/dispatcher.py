@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -148,8 +149,9 @@ class Dispatcher:
         problems = []
         if max_queue_size < 1:
             problems.append(("max_queue_size", f"must be >= 1, got {max_queue_size}"))
-        if timeout is not None and not timeout > 0:
-            problems.append(("timeout", f"must be > 0 seconds or None, got {timeout!r}"))
+        if timeout is not None and not 0 < timeout < math.inf:
+            # An infinite timeout is None: a timer cannot wait that long (OverflowError).
+            problems.append(("timeout", f"must be finite seconds > 0 or None, got {timeout!r}"))
         if max_retries < 0:
             problems.append(("max_retries", f"must be >= 0, got {max_retries}"))
         if queue_order not in QUEUE_ORDERS:
