@@ -40,6 +40,9 @@ MIN_RAY = (2, 9)
 NODE_CONFIG_ENV = "HETERO_NODE_CONFIG"
 
 
+# Ray's switch for machines that run no multi-node cluster: with it off, Ray keeps 127.0.0.1 as
+# a node's address and in the addresses drivers connect to.
+_MULTI_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # A node that dies is known for dead within about 2 s here (Ray's defaults take about 15 s, which
 # suits real networks better than one machine).
 _FAST_HEALTH_CHECKS = {
@@ -98,32 +101,59 @@ def local_cluster(
     """A ``ray.cluster_utils.Cluster`` of one node per config (the first is the head), each
     declaring that fleet; shut down on exit (with this process's Ray connection, if any).
     Connect with ``address=cluster.address``, or, with ``client_port``, through Ray Client at
-    ``ray://127.0.0.1:<client_port>``."""
+    ``ray://127.0.0.1:<client_port>``. Only this machine can reach it: until the block ends,
+    every Ray process started here (nodes added by hand included) listens on 127.0.0.1 only,
+    and the head starts no dashboard."""
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
     if not node_configs:
         raise HeteroError("local_cluster needs at least one node config")
     args = [node_args(c) for c in node_configs]
-    head = {"num_cpus": num_cpus, "_system_config": _FAST_HEALTH_CHECKS, **args[0]}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
-    client: subprocess.Popen[bytes] | None = None
+    head = {
+        "num_cpus": num_cpus,
+        "_system_config": _FAST_HEALTH_CHECKS,
+        "include_dashboard": False,
+        **args[0],
+    }
+    with _loopback_only(ray):
+        cluster = Cluster(initialize_head=True, head_node_args=head)
+        client: subprocess.Popen[bytes] | None = None
+        try:
+            for extra in args[1:]:
+                cluster.add_node(num_cpus=num_cpus, **extra)
+            cluster.wait_for_nodes()
+            if client_port is not None:
+                assert cluster.head_node is not None
+                logs = cluster.head_node.get_logs_dir_path()
+                client = _client_server(ray, cluster.address, client_port, logs)
+            yield cluster
+        finally:
+            if ray.is_initialized():  # a driver still connected would stop the head's removal
+                ray.shutdown()
+            if client is not None:
+                client.terminate()
+                client.wait(10)
+            cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def _loopback_only(ray: Any) -> Iterator[None]:
+    """Ray on this machine alone while the block runs: every node started then listens on
+    127.0.0.1, and drivers (here, and in processes started from here) connect to it there
+    instead of at the machine's outward address, where no node listens."""
+    constants = ray._private.ray_constants
+    saved_env, saved_constant = os.environ.get(_MULTI_NODE_ENV), constants.ENABLE_RAY_CLUSTER
+    os.environ[_MULTI_NODE_ENV] = "0"  # read by the Ray processes started from here
+    constants.ENABLE_RAY_CLUSTER = False  # this process read it when it imported ray
     try:
-        for extra in args[1:]:
-            cluster.add_node(num_cpus=num_cpus, **extra)
-        cluster.wait_for_nodes()
-        if client_port is not None:
-            assert cluster.head_node is not None
-            logs = cluster.head_node.get_logs_dir_path()
-            client = _client_server(ray, cluster.address, client_port, logs)
-        yield cluster
+        yield
     finally:
-        if ray.is_initialized():  # a driver still connected would stop the head's removal
-            ray.shutdown()
-        if client is not None:
-            client.terminate()
-            client.wait(10)
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+        constants.ENABLE_RAY_CLUSTER = saved_constant
+        if saved_env is None:
+            del os.environ[_MULTI_NODE_ENV]
+        else:
+            os.environ[_MULTI_NODE_ENV] = saved_env
 
 
 def _client_server(ray: Any, address: str, port: int, logs_dir: str) -> subprocess.Popen[bytes]:
