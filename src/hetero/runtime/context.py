@@ -76,6 +76,8 @@ R = TypeVar("R")
 
 #: Consecutive worker losses after which a device is marked unhealthy and its work moves.
 UNHEALTHY_AFTER = 3
+#: Messages by which a worker lets go of an order: it ran it, or it does not hold it.
+_LET_GO = frozenset({"done", "error", "dropped"})
 
 _open: list[Context] = []  # open contexts, oldest first (get_memory_usage takes the newest)
 _ids = itertools.count(1)
@@ -123,6 +125,7 @@ class _Task:
     attempt: int = 0
     device: int = -1
     sent: float = 0.0
+    order: int = 0  # orders sent before this attempt's (a worker runs its orders in turn)
     result: Any = None
     reply: TaskReply | None = None
     checkpoint_dir: str | None = None
@@ -319,6 +322,10 @@ class Context:
         self._closed = False
         self._closing = False
         self._stops = [0] * len(fleet)  # orders cancelled per device, not yet confirmed
+        self._orders = itertools.count()
+        # Devices whose worker was told to stop the task it runs: the tasks stopped there that
+        # the worker has not yet let go of. Such a device takes no work until it has, or is gone.
+        self._holding: dict[int, set[int]] = {}
         self._started = False
         self._warned: set[str] = set()
         self._profiles: list[_Profiling] = []
@@ -661,28 +668,73 @@ class Context:
 
     def _apply(self, out: list[Instruction], endings: list[_Ending]) -> None:
         """Carry out the dispatcher's instructions (called with the lock held)."""
+        more: list[Instruction] = []
         for ins in out:
             if type(ins) is Run:
-                self._run(ins)
+                if ins.device in self._holding:
+                    more += self._redirect(ins)
+                else:
+                    self._run(ins)
             elif type(ins) is Finish:
                 self._finish(ins, endings)
             elif type(ins) is Stop:
-                task = self._tasks.get(ins.item.id)  # type: ignore[arg-type]
-                if task is not None and task.device >= 0:
-                    self._on_device[task.device].discard(task.id)
-                    status = "failed" if "timed out" in ins.reason else "cancelled"
-                    self._trace(task, None, status, ins.reason)
-                    self._stops[task.device] += 1
-                    self.backend.cancel(task.device, task.id)
-                    task.device = -1
-        if self._backlog:
+                more += self._stop(ins)
+        if more:
+            self._apply(more, endings)
+        elif self._backlog:
             self._drain_backlog(endings)
+
+    def _stop(self, ins: Stop) -> list[Instruction]:
+        """Have the worker stop a task: an order not yet started is dropped; to stop the one it
+        runs, the worker ends (the backend kills it if it cannot: C code holding the GIL). Until
+        it has let go of that task, its device is held (drained: its queue moves on, nothing
+        new is placed there), since the slot is not free while the task may still run."""
+        task = self._tasks.get(ins.item.id)  # type: ignore[arg-type]
+        if task is None or task.device < 0:
+            return []
+        device = task.device
+        on_device = self._on_device[device]
+        on_device.discard(task.id)
+        status = "failed" if "timed out" in ins.reason else "cancelled"
+        self._trace(task, None, status, ins.reason)
+        self._stops[device] += 1
+        self.backend.cancel(device, task.id)
+        task.device = -1
+        held = self._holding.get(device)
+        if held is not None:
+            held.add(task.id)
+            return []
+        tasks = self._tasks
+        if not self.dispatcher.view.usable[device] or any(
+            tasks[t].order < task.order for t in on_device if t in tasks
+        ):
+            return []  # its device is going down or away, or it waits behind another order
+        self._holding[device] = {task.id}
+        return self.dispatcher.drain_device(self.devices[device].id)
+
+    def _redirect(self, ins: Run) -> list[Instruction]:
+        """A ``Run`` decided before its device was held, whose worker is being stopped: placed
+        again (charged no attempt), unless it has ended since (later in the same burst)."""
+        rec = self.dispatcher.records.get(ins.item.id)
+        if rec is None or rec.state is not ItemState.RUNNING or rec.device != ins.device:
+            return []
+        return self.dispatcher.requeue(ins.item.id, "its device is stopping a task")
+
+    def _stopped(self, device: int, task_id: int, endings: list[_Ending]) -> None:
+        """The worker of held ``device`` has let go of ``task_id`` (dropped it, or replied);
+        once it has let go of every task stopped there, the device takes work again."""
+        held = self._holding[device]
+        held.discard(task_id)
+        if not held:
+            del self._holding[device]
+            self._apply(self.dispatcher.device_up(self.devices[device].id), endings)
 
     def _run(self, ins: Run) -> None:
         task = self._tasks[ins.item.id]  # type: ignore[index]
         task.attempt += 1
         task.device = ins.device
         task.sent = time.monotonic()
+        task.order = next(self._orders)
         self._on_device[ins.device].add(task.id)
         for name, _, owned in task.packed.segments if task.packed is not None else ():
             if owned:
@@ -862,6 +914,8 @@ class Context:
                 elif tag == "warn" and msg[1] not in self._warned:
                     self._warned.add(msg[1])
                     log.warning("%s", msg[1])
+                if device in self._holding and tag in _LET_GO:
+                    self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id, endings)
         self.backend.flush()
         self._settle(endings)
 
@@ -915,6 +969,7 @@ class Context:
         with self._lock:
             if self._closed:
                 return
+            held = self._holding.pop(device, None) is not None  # the worker is gone now
             lost = [
                 t
                 for t in map(self._tasks.get, sorted(self._on_device[device]))
@@ -945,6 +1000,8 @@ class Context:
                         out += self.dispatcher.requeue(task.id, reason)
                     else:
                         out += self.dispatcher.fail(task.id, reason, retryable=True)
+                if held:
+                    out += self.dispatcher.device_up(self.devices[device].id)
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
             self._apply(out, endings)
@@ -981,6 +1038,7 @@ class Context:
             dev = self.devices[device]
             self._on_device[device].clear()
             self._stops[device] = 0
+            self._holding.pop(device, None)
             out = self.dispatcher.remove_device(dev.id, reason)
             log.warning("%s left the fleet: %s", dev.id, reason)
             self._apply(out, endings)
@@ -1006,10 +1064,11 @@ class Context:
     def _stranded(self, task: _Task) -> bool:
         """Whether no usable device may run ``task`` (devices that left never come back)."""
         view = self.dispatcher.view
+        holding = self._holding  # held devices take work again once their worker lets go
         if task.only is None:
-            return not view.usable.any()
+            return not (view.usable.any() or holding)
         index = view.index
-        return not any(view.usable[index[i]] for i in task.only)
+        return not any(view.usable[index[i]] or index[i] in holding for i in task.only)
 
     def _attempt_ended(
         self,
@@ -1049,7 +1108,7 @@ class Context:
                 target=self._expire_loop, daemon=True, name="hetero-timer"
             )
             self._timer.start()
-            self._status = StatusWriter()
+            self._status = _status_writer()
             self._monitor = Monitor(
                 self._monitor_targets, self._on_sample, interval=self.monitoring_interval
             )
@@ -1101,6 +1160,7 @@ class Context:
                     held = max(0, sample.memory_used - int(view.mem_used[i]))
                     out += self.dispatcher.set_external_memory(device.id, held)
                 if sample.errors and not device.emulated and device.kind.value == "gpu":
+                    self._holding.pop(i, None)  # down now: it takes no work until device_up
                     out += self.dispatcher.device_down(device.id, "device reported errors")
             endings: list[_Ending] = []
             self._apply(out, endings)
@@ -1159,7 +1219,7 @@ class Context:
                         "model": device.model,
                         "kind": device.kind.value,
                         "emulated": device.emulated,
-                        "healthy": bool(d.view.usable[i]),
+                        "healthy": bool(d.view.usable[i]) or i in self._holding,
                         "speed": float(speed[i]) if done else None,
                         "prior_speed": d.perf.prior(device, "default"),
                         "running": int(d.view.running[i]),
@@ -1270,6 +1330,18 @@ class _ProfileBlock:
         assert self._prof is not None
         self.profile, paths = self._ctx._finish_profile(self._prof)
         self.paths = tuple(paths)
+
+
+def _status_writer() -> StatusWriter | None:
+    """The writer of this process's status for ``hetero top``, or ``None`` (with a warning) when
+    its directory cannot be used: a run does not fail for want of a status file."""
+    writer = StatusWriter()
+    try:
+        writer.prepare()
+    except (HeteroError, OSError) as exc:
+        log.warning("%s; this Context publishes no status for `hetero top`", exc)
+        return None
+    return writer
 
 
 def _usage(sample: DeviceSample) -> str:

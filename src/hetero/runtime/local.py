@@ -6,6 +6,12 @@ the driver by a socket pair (no re-import of the user's ``__main__``, so scripts
 (``CUDA_VISIBLE_DEVICES`` / ``HIP_VISIBLE_DEVICES``); the CPU worker is pinned to its cores.
 One reader thread serves every worker; orders queue per worker and go out as one frame when
 the engine flushes.
+
+Workers are started from one thread that lives as long as the backend, because the kernel's
+signal that kills a worker with its driver (``PR_SET_PDEATHSIG``) fires when the *thread* that
+started it exits. A worker told to stop a task it runs ends itself at once, unless the task
+holds the GIL (C code): then the reader thread kills it, and the processes its task started,
+``STOP_GRACE_S`` seconds later.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import contextlib
 import logging
 import os
 import pickle
+import queue
 import signal
 import socket
 import subprocess
@@ -21,14 +28,16 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, TypeVar
 
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError
 from hetero.runtime.backend import Backend, BackendEvents
+from hetero.runtime.procs import kill_tree
 from hetero.runtime.serialize import remove_prefix, remove_segments, remove_stale
 from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
 
@@ -36,7 +45,15 @@ __all__ = ["LocalBackend"]
 
 log = logging.getLogger("hetero.runtime")
 
-_WORKER_MAIN = "import sys; from hetero.runtime.worker import main; main(int(sys.argv[1]))"
+#: More devices than this per CPU core get a warning when the local backend starts.
+WORKERS_PER_CORE = 4
+T = TypeVar("T")
+
+_WORKER_MAIN = (
+    "import sys; from hetero.runtime.worker import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+)
+#: Seconds a worker has to end a task it was told to stop before it is killed.
+STOP_GRACE_S = 1.0
 _EXIT_REASONS = {
     3: "stopped to end a task",
     4: "over its memory limit",
@@ -55,6 +72,43 @@ class _Worker:
     functions: set[str] = field(default_factory=set)
     closed: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
+    # Tasks it was told to stop, not yet confirmed over (a reply, a dropped order): task id ->
+    # when the worker is killed if it has not confirmed by then. Guarded by the backend's
+    # _stop_lock, not by ``lock``, which a send to a worker that does not read may hold.
+    stopping: dict[int, float] = field(default_factory=dict)
+    killed: bool = False  # by the reader thread, for not stopping a task in time
+
+
+class _Launcher:
+    """Starts worker processes from a thread of its own, which lives until ``close``: a worker
+    gets the kernel's kill signal when the thread that started it exits, and the threads that
+    ask for workers (the caller's, which may be short-lived) must not be that thread."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="hetero-launcher")
+        self._thread.start()
+
+    def call(self, start: Callable[[], T]) -> T:
+        """``start()``, run by the launcher's thread."""
+        done: Future[T] = Future()
+        self._requests.put((start, done))
+        return done.result()
+
+    def close(self) -> None:
+        """Stop the thread (after the workers it started have ended)."""
+        self._requests.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            start, done = request
+            try:
+                done.set_result(start())
+            except BaseException as exc:
+                done.set_exception(exc)
 
 
 class LocalBackend(Backend):
@@ -81,14 +135,28 @@ class LocalBackend(Backend):
         self._reader: threading.Thread | None = None
         self._recycled: deque[tuple[str, int]] = deque()
         self._started: list[_Worker] = []  # spawned, not yet watched by the reader
+        self._launcher: _Launcher | None = None
+        self._stop_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------- Backend
 
     def start(self, devices: Sequence[Device], events: BackendEvents) -> None:
         self._devices = list(devices)
         self._events = events
+        cores = os.cpu_count() or 1
+        # A few emulated devices per core are fine (they mostly sleep); dozens are a mistake.
+        if len(self._devices) > WORKERS_PER_CORE * cores:
+            log.warning(
+                "%d devices start up to %d worker processes on %d CPU cores (more than %d per "
+                "core): they will take turns on the cores and slow one another",
+                len(self._devices),
+                len(self._devices),
+                cores,
+                WORKERS_PER_CORE,
+            )
         remove_stale()  # shared memory left by drivers that were killed
         self._workers = [None] * len(self._devices)
+        self._launcher = _Launcher()
         self._reader = threading.Thread(target=self._read, daemon=True, name="hetero-backend")
         self._reader.start()
 
@@ -106,7 +174,11 @@ class LocalBackend(Backend):
         if worker is not None:
             with worker.lock:
                 worker.outbox.append(("cancel", task_id))
+            with self._stop_lock:
+                worker.stopping[task_id] = time.monotonic() + STOP_GRACE_S
             self._flush(worker)
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"x")  # the reader watches the new deadline
 
     def restart(self, device: int) -> None:
         with self._lock:
@@ -142,14 +214,16 @@ class LocalBackend(Backend):
             remove_segments([(*self._recycled.popleft(), True)])
         self._wake_r.close()
         self._wake_w.close()
+        if self._launcher is not None:
+            self._launcher.close()
         remove_prefix(self._prefix)
 
     # --------------------------------------------------------------------------- internals
 
     def _spawn(self, index: int) -> _Worker:
         with self._lock:
-            if self._closed:
-                raise BackendError("the backend is closed")
+            if self._closed or self._launcher is None:
+                raise BackendError("the backend is closed" if self._closed else "not started")
             existing = self._workers[index]
             if existing is not None:
                 return existing
@@ -170,12 +244,15 @@ class LocalBackend(Backend):
                 env.setdefault("OPENBLAS_NUM_THREADS", "1")
                 env.setdefault("MKL_NUM_THREADS", "1")
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=False,
+                args = [sys.executable, "-c", _WORKER_MAIN, str(theirs.fileno()), str(os.getpid())]
+                proc = self._launcher.call(
+                    lambda: subprocess.Popen(
+                        args,
+                        pass_fds=(theirs.fileno(),),
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=False,
+                    )
                 )
             except OSError as exc:
                 ours.close()
@@ -269,7 +346,7 @@ class LocalBackend(Backend):
                 self._started.clear()
                 if self._closed and not by_conn:
                     return
-            ready = wait([wake, *by_conn])
+            ready = wait([wake, *by_conn], self._kill_late(by_conn.values()))
             for obj in ready:
                 if obj is wake:
                     with contextlib.suppress(OSError):
@@ -282,6 +359,8 @@ class LocalBackend(Backend):
                     del by_conn[obj]
                     self._lost(worker)
                     continue
+                if worker.stopping:
+                    self._confirm_stops(worker, messages)
                 if self._workers[worker.index] is not worker:
                     continue  # from a worker already replaced: its tasks were dealt with
                 if messages[0][0] == "ready":
@@ -302,7 +381,12 @@ class LocalBackend(Backend):
         if not current or self._events is None:
             return
         device = self._devices[worker.index].id
-        if code < 0:
+        if worker.killed:
+            reason = (
+                f"worker of {device} was killed: a task it was told to stop was still running "
+                f"{STOP_GRACE_S:g} s later (C code holding the GIL cannot be interrupted)"
+            )
+        elif code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
@@ -315,14 +399,46 @@ class LocalBackend(Backend):
         except Exception:
             log.exception("error handling the loss of the worker of %s", device)
 
+    def _kill_late(self, workers: Iterable[_Worker]) -> float | None:
+        """Kill each worker (with what its task started) that has not stopped a task in time;
+        returns the seconds until the next stop falls due (``None``: none is pending)."""
+        now = time.monotonic()
+        due: list[float] = []
+        late: list[_Worker] = []
+        with self._stop_lock:
+            for worker in workers:
+                if not worker.stopping:
+                    continue
+                first = min(worker.stopping.values())
+                if first > now:
+                    due.append(first)
+                    continue
+                worker.stopping.clear()
+                if worker.proc.poll() is None:
+                    worker.killed = True
+                    late.append(worker)
+        for worker in late:
+            log.debug("killing worker pid %d: a stopped task still runs", worker.proc.pid)
+            kill_tree(worker.proc.pid)
+        return max(0.0, min(due) - now) if due else None
+
+    def _confirm_stops(self, worker: _Worker, messages: list[tuple[Any, ...]]) -> None:
+        """Forget the stops that ``messages`` show are over: a dropped order, a task's reply."""
+        with self._stop_lock:
+            for msg in messages:
+                tag = msg[0]
+                if tag == "dropped":
+                    worker.stopping.pop(msg[1], None)
+                elif tag == "done" or tag == "error":
+                    worker.stopping.pop(msg[1].task_id, None)
+
     def _end(self, worker: _Worker, kill: bool, timeout: float = 5.0) -> None:
         if kill and worker.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                worker.proc.kill()
+            kill_tree(worker.proc.pid)
         try:
             worker.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            worker.proc.kill()
+            kill_tree(worker.proc.pid)
             worker.proc.wait()
         with worker.lock:
             worker.closed = True

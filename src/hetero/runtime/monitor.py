@@ -23,6 +23,7 @@ import psutil
 
 from hetero.devices.discovery import bus_id_key, nvml_text, optional_module, visible_gpu_indices
 from hetero.devices.spec import Device, DeviceKind
+from hetero.runtime.procs import tree_rss
 
 __all__ = [
     "DeviceSample",
@@ -53,7 +54,7 @@ class DeviceSample:
     memory_total: int | None  # bytes, capped by the device's memory_limit
     temperature: float | None  # °C
     errors: int | None  # uncorrected ECC errors since the driver loaded
-    rss: int | None  # bytes resident in the device's worker process
+    rss: int | None  # bytes resident in the device's worker and the processes its tasks started
     healthy: bool
 
 
@@ -189,7 +190,8 @@ _processes_lock = threading.Lock()
 
 
 def _process_stats(pid: int) -> tuple[bool, float | None, int | None]:
-    """``(alive, cpu percent, rss)`` of ``pid``; cpu is ``None`` on the first look at it."""
+    """``(alive, cpu percent, rss)`` of ``pid``; cpu is ``None`` on the first look at it. The
+    rss counts the processes under ``pid`` too: what a task starts is its device's load."""
     try:
         with _processes_lock:
             proc = _processes.get(pid)
@@ -203,7 +205,7 @@ def _process_stats(pid: int) -> tuple[bool, float | None, int | None]:
             if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped
                 raise psutil.NoSuchProcess(pid)
             cpu = proc.cpu_percent(interval=None)
-            rss = proc.memory_info().rss
+            rss = tree_rss(proc)
         return True, None if first else cpu, rss
     except psutil.NoSuchProcess:
         with _processes_lock:

@@ -2,13 +2,20 @@
 
 Each process running a Context writes ``<pid>.json`` into the status directory, replacing it
 whole on every update, and removes it on exit. Readers drop the files of processes that are gone.
+
+The directory is private: made with mode 0700, and used only when it belongs to this user and no
+one else may write to it. ``/tmp/hetero-<uid>`` is a name any local user can take first, and the
+owner of the directory decides what ``hetero top`` shows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import pwd
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,14 +23,19 @@ from typing import Any, TypedDict, cast
 
 import psutil
 
+from hetero.errors import HeteroError
+
 __all__ = [
     "DeviceStatus",
     "StatusSnapshot",
     "StatusWriter",
     "TaskCounts",
+    "check_private_dir",
     "read_statuses",
     "status_dir",
 ]
+
+log = logging.getLogger("hetero.runtime")
 
 # A file is stale when its pid now belongs to a process started after the file's last update;
 # the slack absorbs the rounding of process start times.
@@ -85,16 +97,63 @@ def status_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path("/tmp") / f"hetero-{os.getuid()}"
 
 
+def check_private_dir(path: Path) -> bool:
+    """Whether ``path`` exists; ``HeteroError`` (naming the path, its owner or mode, and what is
+    expected) unless it is a directory that this user owns and that no one else may write to,
+    reached through no one else's symbolic link."""
+    try:
+        link = path.lstat()
+        found = path.stat() if stat.S_ISLNK(link.st_mode) else link
+    except FileNotFoundError:
+        return False
+    mode = stat.S_IMODE(found.st_mode)
+    me = os.getuid()
+    if link.st_uid != me:
+        what = "is a symbolic link" if link is not found else "is"
+        problem = f"{what} owned by {_user(link.st_uid)}"
+    elif not stat.S_ISDIR(found.st_mode):
+        problem = "is not a directory"
+    elif found.st_uid != me:
+        problem = f"is owned by {_user(found.st_uid)}"
+    elif mode & 0o022:
+        problem = f"has mode {mode:o}, which lets other users write to it"
+    else:
+        return True
+    raise HeteroError(
+        f"status directory {path} {problem}; expected a directory owned by {_user(me)} with "
+        "mode 0700 (its owner decides what `hetero top` shows). Remove it, or set "
+        "HETERO_STATUS_DIR to a private directory"
+    )
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # no such user in the password database
+        return f"uid {uid}"
+
+
 class StatusWriter:
     """Publishes one process's snapshots at ``path`` (default: ``<status dir>/<pid>.json``)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else status_dir() / f"{os.getpid()}.json"
+        self._ready = False
+
+    def prepare(self) -> None:
+        """Make the directory (mode 0700) if need be and check that it is private to this user
+        (``HeteroError`` if not); ``write`` does it on first use."""
+        if self._ready:
+            return
+        # Private to this user: the snapshot names config paths and device load.
+        with contextlib.suppress(FileExistsError):
+            self.path.parent.mkdir(mode=0o700, parents=True)
+        check_private_dir(self.path.parent)
+        self._ready = True
 
     def write(self, snapshot: StatusSnapshot) -> None:
         """Replace the file with ``snapshot``; a reader sees the old file or the new, whole."""
-        # Private to this user: the snapshot names config paths and device load.
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.prepare()
         # The temporary name does not end in .json, so readers never pick it up.
         fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".", suffix=".tmp")
         try:
@@ -113,9 +172,16 @@ class StatusWriter:
 def read_statuses(directory: str | Path | None = None) -> list[StatusSnapshot]:
     """The snapshots of the Contexts running now, oldest ``started`` first.
 
-    Files of processes that have exited are deleted; unreadable or invalid ones are skipped.
+    Files of processes that have exited are deleted; unreadable or invalid ones are skipped. A
+    directory that is not private to this user is not read (a warning says why).
     """
     folder = Path(directory) if directory is not None else status_dir()
+    try:
+        if not check_private_dir(folder):
+            return []
+    except HeteroError as exc:
+        log.warning("%s; not reading it", exc)
+        return []
     found: list[StatusSnapshot] = []
     for path in folder.glob("*.json"):
         if not path.stem.isdigit():

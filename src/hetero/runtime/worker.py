@@ -1,16 +1,19 @@
 """The worker process: runs one device's tasks, one at a time, for the local backend.
 
-Started by the local backend as ``python -c "…main(FD)"`` with one end of a socket pair. Frames
-both ways are pickled lists of messages, so a burst of tiny tasks costs one system call per
-burst, not per task. The main thread runs tasks from an inbox; a reader thread fills the inbox,
-answers cancellations and notices the driver going away.
+Started by the local backend as ``python -c "…main(FD, DRIVER_PID)"`` with one end of a socket
+pair. Frames both ways are pickled lists of messages, so a burst of tiny tasks costs one system
+call per burst, not per task. The main thread runs tasks from an inbox; a reader thread fills the
+inbox, answers cancellations and notices the driver going away. The kernel kills the worker when
+its driver dies (``PR_SET_PDEATHSIG``), even while a task holds the GIL and no thread here can
+run; whenever the worker ends itself, it takes the processes its task started with it.
 
 Driver -> worker: ``("init", WorkerSetup, PROTOCOL)``, ``("fn", key, bytes)``,
 ``("run", TaskOrder)``, ``("recycle", [(name, size)])`` (result files the driver let go),
 ``("cancel", task_id)``, ``("exit",)``.
 Worker -> driver: ``("ready", pid)``, ``("done", TaskReply)``, ``("error", TaskReply)``,
 ``("released", [name])`` (argument files it no longer maps),
-``("dropped", task_id)``, ``("warn", text)``.
+``("dropped", task_id)`` (a cancelled order it does not run: not started, or already ended),
+``("warn", text)``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import cloudpickle
 
 from hetero.devices.spec import Device
 from hetero.runtime import current
+from hetero.runtime.procs import die_with_parent, kill_tree, tree_rss
 from hetero.runtime.serialize import Packed, SegmentPool, pack, unpack
 
 __all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main", "run_order"]
@@ -185,42 +189,53 @@ def _reader(state: _State) -> None:
             if dropped:
                 _send(state, dropped)
     except (EOFError, OSError):
-        # The driver is gone (the kernel closed its end, however it died): nothing to report
-        # to. This thread reads whatever the main thread runs, so a long task ends here too.
-        # (Not PR_SET_PDEATHSIG: it fires when the *thread* that started the worker exits.)
-        os._exit(0)
+        # The driver closed its end (or died, if the kernel's signal has not come first):
+        # nothing to report to. This thread reads whatever the main thread runs, so a long
+        # task ends here too.
+        _exit(0)
+
+
+def _exit(code: int) -> None:
+    """End this worker now, and the processes its task started (they would outlive it)."""
+    kill_tree(os.getpid(), root=False)
+    os._exit(code)
 
 
 def _cancel(state: _State, task_id: int) -> list[tuple[Any, ...]]:
     """Drop ``task_id`` from the inbox; if it is running, end the process (the only way to stop
-    Python code), after which the driver restarts this device's worker."""
+    Python code), after which the driver restarts this device's worker. An order this worker
+    does not hold (its reply is on the way) is confirmed as dropped too, so that the driver
+    knows at once that nothing of it runs here."""
+    if state.running == task_id:
+        _exit(3)
     for order in state.inbox:
         if order.task_id == task_id:
             state.inbox.remove(order)
-            return [("dropped", task_id)]
-    if state.running == task_id:
-        os._exit(3)
-    return []
+            break
+    return [("dropped", task_id)]
 
 
 def _watch_memory(state: _State, limit: int, interval: float) -> None:
+    """Fail the running task and end the worker when the worker and the processes its task
+    started hold more than ``limit`` bytes together (a limit per process, such as RLIMIT_AS,
+    would let each child have as much again)."""
     import psutil
 
     proc = psutil.Process()
     while True:
         time.sleep(interval)
-        rss = proc.memory_info().rss
+        rss = tree_rss(proc)
         if rss > limit and state.running >= 0:
             order_id, attempt = state.running, state.attempt
             text = (
-                f"MemoryError: worker memory {rss / 1e9:.2f} GB exceeded the device's limit "
-                f"{limit / 1e9:.2f} GB"
+                f"MemoryError: worker memory {rss / 1e9:.2f} GB (with the processes its task "
+                f"started) exceeded the device's limit {limit / 1e9:.2f} GB"
             )
             now = time.monotonic()
             reply = TaskReply(order_id, attempt, now, now, error=text)
             with contextlib.suppress(Exception):
                 _send(state, [("error", reply)])
-            os._exit(4)
+            _exit(4)
 
 
 def _limit_frameworks(device: Device, limit: int | None) -> None:
@@ -336,7 +351,8 @@ def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -
     return base
 
 
-def main(fd: int) -> None:
+def main(fd: int, driver: int) -> None:
+    die_with_parent(driver)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     state = _State(Connection(fd))
     threading.Thread(target=_reader, args=(state,), daemon=True, name="hetero-reader").start()
