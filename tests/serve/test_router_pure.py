@@ -47,8 +47,16 @@ def test_breaker_opens_after_threshold_failures_in_a_row() -> None:
     # More failures while open neither reopen it nor push its cooldown back.
     assert breaker.failure(16.0, "e4") is False
     assert breaker.state == "open"
-    assert breaker.may_probe(16.9) is False
-    assert breaker.may_probe(17.0) is True  # 12 + 5
+    assert breaker.probe_ok(16.9) is False
+    assert breaker.probe_ok(17.0) is True  # 12 + 5
+
+
+def test_breaker_kept_closed_counts_its_failures() -> None:
+    breaker = Breaker(threshold=2, cooldown=5.0)
+    for t in (1.0, 2.0, 3.0):
+        assert breaker.failure(t, "e", may_open=False) is False
+    assert breaker.state == "closed" and breaker.failures == 3
+    assert breaker.failure(4.0, "e") is True  # once it may open
 
 
 def test_breaker_success_resets_the_count_of_failures_in_a_row() -> None:
@@ -61,12 +69,21 @@ def test_breaker_success_resets_the_count_of_failures_in_a_row() -> None:
     assert breaker.state == "closed"
 
 
-def test_breaker_cooldown_half_opens_and_a_success_closes() -> None:
+def test_a_probe_never_clears_a_closed_breakers_failures() -> None:
+    """A hung replica still answers its health check: only a request's success counts."""
+    breaker = Breaker(threshold=2, cooldown=5.0)
+    breaker.failure(1.0, "timed out")
+    assert breaker.probe_ok(2.0) is False
+    assert breaker.failure(3.0, "timed out") is True
+
+
+def test_breaker_cooldown_half_opens_and_a_request_success_closes() -> None:
     breaker = Breaker(threshold=1, cooldown=5.0)
     assert breaker.failure(100.0, "down") is True
-    assert breaker.may_probe(104.999) is False and breaker.state == "open"
-    assert breaker.may_probe(105.0) is True and breaker.state == "half_open"
-    assert breaker.may_probe(105.0) is True  # stays half-open until a probe decides
+    assert breaker.success() is False and breaker.state == "open"  # a request begun before
+    assert breaker.probe_ok(104.999) is False and breaker.state == "open"
+    assert breaker.probe_ok(105.0) is True and breaker.state == "half_open"
+    assert breaker.probe_ok(106.0) is False  # stays half-open until a request decides
     assert breaker.success() is True
     assert breaker.state == "closed" and breaker.failures == 0
 
@@ -75,11 +92,11 @@ def test_breaker_failure_in_half_open_reopens_at_once() -> None:
     breaker = Breaker(threshold=3, cooldown=5.0)
     for t in (0.0, 1.0, 2.0):
         breaker.failure(t, "e")
-    assert breaker.may_probe(7.0) is True
-    assert breaker.failure(8.0, "probe failed") is True  # one failure, not three
+    assert breaker.probe_ok(7.0) is True
+    assert breaker.failure(8.0, "timed out") is True  # one failure, not three
     assert breaker.state == "open" and breaker.opened_at == 8.0
-    assert breaker.may_probe(12.0) is False
-    assert breaker.may_probe(13.0) is True
+    assert breaker.probe_ok(12.0) is False
+    assert breaker.probe_ok(13.0) is True
 
 
 @pytest.mark.parametrize(
@@ -94,29 +111,35 @@ def test_breaker_rejects_bad_settings(threshold: int, cooldown: float, message: 
 # --- gray failures -----------------------------------------------------------------------------
 
 
-def test_gray_replica_is_far_below_the_fleet_median() -> None:
-    assert gray_replicas([1.0, 1.1, 0.3], [1.0, 1.0, 1.0], [20, 20, 20], 0.35, 20) == [2]
-    assert gray_replicas([1.0, 1.1, 0.4], [1.0, 1.0, 1.0], [20, 20, 20], 0.35, 20) == []
+def gray(speeds: list[float], classes: list[str | None], done: list[int]) -> list[int]:
+    """Positions of the gray replicas at the router's defaults (0.35 of the median, 20 done)."""
+    return [i for i, _ in gray_replicas(speeds, classes, done, 0.35, 20)]
 
 
-def test_gray_compares_with_each_replicas_own_device_class() -> None:
-    # A T4 at a third of an A100's speed is as expected when its prior says so.
-    assert gray_replicas([3.0, 3.0, 1.0], [3.0, 3.0, 1.0], [50, 50, 50], 0.35, 20) == []
-    assert gray_replicas([3.0, 3.0, 0.3], [3.0, 3.0, 1.0], [50, 50, 50], 0.35, 20) == [2]
+def test_gray_replica_is_far_below_the_median_of_its_peers() -> None:
+    assert gray_replicas([1.0, 1.1, 0.3], ["A"] * 3, [20] * 3, 0.35, 20) == [(2, 0.3)]
+    assert gray([1.0, 1.1, 0.4], ["A"] * 3, [20] * 3) == []
+
+
+def test_gray_compares_replicas_declared_alike_only() -> None:
+    # A T4 at a tenth of an A100's speed is compared with T4s, not with A100s.
+    classes: list[str | None] = ["A100", "A100", "T4"]
+    assert gray([3.0, 3.0, 0.3], classes, [50] * 3) == []
+    assert gray([3.0, 3.0, 0.3, 1.0, 1.0], [*classes, "T4", "T4"], [50] * 5) == [2]
 
 
 def test_gray_needs_min_done_completions_and_two_comparable_replicas() -> None:
-    speeds, priors = [1.0, 1.0, 0.1], [1.0, 1.0, 1.0]
-    assert gray_replicas(speeds, priors, [20, 20, 19], 0.35, 20) == []  # too few to judge
-    assert gray_replicas([1.0, 0.1], [1.0, 1.0], [20, 19], 0.35, 20) == []  # one comparable
-    assert gray_replicas([1.0, 0.1], [1.0, 0.0], [20, 20], 0.35, 20) == []  # no prior
-    assert gray_replicas([0.1], [1.0], [100], 0.35, 20) == []
-    assert gray_replicas([1.0, 0.1], [1.0, 1.0], [20, 20], 0.35, 20) == [1]
+    speeds, classes = [1.0, 1.0, 0.1], ["A", "A", "A"]
+    assert gray(speeds, classes, [20, 20, 19]) == []  # too few to judge
+    assert gray([1.0, 0.1], ["A", "A"], [20, 19]) == []  # one comparable
+    assert gray([1.0, 0.1], ["A", None], [20, 20]) == []  # no class
+    assert gray([0.1], ["A"], [100]) == []
+    assert gray([1.0, 0.1], ["A", "A"], [20, 20]) == [1]
 
 
 def test_gray_uses_the_median_not_the_mean() -> None:
     # One very fast replica does not make the others look gray.
-    assert gray_replicas([1.0, 1.0, 1.0, 50.0], [1.0] * 4, [30] * 4, 0.35, 20) == []
+    assert gray([1.0, 1.0, 1.0, 50.0], ["A"] * 4, [30] * 4) == []
 
 
 @settings(max_examples=100, deadline=None)
@@ -127,10 +150,14 @@ def test_gray_uses_the_median_not_the_mean() -> None:
 )
 def test_gray_ignores_the_unit_of_speed(speeds: list[float], scale: float, ratio: float) -> None:
     n = len(speeds)
-    done = [20] * n
-    plain = gray_replicas(speeds, [1.0] * n, done, ratio, 20)
-    assert gray_replicas([s * scale for s in speeds], [scale] * n, done, ratio, 20) == plain
-    assert gray_replicas([speeds[0]] * n, [1.0] * n, done, ratio, 20) == []
+    done, classes = [20] * n, ["A"] * n
+
+    def positions(values: list[float]) -> list[int]:
+        return [i for i, _ in gray_replicas(values, classes, done, ratio, 20)]
+
+    plain = positions(speeds)
+    assert positions([s * scale for s in speeds]) == plain
+    assert positions([speeds[0]] * n) == []
     # Never more than half the fleet: the median itself is never gray.
     assert len(plain) <= n // 2
 
@@ -162,7 +189,16 @@ def test_rate_limiter_keys_have_buckets_of_their_own() -> None:
     assert limiter.burst == 1.0
     assert limiter.take("alice") == 0.0
     assert limiter.take("alice") == 1.0
-    assert limiter.take("bob") == 0.0
+    assert limiter.take("bob", "10.0.0.2") == 0.0
+    assert limiter.take("bob", "10.0.0.2") == 1.0
+
+
+def test_rate_limiter_charges_a_new_key_to_its_address() -> None:
+    limiter = RateLimiter(rate=1.0, clock=FakeClock())
+    assert limiter.take("alice", "10.0.0.1") == 0.0
+    assert limiter.take("invented", "10.0.0.1") == 1.0  # the address's token is spent
+    assert limiter.take("", "10.0.0.1") == 1.0  # as is a request without a key
+    assert len(limiter) == 2  # alice and the address; the refused key is not kept
 
 
 def test_rate_limiter_burst_defaults_to_one_second_of_rate_and_at_least_one() -> None:
@@ -220,7 +256,7 @@ def test_requested_max_tokens() -> None:
     ],
 )
 def test_bad_max_tokens_raise_naming_the_key(payload: dict[str, Any], key: str) -> None:
-    with pytest.raises(ValueError, match=f"^{key} must be an integer >= 0, got "):
+    with pytest.raises(ValueError, match=f"^{key} must be an integer from 0 to 2147483647, got "):
         requested_max_tokens(payload)
 
 
@@ -268,7 +304,7 @@ def test_replica_flag_with_a_speed_and_options() -> None:
         ("http://h:1=speed:2,color=red", "bad option 'color=red'"),
         ("http://h:1=speed:2,slots", "bad option 'slots'"),
         ("http://h:1=speed:fast", "speed: Input should be a valid number"),
-        ("http://h:1=speed:0", "speed: Input should be greater than 0"),
+        ("http://h:1=speed:0", "speed: Input should be greater than or equal to 0.000001"),
         ("http://h:1=speed:1,slots=0", "slots: Input should be greater than or equal to 1"),
         ("http://h:1=A100-80", "closest catalog names: A100-80GB"),
         ("ftp://h:1=speed:1", "url: expected http://HOST[:PORT]"),
@@ -392,22 +428,41 @@ async def test_admission_errors_say_what_is_wrong() -> None:
     assert_settled(router)
 
 
-async def test_open_circuit_refuses_and_a_probe_after_cooldown_closes_it() -> None:
+async def test_open_circuit_takes_no_work_and_a_probe_after_cooldown_half_opens_it() -> None:
     options = RouterOptions(strategy=PINNED, breaker_threshold=2, breaker_cooldown=1e-9)
-    router = Router([replica("a")], options)
+    router = Router([replica("a", speed=10.0), replica("b")], options)
     state = router.by_name["a"]
+
+    def circuit() -> tuple[str, str]:
+        listed = router.status()["replicas"][0]
+        return listed["circuit"], listed["state"]
+
     router.replica_failed(state, "health check: refused")
-    assert router.status()["replicas"][0]["state"] == "up"
+    assert circuit() == ("closed", "up")
     router.replica_failed(state, "health check: refused")
-    assert router.status()["replicas"][0]["state"] == "down"
-    with pytest.raises(NoReplica, match="a circuit open: health check: refused"):
-        router.admit("m", 1, None)
+    assert circuit() == ("open", "down")
+    elsewhere = router.admit("m", 1, None)
+    assert ran_on(elsewhere) == 1  # not on a, ten times as fast
     await asyncio.sleep(0.001)  # past the (tiny) cooldown
     router.probe_ok(state)
-    assert router.status()["replicas"][0]["circuit"] == "closed"
+    assert circuit() == ("half_open", "up")
     ticket = router.admit("m", 1, None)
+    assert ran_on(ticket) == 0  # on trial
+    router.complete(ticket, 5, 0.1)
+    assert circuit() == ("closed", "up")
+    router.complete(elsewhere, 5, 0.1)
+    assert_settled(router)
+
+
+async def test_the_last_replica_of_a_model_keeps_its_circuit_closed() -> None:
+    options = RouterOptions(strategy=PINNED, breaker_threshold=1)
+    router = Router([replica("a", models="m|x"), replica("b")], options)
+    router.replica_failed(router.by_name["a"], "health check: refused")
+    assert router.status()["replicas"][0]["state"] == "failing"  # the only one serving x
+    ticket = router.admit("x", 1, None)
     assert ran_on(ticket) == 0
     router.complete(ticket, 5, 0.1)
+    assert router.status()["replicas"][0]["state"] == "up"
     assert_settled(router)
 
 

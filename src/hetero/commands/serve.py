@@ -14,7 +14,7 @@ import typer
 from hetero._cli_util import fail, print_problems
 from hetero.config import load_config
 from hetero.errors import ConfigError, HeteroError
-from hetero.sched.registry import policy_names
+from hetero.sched.registry import policy_names, unknown_strategy
 from hetero.serve.router import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:
@@ -113,6 +113,22 @@ def serve(
     health_interval: Annotated[
         float, typer.Option(help="Seconds between health checks of each replica.")
     ] = 2.0,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a connection has to send a request's headers (from its opening or "
+            "its previous answer); then it is closed. Also how long an idle keep-alive "
+            "connection stays open."
+        ),
+    ] = 15.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Client connections open at once; one more is refused (503). Default: from "
+            "the descriptor limit (ulimit -n), so that the router never runs out.",
+            show_default=False,
+        ),
+    ] = None,
     load_interval: Annotated[
         float,
         typer.Option(
@@ -183,14 +199,7 @@ def serve(
                 [("--replica", "no replicas: give --replica URL, or a config with replicas:")]
             )
         if strategy is not None and strategy not in policy_names() and ":" not in strategy:
-            raise ConfigError(
-                [
-                    (
-                        "--strategy",
-                        f"unknown strategy {strategy!r}; allowed: {', '.join(policy_names())}",
-                    )
-                ]
-            )
+            raise ConfigError([("--strategy", unknown_strategy(strategy))])
         scheduler = file.scheduler if file is not None else None
         # The config's strategy only when it names one: the engine's default is not the router's.
         chosen = scheduler if scheduler and "strategy" in scheduler.model_fields_set else None
@@ -217,6 +226,8 @@ def serve(
                 max_body=max_body,
                 rate_limit=rate_limit,
                 health_interval=health_interval,
+                header_timeout=header_timeout,
+                max_connections=max_connections,
                 load_interval=load_interval,
                 load_reads=load_reads,
             ),

@@ -18,7 +18,14 @@ __all__ = ["fetch_status", "serve_view", "watch_serve"]
 
 _TEXT = ("replica", "state", "engine", "models", "load")
 _COLUMNS = (*_TEXT, "speed", "run", "queue", "slots", "done", "fail", "tok/s", "latency")
-_STATE_STYLE = {"up": "green", "busy": "yellow", "draining": "yellow", "gray": "red", "down": "red"}
+_STATE_STYLE = {
+    "up": "green",
+    "busy": "yellow",
+    "draining": "yellow",
+    "failing": "red",
+    "gray": "red",
+    "down": "red",
+}
 
 
 def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:

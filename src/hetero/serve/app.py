@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import resource
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,19 @@ from aiohttp import web
 from hetero.config import ReplicaConfig
 from hetero.errors import ConfigError, QueueFull
 from hetero.sched import Finish
-from hetero.serve.cost import prompt_tokens, requested_max_tokens
+from hetero.serve.cost import brief, prompt_tokens, requested_max_tokens
+from hetero.serve.logs import RepeatFilter
 from hetero.serve.metrics import ServeMetrics
 from hetero.serve.poller import LoadPoller
-from hetero.serve.proxy import Outcome, error_json, forward, forward_stream, uncancel
+from hetero.serve.proxy import (
+    Outcome,
+    client_gone,
+    error_json,
+    exhausted,
+    forward,
+    forward_stream,
+    uncancel,
+)
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import replica_from_config
 from hetero.serve.router import NoReplica, Router, Ticket, UnknownModel
@@ -37,6 +47,16 @@ log = logging.getLogger("hetero.serve")
 access_log = logging.getLogger("hetero.serve.access")
 
 _COMPLETIONS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+#: Descriptors kept, besides two per client connection (its own and one to a replica), for the
+#: listeners, load reads, health checks, the admin API and files.
+_SPARE_DESCRIPTORS = 64
+_ADMIN_CONNECTIONS = 16
+#: Loggers whose repeated messages are written once per interval (their children are not:
+#: the access log keeps every line).
+_FLOODABLE = ("asyncio", "aiohttp.server", "aiohttp.web", "hetero.serve")
+#: The status of a request whose client hung up before its answer (nginx's "client closed").
+_CLIENT_GONE = 499
+_PRIORITY_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +74,90 @@ class ServeOptions:
     load_interval: float = 0.1  # seconds between reads of each replica's published load
     load_reads: float = 50.0  # reads per second over the whole fleet at most (their budget)
     drain_timeout: float = 30.0
+    # Seconds a connection has to send a request's headers, from its opening or its previous
+    # answer (so also how long an idle keep-alive connection stays open).
+    header_timeout: float = 15.0
+    # Client connections open at once at most (None: as many as the descriptor limit,
+    # RLIMIT_NOFILE, allows; never more).
+    max_connections: int | None = None
 
     def __post_init__(self) -> None:
         problems = [
             (name, f"must be a number > 0, got {value!r}")
-            for name in ("health_interval", "load_interval", "load_reads")
+            for name in ("health_interval", "load_interval", "load_reads", "header_timeout")
             if not (isinstance(value := getattr(self, name), int | float) and 0 < value < 1e9)
         ]
+        cap = self.max_connections
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            problems.append(("max_connections", f"must be an integer >= 1, got {cap!r}"))
         if problems:
             raise ConfigError(problems)
+
+
+def connection_cap(replicas: int) -> int:
+    """Client connections to keep open at most: each may hold one to a replica as well, so
+    half of what the descriptor limit leaves once the rest of the process has its share."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2**20
+    return max(1, (soft - _SPARE_DESCRIPTORS - _ADMIN_CONNECTIONS - 4 * replicas) // 2)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 and closed at once (a client that has already
+    sent its request may see the connection reset instead)."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self.answer)
+        transport.close()
+
+
+class _CappedSite(web.BaseSite):
+    """A TCP listener that keeps at most ``cap`` connections open; one more is refused at
+    once. Without a cap, connections that send nothing use up the process's descriptors:
+    ``accept()`` then fails in a loop, and every client waits."""
+
+    __slots__ = ("_answer", "_cap", "_host", "_port")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, cap: int) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._cap = host, port, cap
+        message = (
+            f"hetero serve has {cap} connections open, its limit (--max-connections, by "
+            "default from the descriptor limit); retry later"
+        )
+        body = error_json(message, "service_unavailable", 503).encode()
+        self._answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) < self._cap:
+                return server()
+            log.warning(
+                "refusing connections: %d open, the limit (--max-connections; a higher "
+                "descriptor limit, ulimit -n, raises it)",
+                self._cap,
+            )
+            return _Refused(self._answer)
+
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(protocol, self._host, self._port)
 
 
 def _error(
@@ -93,6 +188,7 @@ class Server:
         self.poller: LoadPoller | None = None
         self.url = ""
         self.admin_url: str | None = None
+        self._repeats = RepeatFilter()
         app = web.Application(client_max_size=options.max_body)
         for path in _COMPLETIONS:
             app.router.add_post(path, self._completion)
@@ -107,6 +203,8 @@ class Server:
     async def start(self) -> str:
         """Listen, learn what the replicas serve, and start health checks; returns the URL."""
         o = self.options
+        for name in _FLOODABLE:
+            logging.getLogger(name).addFilter(self._repeats)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             cookie_jar=aiohttp.DummyCookieJar(),  # replicas set no cookies worth keeping
@@ -119,7 +217,16 @@ class Server:
         self.poller = LoadPoller(self.router, self.session, o.load_interval, max_reads=o.load_reads)
         for state in self.router.replicas:
             self.poller.watch(state)
-        self.url = await self._listen(self.app, o.host, o.port)
+        cap = connection_cap(len(self.router.replicas))
+        if o.max_connections is not None and o.max_connections > cap:
+            log.warning(
+                "max_connections %d is more than the descriptor limit allows (ulimit -n %d): "
+                "%d are kept open at most",
+                o.max_connections,
+                resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                cap,
+            )
+        self.url = await self._listen(self.app, o.host, o.port, min(o.max_connections or cap, cap))
         if o.admin_key:
             admin = web.Application()
             admin.router.add_get("/admin/replicas", self._admin_list)
@@ -128,14 +235,24 @@ class Server:
             admin.router.add_post("/admin/replicas/{name}/undrain", self._admin_undrain)
             admin.router.add_delete("/admin/replicas/{name}", self._admin_remove)
             port = o.admin_port if o.admin_port is not None else (o.port + 1 if o.port else 0)
-            self.admin_url = await self._listen(admin, o.admin_host, port)
+            self.admin_url = await self._listen(admin, o.admin_host, port, _ADMIN_CONNECTIONS)
         self._health = asyncio.create_task(self._health_loop())
         return self.url
 
-    async def _listen(self, app: web.Application, host: str, port: int) -> str:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    async def _listen(self, app: web.Application, host: str, port: int, cap: int) -> str:
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            # A client of the front that hangs up cancels its handler, and with it the request
+            # upstream (an admin call runs to its end).
+            handler_cancellation=app is self.app,
+            # aiohttp closes a connection idle this long, from its opening on: one whose
+            # headers do not come in time too.
+            keepalive_timeout=self.options.header_timeout,
+        )
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = _CappedSite(runner, host, port, cap)
         await site.start()
         self._runners.append(runner)
         server = site._server
@@ -169,6 +286,8 @@ class Server:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        for name in _FLOODABLE:
+            logging.getLogger(name).removeFilter(self._repeats)
 
     # ------------------------------------------------------------------ health
 
@@ -207,8 +326,9 @@ class Server:
                     if status != 200:
                         raise ValueError(f"health check answered HTTP {status}")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError) as exc:
-            self.metrics.errors.labels(replica.name, "health").inc()
-            self.router.replica_failed(state, f"health check: {type(exc).__name__}: {exc}")
+            if exhausted(exc) is None:  # else the router's own fault: no replica is blamed
+                self.metrics.errors.labels(replica.name, "health").inc()
+                self.router.replica_failed(state, f"health check: {type(exc).__name__}: {exc}")
             return
         self.router.probe_ok(state)
 
@@ -228,6 +348,13 @@ class Server:
             )
         try:
             payload = json.loads(body)
+        except RecursionError:
+            return self._refused(
+                arrived,
+                400,
+                "request body is nested too deeply (JSON arrays and objects within each other)",
+                "invalid_request_error",
+            )
         except ValueError as exc:
             return self._refused(
                 arrived, 400, f"request body is not valid JSON: {exc}", "invalid_request_error"
@@ -247,11 +374,14 @@ class Server:
         raw_priority = request.headers.get("x-priority", "0")
         try:
             priority = int(raw_priority)
+            if abs(priority) > _PRIORITY_LIMIT:
+                raise ValueError(raw_priority)
         except ValueError:
             return self._refused(
                 arrived,
                 400,
-                f"header x-priority must be an integer (higher first), got {raw_priority!r}",
+                f"header x-priority must be an integer from {-_PRIORITY_LIMIT} to "
+                f"{_PRIORITY_LIMIT} (higher first), got {brief(raw_priority)}",
                 "invalid_request_error",
             )
         embeddings = request.path == "/v1/embeddings"
@@ -260,12 +390,14 @@ class Server:
         except ValueError as exc:
             return self._refused(arrived, 400, str(exc), "invalid_request_error")
         if self.limiter is not None:
-            wait = self.limiter.take(_api_key(request))
+            wait = self.limiter.take(_api_key(request), request.remote or "")
             if wait:
                 return self._refused(
                     arrived,
                     429,
-                    "rate limit of this API key reached",
+                    f"rate limit reached ({self.limiter.rate:g} requests/s per API key; "
+                    "requests without a key, or with one new to the router, share one per "
+                    "client address)",
                     "rate_limit_error",
                     {"Retry-After": str(max(1, round(wait)))},
                 )
@@ -285,8 +417,12 @@ class Server:
             )
         stream = payload.get("stream") is True and not embeddings
         outcome = Outcome()
-        response = await self._serve(request, ticket, body, stream, outcome)
-        self._answered(request, ticket, response, outcome, arrived, model, priority)
+        try:
+            response = await self._serve(request, ticket, body, stream, outcome)
+        except asyncio.CancelledError:  # the client hung up (its request has ended upstream)
+            self._answered(request, ticket, _CLIENT_GONE, outcome, arrived, model, priority)
+            raise
+        self._answered(request, ticket, response.status, outcome, arrived, model, priority)
         return response
 
     def _refused(
@@ -337,7 +473,7 @@ class Server:
                             self.session, router, ticket, state, request.path, body, outcome
                         )
                 except asyncio.CancelledError:
-                    if not ticket.stopped:
+                    if not ticket.stopped or client_gone(request):
                         raise
                     uncancel()
                     continue  # the dispatcher placed it again, or finished it
@@ -354,7 +490,7 @@ class Server:
         self,
         request: web.Request,
         ticket: Ticket,
-        response: web.StreamResponse,
+        status: int,
         outcome: Outcome,
         arrived: float,
         model: str,
@@ -362,9 +498,7 @@ class Server:
     ) -> None:
         latency = time.monotonic() - arrived
         replica = self.router.replicas[ticket.replica].replica.name if ticket.replica >= 0 else "-"
-        self.metrics.answered(
-            replica, response.status, latency, outcome.output_tokens, outcome.ttft
-        )
+        self.metrics.answered(replica, status, latency, outcome.output_tokens, outcome.ttft)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
                 json.dumps(
@@ -372,7 +506,7 @@ class Server:
                         "time": round(time.time(), 3),
                         "path": request.path,
                         "model": model,
-                        "status": response.status,
+                        "status": status,
                         "replica": replica,
                         "attempts": ticket.attempts,
                         "latency_s": round(latency, 4),

@@ -11,20 +11,40 @@ from typing import Any
 
 from hetero.sched.item import CostModel
 
-__all__ = ["CHARS_PER_TOKEN", "OutputLengths", "prompt_tokens", "requested_max_tokens"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "MAX_TOKENS",
+    "OutputLengths",
+    "brief",
+    "prompt_tokens",
+    "requested_max_tokens",
+]
 
 #: Characters per token of the prompt estimate (English text in BPE vocabularies: 3.5 to 4.5).
 CHARS_PER_TOKEN = 4
+#: The largest output cap a request may ask for (engines count tokens in 32-bit integers).
+MAX_TOKENS = 2**31 - 1
+
+
+def brief(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, shortened when long (a bad value quoted back in an error)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def _chars(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_chars(v) for v in value)
-    if isinstance(value, dict):  # a content part: {"type": "text", "text": ...}
-        return _chars(value.get("text")) + _chars(value.get("content"))
-    return 0
+    # Walked with a stack of its own: a body nested as deep as JSON allows must not exhaust
+    # Python's recursion.
+    chars, stack = 0, [value]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, dict):  # a content part: {"type": "text", "text": ...}
+            stack += (value.get("text"), value.get("content"))
+    return chars
 
 
 def prompt_tokens(payload: dict[str, Any]) -> int:
@@ -40,12 +60,19 @@ def prompt_tokens(payload: dict[str, Any]) -> int:
 
 
 def requested_max_tokens(payload: dict[str, Any]) -> int | None:
-    """The output cap a request asks for (``max_completion_tokens`` or ``max_tokens``)."""
+    """The output cap a request asks for (``max_completion_tokens`` or ``max_tokens``);
+    ``ValueError`` naming the field, the value and what is allowed when it is not one."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = payload.get(key)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{key} must be an integer >= 0, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_TOKENS
+            ):
+                raise ValueError(
+                    f"{key} must be an integer from 0 to {MAX_TOKENS}, got {brief(value)}"
+                )
             return value
     return None
 

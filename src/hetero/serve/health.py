@@ -4,13 +4,19 @@ Pure code over an injected clock, so the state machines are tested without serve
 
 ::
 
-    closed ──(threshold failures in a row)──► open ──(cooldown passed)──► half_open
-       ▲                                        ▲                            │
-       └──────────────(a success)───────────────┼────────────(a failure)─────┘
+    closed ──(threshold failures in a row)──► open ──(cooldown passed, a probe answers)──► half_open
+       ▲                                        ▲                                              │
+       └───────────(a request succeeds)─────────┼──────────────(a failure)─────────────────────┘
+
+A half-open replica takes requests again: the first one decides. A health probe never closes a
+circuit by itself, nor clears a closed one's failures: a hung replica still answers its health
+check.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Hashable, Sequence
 from enum import Enum
 
 __all__ = ["Breaker", "CircuitState", "gray_replicas"]
@@ -26,8 +32,8 @@ class CircuitState(str, Enum):
 
 
 class Breaker:
-    """Opens after ``threshold`` consecutive failures; after ``cooldown`` seconds one probe
-    (a health check) may close it again, and a failure then reopens it at once."""
+    """Opens after ``threshold`` consecutive failures; after ``cooldown`` seconds a probe that
+    answers half-opens it, and then the next request's outcome closes or reopens it."""
 
     def __init__(self, threshold: int = 3, cooldown: float = 5.0) -> None:
         if threshold < 1:
@@ -41,11 +47,12 @@ class Breaker:
         self.opened_at = 0.0
         self.last_error = ""
 
-    def failure(self, now: float, reason: str) -> bool:
-        """Count a failure; True when this one opened the circuit."""
+    def failure(self, now: float, reason: str, may_open: bool = True) -> bool:
+        """Count a failure; True when this one opened the circuit. ``may_open=False`` counts it
+        and leaves the circuit as it is (the replica is the last one of its model)."""
         self.failures += 1
         self.last_error = reason
-        if self.state is CircuitState.OPEN:
+        if self.state is CircuitState.OPEN or not may_open:
             return False
         if self.state is CircuitState.HALF_OPEN or self.failures >= self.threshold:
             self.state = CircuitState.OPEN
@@ -54,35 +61,47 @@ class Breaker:
         return False
 
     def success(self) -> bool:
-        """Count a success; True when it closed an open or half-open circuit."""
+        """A request succeeded; True when that closed a half-open circuit. An open circuit
+        stays open: the request began before it opened."""
+        if self.state is CircuitState.OPEN:
+            return False
         self.failures = 0
         if self.state is CircuitState.CLOSED:
             return False
         self.state = CircuitState.CLOSED
         return True
 
-    def may_probe(self, now: float) -> bool:
-        """Whether an open circuit has cooled down (it turns half-open: one probe decides)."""
+    def probe_ok(self, now: float) -> bool:
+        """A health probe answered; True when that half-opened an open circuit whose cooldown
+        has passed (it may take requests again)."""
         if self.state is CircuitState.OPEN and now - self.opened_at >= self.cooldown:
             self.state = CircuitState.HALF_OPEN
-        return self.state is not CircuitState.OPEN
+            return True
+        return False
 
 
 def gray_replicas(
-    learned: list[float], prior: list[float], completed: list[int], ratio: float, min_done: int
-) -> list[int]:
-    """Positions of replicas far slower than their device class: learned speed over prior
-    below ``ratio`` times the fleet's median of that quotient (so the prior's unit cancels),
+    learned: Sequence[float],
+    classes: Sequence[Hashable | None],
+    completed: Sequence[int],
+    ratio: float,
+    min_done: int,
+) -> list[tuple[int, float]]:
+    """Replicas far slower than their peers, as ``(position, its speed over its peers'
+    median)``: a learned speed below ``ratio`` times the median of the replicas of its class
+    (declared alike: the same ``classes`` entry; ``None`` is no class and is never compared),
     counting only replicas with at least ``min_done`` completions."""
-    quotients = [
-        (i, learned[i] / prior[i])
-        for i in range(len(learned))
-        if completed[i] >= min_done and prior[i] > 0
-    ]
-    if len(quotients) < 2:
-        return []  # nothing to compare with
-    ordered = sorted(q for _, q in quotients)
-    median = ordered[len(ordered) // 2]
-    # Far below, not at the edge: a quotient equal to the bound up to rounding is not gray.
-    bound = ratio * median * (1 - 1e-9)
-    return [i for i, q in quotients if q < bound]
+    peers: dict[Hashable, list[int]] = {}
+    for i, kind in enumerate(classes):
+        if kind is not None and completed[i] >= min_done:
+            peers.setdefault(kind, []).append(i)
+    gray = []
+    for members in peers.values():
+        if len(members) < 2:
+            continue  # nothing to compare with
+        # The true median: of two replicas, their mean, so that neither is its own yardstick.
+        median = statistics.median(learned[i] for i in members)
+        # Far below, not at the edge: a speed equal to the bound up to rounding is not gray.
+        bound = ratio * median * (1 - 1e-9)
+        gray += [(i, learned[i] / median) for i in members if learned[i] < bound]
+    return sorted(gray)

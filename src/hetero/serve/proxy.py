@@ -9,7 +9,10 @@ started, a failure ends it with an error event instead: tokens already sent cann
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -20,7 +23,18 @@ from hetero.serve.router import ReplicaState, Router, Ticket
 if TYPE_CHECKING:
     from hetero.serve.metrics import ServeMetrics
 
-__all__ = ["Outcome", "error_json", "forward", "forward_stream", "retry_after", "uncancel"]
+__all__ = [
+    "Outcome",
+    "client_gone",
+    "error_json",
+    "exhausted",
+    "forward",
+    "forward_stream",
+    "retry_after",
+    "uncancel",
+]
+
+log = logging.getLogger("hetero.serve")
 
 _JSON = {"Content-Type": "application/json"}
 _SSE_HEADERS = {
@@ -29,6 +43,8 @@ _SSE_HEADERS = {
     "X-Accel-Buffering": "no",
 }
 _SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+#: What a process runs out of (descriptors, buffers, memory): its own fault, not a replica's.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class Outcome:
@@ -66,6 +82,42 @@ def _attempt_failed(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
+def exhausted(exc: BaseException) -> str | None:
+    """What this process ran out of, when that is why ``exc`` happened ("Too many open
+    files"; then it is logged: the router's fault, never a replica's), else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # an exception's causes, a few deep
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in _EXHAUSTED:
+            what = os.strerror(seen.errno)
+            log.warning(
+                "hetero serve ran out of resources (%s): requests are refused (503) and no "
+                "replica is blamed; for descriptors, raise its limit (ulimit -n)",
+                what,
+            )
+            return what
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _attempt_error(router: Router, ticket: Ticket, exc: BaseException) -> web.Response | None:
+    """An attempt that could not reach its replica: when the router itself ran out of
+    resources, the request ends (failed, no replica blamed) with this 503; otherwise the
+    replica is blamed (``fail``: it is retried elsewhere) and the answer is None."""
+    what = exhausted(exc)
+    if what is None:
+        router.fail(ticket, _attempt_failed(exc))
+        return None
+    router.cancel(ticket, f"hetero serve ran out of resources: {what}", failed=True)
+    message = f"hetero serve is out of resources ({what}); retry later"
+    return web.Response(
+        status=503,
+        text=error_json(message, "service_unavailable", 503),
+        headers={**_JSON, "Retry-After": "1"},
+    )
+
+
 async def forward(
     session: aiohttp.ClientSession,
     router: Router,
@@ -84,8 +136,7 @@ async def forward(
             status = reply.status
             headers = reply.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        router.fail(ticket, _attempt_failed(exc))
-        return None
+        return _attempt_error(router, ticket, exc)
     latency = loop.time() - started
     if status != 200:
         return _not_ok(router, ticket, status, data, headers, latency)
@@ -177,8 +228,7 @@ async def forward_stream(
     try:
         reply = await session.post(state.replica.url + path, data=body, headers=_JSON)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        router.fail(ticket, _attempt_failed(exc))
-        return None
+        return _attempt_error(router, ticket, exc)
     response: web.StreamResponse | None = None
     counts = [0, -1]
     try:
@@ -196,6 +246,7 @@ async def forward_stream(
             router.fail(ticket, problem or "closed the stream before its first event")
             return None
         # Committed: from here a failure ends the stream instead of retrying it.
+        ticket.answering = True
         outcome.ttft = loop.time() - started
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
@@ -214,7 +265,7 @@ async def forward_stream(
         router.cancel(ticket, ticket.stopped)
         return response
     except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-        if response is None or not _client_gone(request):
+        if response is None or not client_gone(request):
             raise _BrokenStream(str(exc)) from exc
         router.cancel(ticket, "client disconnected")
         return response
@@ -239,7 +290,8 @@ class _BrokenStream(Exception):
     pass
 
 
-def _client_gone(request: web.Request) -> bool:
+def client_gone(request: web.Request) -> bool:
+    """Whether the client's connection is closed (or closing)."""
     transport = request.transport
     return transport is None or transport.is_closing()
 

@@ -26,6 +26,7 @@ from hetero.sched import (
     Dispatcher,
     Finish,
     Instruction,
+    ItemState,
     MonotonicClock,
     PerfModel,
     Run,
@@ -74,6 +75,7 @@ class RouterOptions:
     breaker_cooldown: float = 5.0
     gray_ratio: float = 0.35
     gray_min_done: int = 20
+    gray_cooldown: float = 30.0  # seconds a gray replica is out of service before a new trial
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
 
     def __post_init__(self) -> None:
@@ -90,6 +92,10 @@ class RouterOptions:
             problems.append(("unit_rate", f"must be > 0, got {self.unit_rate!r}"))
         if not 0 < self.gray_ratio < 1:
             problems.append(("gray_ratio", f"must be between 0 and 1, got {self.gray_ratio!r}"))
+        if not 0 < self.gray_cooldown < float("inf"):
+            problems.append(
+                ("gray_cooldown", f"must be a number of seconds > 0, got {self.gray_cooldown!r}")
+            )
         if problems:
             raise ConfigError(problems)
 
@@ -112,6 +118,7 @@ class Ticket:
     stopped: str = ""  # why the dispatcher stopped the running attempt
     task: asyncio.Task[Any] | None = None  # the handler, while it talks to a replica
     ended: bool = False
+    answering: bool = False  # the replica's answer has begun reaching the client: it stays
 
 
 @dataclass(slots=True, eq=False)
@@ -129,6 +136,8 @@ class ReplicaState:
     output_tokens: int = 0
     latency_sum: float = 0.0
     gray: bool = False
+    gray_since: float = 0.0  # when it was last found gray (the router's clock)
+    judged_from: int = 0  # its completions before its last return to service
     draining: bool = False
     removed: bool = False
     held_until: float = 0.0  # answered 429: no new requests before then
@@ -205,7 +214,7 @@ class Router:
     def admit(self, model: str, prompt: int, max_tokens: int | None, priority: int = 0) -> Ticket:
         """Submit one request. Raises ``UnknownModel``, ``NoReplica`` or ``QueueFull``."""
         names = self.replicas_for(model)
-        if self.closing or not any(self._takes_work(self.by_name[n]) for n in names):
+        if self.closing or not any(self._in_service(self.by_name[n]) for n in names):
             raise NoReplica(
                 "the router is shutting down"
                 if self.closing
@@ -228,15 +237,36 @@ class Router:
         self._arm_timer()
         return ticket
 
-    def _takes_work(self, state: ReplicaState) -> bool:
-        return bool(self.dispatcher.view.usable[state.index]) or (
-            state.held_until > 0 and not state.draining and not state.removed
+    def _in_service(self, state: ReplicaState) -> bool:
+        """Whether the replica takes new work (once a 429's hold is over): not removed,
+        drained, gray, nor its circuit open."""
+        return not (
+            state.removed
+            or state.draining
+            or state.gray
+            or state.breaker.state is CircuitState.OPEN
+        )
+
+    def _resume(self, state: ReplicaState) -> None:
+        """Give the replica new work again if nothing keeps it out of service."""
+        if self._in_service(state) and not state.held_until:
+            self._apply(self.dispatcher.device_up(state.replica.name))
+
+    def _sole_server(self, state: ReplicaState) -> str | None:
+        """A model that no other replica in service serves (then this one must stay in
+        service, however it fares: without it the model has none), or None."""
+        if not self._in_service(state):
+            return None
+        others = [s for s in self.replicas if s is not state and self._in_service(s)]
+        return next(
+            (m for m in state.replica.models if not any(m in s.replica.models for s in others)),
+            None,
         )
 
     def _why_down(self, state: ReplicaState) -> str:
         if state.removed:
             return f"{state.replica.name} removed"
-        if state.draining:
+        if state.draining or state.gray:
             return f"{state.replica.name} draining" + (" (gray failure)" if state.gray else "")
         return f"{state.replica.name} circuit {state.breaker.state}: {state.breaker.last_error}"
 
@@ -265,7 +295,7 @@ class Router:
         state.completed += 1
         state.latency_sum += latency
         if state.breaker.success():
-            self._circuit_closed(state)
+            log.info("replica %s: circuit closed", state.replica.name)
         self._finish(ticket)
         self._apply(self.dispatcher.complete(ticket.id, work=work))
         if state.completed % 16 == 0:
@@ -336,11 +366,11 @@ class Router:
         opens = self._breaker_opens(state, reason)
         if opens:
             # No new work there before this attempt is failed: its slot must not start the
-            # request queued behind it (which device_down would then stop and charge).
+            # request queued behind it.
             self._apply(self.dispatcher.drain_device(name))
         self._apply(self.dispatcher.fail(ticket.id, f"{name}: {reason}", retryable))
         if opens:
-            self._apply(self.dispatcher.device_down(name, f"circuit open: {reason}"))
+            self._move_unanswered(state, f"circuit open: {reason}")
 
     def busy(self, ticket: Ticket, retry_after: float) -> None:
         """The replica answered 429: hold it for ``retry_after`` seconds and place the request
@@ -348,7 +378,7 @@ class Router:
         state = self.replicas[ticket.replica]
         self._rearm(ticket)
         # Hold it first, so that the request is not placed straight back on it.
-        if state.held_until == 0 and not state.draining and not state.removed:
+        if state.held_until == 0 and self._in_service(state):
             state.held_until = self.clock.now() + retry_after
             self._apply(self.dispatcher.drain_device(state.replica.name))
             asyncio.get_running_loop().call_later(retry_after, self._release_hold, state)
@@ -356,14 +386,16 @@ class Router:
 
     def _release_hold(self, state: ReplicaState) -> None:
         state.held_until = 0.0
-        if not (state.draining or state.removed or state.breaker.state is CircuitState.OPEN):
-            self._apply(self.dispatcher.device_up(state.replica.name))
+        self._resume(state)
 
-    def cancel(self, ticket: Ticket, reason: str) -> None:
-        """The client went away or the stream cannot go on: end the request for good."""
+    def cancel(self, ticket: Ticket, reason: str, *, failed: bool = False) -> None:
+        """The client went away or the stream cannot go on: end the request for good.
+        ``failed``: the router itself could not go on (it ran out of file descriptors), so the
+        request ends as failed, and no replica is blamed."""
         if not ticket.ended and ticket.id in self.dispatcher.records:
             # The dispatcher leaves an item that has already ended as it is.
-            self._apply(self.dispatcher.cancel(ticket.id, reason))
+            end = self.dispatcher.abandon if failed else self.dispatcher.cancel
+            self._apply(end(ticket.id, reason))
         self._finish(ticket)
 
     def _finish(self, ticket: Ticket) -> None:
@@ -392,16 +424,36 @@ class Router:
                 if not ticket.waiter.done():
                     ticket.waiter.set_result(ins.device)
             elif isinstance(ins, Stop):
-                ticket.stopped = ins.reason
-                task = ticket.task
-                ticket.waiter = asyncio.get_running_loop().create_future()
-                if task is not None:
-                    task.cancel()
+                self._stop(ticket, ins.reason)
             elif isinstance(ins, Finish):
                 ticket.ended = True
                 self.tickets.pop(ticket.id, None)
                 if not ticket.waiter.done():
                     ticket.waiter.set_result(ins)
+
+    def _stop(self, ticket: Ticket, reason: str) -> None:
+        """Its attempt was stopped: the handler talking to the replica is cancelled (unless
+        it is the caller, which reported the end itself) and follows a fresh waiter."""
+        ticket.stopped = reason
+        task = ticket.task
+        ticket.waiter = asyncio.get_running_loop().create_future()
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _move_unanswered(self, state: ReplicaState, why: str) -> None:
+        """Place elsewhere, charging no attempt, what runs on the replica and has not begun
+        answering its client; a stream under way stays (its work there would be lost)."""
+        records = self.dispatcher.records
+        for ticket in list(self.tickets.values()):
+            rec = records.get(ticket.id)  # None: ended meanwhile
+            if (
+                rec is not None
+                and rec.state is ItemState.RUNNING
+                and rec.device == state.index
+                and not ticket.answering
+            ):
+                self._stop(ticket, why)
+                self._apply(self.dispatcher.requeue(ticket.id, why))
 
     def _arm_timer(self) -> None:
         deadline = self.dispatcher.next_deadline()
@@ -417,56 +469,113 @@ class Router:
     def _expire(self) -> None:
         self._timer = None
         self._timer_at = float("inf")
-        self._apply(self.dispatcher.expire())
+        out = self.dispatcher.expire()
+        # A request that timed out before its replica answered anything is that replica's
+        # failure (a hung replica still answers its health check); a stream under way is not.
+        hung = [
+            (ins.device, ins.reason)
+            for ins in out
+            if isinstance(ins, Stop)
+            and (ticket := self.tickets.get(ins.item.id)) is not None  # type: ignore[arg-type]
+            and not ticket.answering
+        ]
+        self._apply(out)
+        for i, reason in hung:
+            state = self.replicas[i]
+            state.failed += 1
+            self._count_failure(state, f"request {reason} with no answer")
         self._arm_timer()
 
     # ------------------------------------------------------------------ health
 
     def replica_failed(self, state: ReplicaState, reason: str) -> None:
         """A probe failed on this replica: count it on its circuit breaker."""
+        self._count_failure(state, reason)
+
+    def _count_failure(self, state: ReplicaState, reason: str) -> None:
+        """A failure seen outside a request's own attempt (a probe, a timeout): when it opens
+        the circuit, the replica takes no new work and what it has not begun answering moves
+        elsewhere."""
         if self._breaker_opens(state, reason):
-            self._apply(self.dispatcher.device_down(state.replica.name, f"circuit open: {reason}"))
+            self._apply(self.dispatcher.drain_device(state.replica.name))
+            self._move_unanswered(state, f"circuit open: {reason}")
 
     def _breaker_opens(self, state: ReplicaState, reason: str) -> bool:
-        """Count a failure; True when it opened the replica's circuit."""
-        if state.breaker.failure(self.clock.now(), reason) and not state.removed:
-            log.warning("replica %s: circuit open (%s)", state.replica.name, reason)
+        """Count a failure; True when it opened the replica's circuit. The last replica in
+        service of a model keeps it closed, however it fails: without it the model has none."""
+        kept_for = self._sole_server(state)
+        breaker = state.breaker
+        name = state.replica.name
+        if breaker.failure(self.clock.now(), reason, may_open=kept_for is None):
+            if state.removed:
+                return False
+            log.warning("replica %s: circuit open (%s)", name, reason)
             return True
+        if kept_for is not None and breaker.failures == breaker.threshold:
+            log.warning(
+                "replica %s: %d failures in a row (%s); kept in service: the last replica "
+                "serving %r",
+                name,
+                breaker.failures,
+                reason,
+                kept_for,
+            )
         return False
 
     def probe_ok(self, state: ReplicaState) -> None:
-        """A health probe succeeded."""
-        if state.breaker.state is CircuitState.OPEN and not state.breaker.may_probe(
-            self.clock.now()
-        ):
-            return
-        if state.breaker.success():
-            self._circuit_closed(state)
-
-    def _circuit_closed(self, state: ReplicaState) -> None:
-        log.info("replica %s: circuit closed", state.replica.name)
-        if not (state.draining or state.removed or state.held_until):
-            self._apply(self.dispatcher.device_up(state.replica.name))
+        """A health probe answered: an open circuit whose cooldown has passed half-opens (the
+        replica takes requests again; the first one's outcome closes or reopens it)."""
+        if state.breaker.probe_ok(self.clock.now()):
+            log.info("replica %s: circuit half-open, on trial", state.replica.name)
+            self._resume(state)
 
     def _check_gray(self) -> None:
         speeds = self.learned_speeds().tolist()
-        # A device class only where one was declared: a replica known by its URL alone has
-        # none to fall short of.
-        priors = [s.replica.speed or 0.0 for s in self.replicas]
-        done = [s.completed if not s.removed else 0 for s in self.replicas]
+        # Peers: replicas in service declared alike (the same GPU and speed). One known by its
+        # URL alone has no class to fall short of, and one out of service (dead, drained) no
+        # speed that says anything of the others now.
+        classes = [
+            (s.replica.device_model, s.replica.speed)
+            if s.replica.speed and self._in_service(s)
+            else None
+            for s in self.replicas
+        ]
+        done = [s.completed - s.judged_from for s in self.replicas]
         options = self.options
-        for i in gray_replicas(speeds, priors, done, options.gray_ratio, options.gray_min_done):
+        for i, fraction in gray_replicas(
+            speeds, classes, done, options.gray_ratio, options.gray_min_done
+        ):
             state = self.replicas[i]
-            if state.gray or state.draining:
-                continue
+            if self._sole_server(state) is not None:
+                continue  # the last replica of a model serves, however slowly
             state.gray = True
+            state.gray_since = since = self.clock.now()
             log.warning(
-                "replica %s: gray failure, %.2fx its device class's speed relative to the "
-                "fleet; drained (undrain it through the admin API)",
+                "replica %s: gray failure, %.2fx the median speed of the replicas declared "
+                "like it; out of service for %g s, then on trial",
                 state.replica.name,
-                speeds[i] / priors[i],
+                fraction,
+                options.gray_cooldown,
             )
-            self.drain(state.replica.name)
+            self._apply(self.dispatcher.drain_device(state.replica.name))
+            loop = asyncio.get_running_loop()
+            loop.call_later(options.gray_cooldown, self._gray_over, state, since)
+
+    def _gray_over(self, state: ReplicaState, since: float) -> None:
+        """The gray replica's time out of service is over: it takes work again."""
+        if state.gray and state.gray_since == since:
+            self._end_gray(state)
+            log.info(
+                "replica %s: back in service after its gray failure; judged again after %d replies",
+                state.replica.name,
+                self.options.gray_min_done,
+            )
+            self._resume(state)
+
+    def _end_gray(self, state: ReplicaState) -> None:
+        # Judged again only on replies from now on: its learned speed catches up meanwhile.
+        state.gray = False
+        state.judged_from = state.completed
 
     # ------------------------------------------------------------------ membership
 
@@ -478,7 +587,9 @@ class Router:
         old = self.by_name.get(replica.name)
         self._apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
         if old is not None:  # joined again under its name: the dispatcher kept its position
-            old.replica, old.removed, old.draining, old.gray = replica, False, False, False
+            old.replica, old.removed, old.draining = replica, False, False
+            old.breaker = self._breaker()
+            self._end_gray(old)
             old.capacity = capacity
             old.engine, old.load, old.load_error = "unknown", None, "not read yet"
             state = old
@@ -504,9 +615,10 @@ class Router:
 
     def undrain(self, name: str) -> None:
         state = self.state_of(name)
-        state.draining = state.gray = False
-        if state.breaker.state is CircuitState.CLOSED and not state.held_until:
-            self._apply(self.dispatcher.device_up(name))
+        state.draining = False
+        if state.gray:
+            self._end_gray(state)
+        self._resume(state)
 
     def remove(self, name: str) -> None:
         state = self.state_of(name)
@@ -600,8 +712,10 @@ class Router:
             return "gray"
         if s.draining:
             return "draining"
-        if s.breaker.state is not CircuitState.CLOSED:
+        if s.breaker.state is CircuitState.OPEN:
             return "down"
+        if s.breaker.state is CircuitState.CLOSED and s.breaker.failures >= s.breaker.threshold:
+            return "failing"  # kept in service: the last replica of a model
         if s.held_until:
             return "busy"
         return "up" if self.dispatcher.view.usable[s.index] else "down"
