@@ -90,7 +90,7 @@ def test_load_balance_factor_at_80_percent_load(options: dict[str, object]) -> N
         }
     )
     (result,) = simulate(seed_fleet(), workload, ["weighted"], scheduler=config.scheduler)
-    assert result.metrics.load_balance_factor <= 1.2
+    assert result.metrics.load_balance_factor >= 0.9  # mean/highest utilization
 
 
 def test_stealing_rescues_round_robin() -> None:

@@ -436,15 +436,15 @@ class Context:
 
     def device_infos(self) -> list[DeviceInfo]:
         """The devices with their speeds in work units per second: an emulated device's
-        declared one (its pacing makes it exact), else the measured one where observed."""
-        perf = self.dispatcher.perf
-        speed = perf.speed()
+        declared one over the time scale (its pacing makes it exact), else the measured one
+        where observed."""
+        speed = self.dispatcher.perf.speed()
         return [
             DeviceInfo(
                 d.id,
                 d.model,
                 d.kind.value,
-                perf.prior(d, "default") if d.emulated else float(speed[i]),
+                d.speed / self.time_scale if d.emulated else float(speed[i]),
                 d.emulated,
             )
             for i, d in enumerate(self.devices)

@@ -1,5 +1,6 @@
 """Per-device and fleet metrics: utilization, queues, completions, mean and percentile
-latencies, throughput, load balance factor and makespan efficiency.
+latencies, throughput, load balance factor and makespan efficiency (both as
+:mod:`hetero.telemetry.measures` defines them, like the profiler's).
 
 The dispatcher feeds ``Metrics`` one call per finished item (cheap appends into arrays); numbers
 are computed only when a report is asked for.
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hetero.sched.view import FleetView
+from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
 
 __all__ = ["DeviceMetrics", "FleetMetrics", "Metrics"]
 
@@ -36,6 +38,11 @@ class DeviceMetrics:
 
 @dataclass(frozen=True, slots=True)
 class FleetMetrics:
+    """The fleet over a run. ``load_balance_factor`` is the mean utilization of the usable
+    devices over the highest one's (1.0: all equally busy; an idle device lowers it) and
+    ``makespan_efficiency`` the ideal makespan (total work over their total speed) over
+    ``elapsed``, both as :mod:`hetero.telemetry.measures` defines them; NaN where undefined."""
+
     elapsed: float
     completed: int
     failed: int
@@ -135,11 +142,12 @@ class Metrics:
                     p99=p99,
                 )
             )
-        usable = util[view.usable] if view.usable.any() else util
-        lo, hi = float(usable.min()), float(usable.max())
-        lbf = hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
+        # The devices still usable at the end: one that failed is not the policy's to fill.
+        usable = view.usable if view.usable.any() else np.ones(len(util), dtype=bool)
         total_work = float(work.sum())
-        ideal = total_work / float(speed[view.usable].sum() or speed.sum())
+        ideal = ideal_makespan(total_work, speed[usable].tolist())
+        balance = load_balance(util[usable].tolist())
+        ratio = efficiency(ideal, elapsed)
         p50, p95, p99 = _percentiles(lat)
         return FleetMetrics(
             elapsed=elapsed,
@@ -151,7 +159,7 @@ class Metrics:
             p50=p50,
             p95=p95,
             p99=p99,
-            load_balance_factor=lbf,
-            makespan_efficiency=ideal / elapsed if total_work else math.nan,
+            load_balance_factor=math.nan if balance is None else balance,
+            makespan_efficiency=math.nan if ratio is None else ratio,
             devices=devices,
         )

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from rich.table import Table
 
+from hetero._format import number, percent, ratio, seconds
 from hetero._html import BASE_STYLE
 from hetero._tables import SplitTable
 from hetero.sim.result import SimResult
@@ -47,42 +48,6 @@ _COLUMNS = (
 )
 
 
-def _number(value: float | None, digits: int = 3) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "∞"
-    if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -(digits - 1)):
-        return f"{value:.{digits - 1}e}"
-    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-def _seconds(value: float) -> str:
-    if math.isnan(value):
-        return "-"
-    if math.isinf(value):
-        return "∞"
-    if value < 1e-3:
-        return f"{value * 1e6:.3g} µs"
-    if value < 1:
-        return f"{value * 1e3:.3g} ms"
-    if value < 1000:
-        return f"{value:.3g} s"
-    return f"{value:,.0f} s"
-
-
-def _ratio(value: float) -> str:
-    if math.isnan(value):
-        return "-"
-    return "∞" if math.isinf(value) else f"{value:.2f}"
-
-
-def _percent(value: float | None) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value * 100:.1f}%"
-
-
 def _rows(results: Sequence[SimResult]) -> list[list[str]]:
     rows = []
     for r in results:
@@ -90,14 +55,14 @@ def _rows(results: Sequence[SimResult]) -> list[list[str]]:
         rows.append(
             [
                 r.policy,
-                _number(m.throughput),
-                _seconds(m.mean),
-                _seconds(m.p50),
-                _seconds(m.p99),
-                _percent(r.slo_attainment) if r.slo_latency is not None else "-",
-                _number(m.work_throughput),
-                _ratio(m.load_balance_factor),
-                _percent(m.makespan_efficiency),
+                number(m.throughput),
+                seconds(m.mean),
+                seconds(m.p50),
+                seconds(m.p99),
+                percent(r.slo_attainment) if r.slo_latency is not None else "-",
+                number(m.work_throughput),
+                ratio(m.load_balance_factor),
+                percent(m.makespan_efficiency),
                 f"{r.rejected:,}",
                 f"{r.failed:,}",
             ]
@@ -113,11 +78,23 @@ def _legend(results: Sequence[SimResult]) -> str:
     """What the comparison's short headers mean."""
     slo = _slo(results)
     within = (
-        f"share of items done within {_seconds(slo)}" if slo is not None else "none in the workload"
+        f"share of items done within {seconds(slo)}" if slo is not None else "none in the workload"
     )
     return (
-        f"mean, p50, p99: latency; SLO: {within}; balance: max/min device utilization; "
-        "efficiency: ideal/actual makespan"
+        f"mean, p50, p99: latency; SLO: {within}; balance: mean/highest device utilization "
+        "(1.0: all equally busy); efficiency: ideal/actual makespan" + _failures(results)
+    )
+
+
+def _failures(results: Sequence[SimResult]) -> str:
+    """Why items failed, each reason with the policies it struck and how often:
+    ``; failed: timed out after 30s (round_robin 285, weighted 41)``; empty when none did."""
+    by_reason: dict[str, list[str]] = {}
+    for r in results:
+        for reason, n in r.failure_reasons.items():
+            by_reason.setdefault(reason, []).append(f"{r.policy} {n:,}")
+    return "".join(
+        f"; failed: {reason} ({', '.join(counts)})" for reason, counts in by_reason.items()
     )
 
 
@@ -163,7 +140,7 @@ def utilization_table(results: list[SimResult]) -> Table:
     for c in columns:
         table.add_column(c, justify="right")
     for r in results:
-        table.add_row(r.policy, *(_percent(u) for u in _utilization(r, columns, by_model)))
+        table.add_row(r.policy, *(percent(u) for u in _utilization(r, columns, by_model)))
     return table
 
 
@@ -246,7 +223,7 @@ def write_html_report(
     parts.append(f'<p class="note">{html.escape(_legend(results))}</p>')
     slo = _slo(results)
     util_rows = [
-        [r.policy, *(_percent(u) for u in _utilization(r, columns, by_model))] for r in results
+        [r.policy, *(percent(u) for u in _utilization(r, columns, by_model))] for r in results
     ]
     parts += [
         "<h2>Utilization</h2>",

@@ -1,8 +1,10 @@
-"""Telemetry: what the engine records about every task attempt, and the profiler that turns
-those records into a Perfetto timeline and an HTML report."""
+"""Telemetry: what the engine records about every task attempt, the profiler that turns
+those records into a Perfetto timeline and an HTML report, and the measures (efficiency, load
+balance) that the profiler and the simulator share."""
 
 from __future__ import annotations
 
+from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
 from hetero.telemetry.profile import (
     PROFILE_DIR_ENV,
     PROFILE_NAME_ENV,
@@ -20,4 +22,7 @@ __all__ = [
     "Profile",
     "ProfileSummary",
     "TaskTrace",
+    "efficiency",
+    "ideal_makespan",
+    "load_balance",
 ]

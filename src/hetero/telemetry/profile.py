@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hetero.errors import HeteroError
+from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
 __all__ = [
@@ -68,12 +69,12 @@ class ProfileSummary:
     """What a profile says about the run as a whole.
 
     ``ideal_makespan`` is the work done (the cost of every ``done`` attempt) over the fleet's
-    total speed: how long a perfect split would have taken; ``None`` when no device has a speed.
-    ``efficiency`` is ``ideal_makespan / makespan`` (1.0 is perfect); ``None`` when either is
-    undefined or the makespan is 0. ``load_balance`` is the mean, over the devices that ran at
-    least one attempt, of each one's busy time over the largest busy time: 1.0 when they were
-    all busy equally long; ``None`` when no device ran anything. Devices that ran nothing are
-    left out of it (they show as 0 % utilization and lower the efficiency).
+    total speed, idle devices included: how long a perfect split would have taken; ``None`` when
+    no device has a speed. ``efficiency`` is ``ideal_makespan / makespan`` (1.0 is perfect);
+    ``None`` when either is undefined or the makespan is 0. ``load_balance`` is the mean
+    utilization of every device over the highest one's: 1.0 when all were busy equally long,
+    lower for each device left idle; ``None`` when no device was busy. The simulator's
+    ``FleetMetrics`` computes both the same way (:mod:`hetero.telemetry.measures`).
     ``done``, ``failed``, ``retried`` and ``cancelled`` count attempts by status.
     """
 
@@ -131,17 +132,13 @@ class Profile:
         makespan = end - start
         devices = [_device_summary(info, traces, makespan) for info, traces in self.rows()]
         work = math.fsum(t.cost for t in self.traces if t.status == "done")
-        speed = math.fsum(d.speed for d in devices)
-        ideal = work / speed if speed > 0 else None
-        busy = [d.busy for d in devices if d.attempts]
-        most = max(busy, default=0.0)
-        balance = (math.fsum(busy) / most / len(busy) if most > 0 else 1.0) if busy else None
+        ideal = ideal_makespan(work, (d.speed for d in devices))
         counts = Counter(t.status for t in self.traces)
         return ProfileSummary(
             makespan=makespan,
             ideal_makespan=ideal,
-            efficiency=ideal / makespan if ideal is not None and makespan > 0 else None,
-            load_balance=balance,
+            efficiency=efficiency(ideal, makespan),
+            load_balance=load_balance(d.utilization for d in devices),
             work=work,
             done=counts["done"],
             failed=counts["failed"],

@@ -6,11 +6,11 @@ library. Every string from the run (task names, device ids and models) is escape
 from __future__ import annotations
 
 import html
-import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from hetero._format import number, percent, ratio, seconds
 from hetero._html import BASE_STYLE
 from hetero.units import format_size
 
@@ -30,13 +30,18 @@ __all__ = ["render_html"]
 MERGE_PX = 1.0
 MAX_ROWS = 200
 
-LABEL_W = 190  # left gutter for the device labels
 PLOT_W = 800
 ROW_H = 18
 BAR_H = 12
 TOP = 18  # room above the rows for the "ideal" and "end" labels
 AXIS_H = 22
 UTIL_W = 400
+# Device labels are monospace, so the gutter left of the rows is sized to the longest one; a
+# label longer than MAX_LABEL characters ends in "…" (its tooltip has the whole), which keeps
+# the timeline within the page's 1,100 px.
+LABEL_PX = 11
+CHAR_W = 0.6 * LABEL_PX
+MAX_LABEL = 36
 
 _COLOURS = {"done": "#4e79a7", "cancelled": "#a0a0a0", "retried": "#f28e2b", "failed": "#e15759"}
 _OTHER_COLOUR = "#76b7b2"
@@ -50,6 +55,7 @@ svg { display: block; margin: 1em 0; font-size: 11px; }
 .key { display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.3em 0 1em;
        vertical-align: middle; }
 """
+    + f".label {{ font-family: ui-monospace, Menlo, monospace; font-size: {LABEL_PX}px; }}"
 )
 
 
@@ -57,6 +63,7 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
     """The whole report for ``profile`` (whose ``summary()`` is ``summary``)."""
     title = f"hetero profile: {profile.name}"
     rows = profile.rows()
+    gutter = _gutter([_label(info.id, info.model) for info, _ in rows[:MAX_ROWS]])
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -65,7 +72,7 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
         _table(None, _headline(summary)),
         "<h2>Timeline</h2>",
         _legend([t for _, traces in rows for t in traces]),
-        _timeline(profile, summary, rows[:MAX_ROWS]),
+        _timeline(profile, summary, rows[:MAX_ROWS], gutter),
     ]
     if len(rows) > MAX_ROWS:
         parts.append(
@@ -95,7 +102,7 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
         "attempts' run times; transfer: packing and unpacking arguments and results; mean wait: "
         "from hand-off to the engine to start, per attempt.</p>",
         "<h2>Utilization</h2>",
-        _utilization(summary.devices[:MAX_ROWS]),
+        _utilization(summary.devices[:MAX_ROWS], gutter),
         "</body></html>",
     ]
     return "\n".join(parts)
@@ -103,11 +110,11 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
 
 def _headline(s: ProfileSummary) -> list[list[str]]:
     return [
-        ["makespan", _seconds(s.makespan)],
-        ["ideal makespan (work / total speed)", _seconds(s.ideal_makespan)],
-        ["efficiency (ideal / makespan)", _percent(s.efficiency)],
-        ["load balance (mean busy / largest busy)", _ratio(s.load_balance)],
-        ["work done (cost units)", f"{s.work:,.6g}"],
+        ["makespan", seconds(s.makespan)],
+        ["ideal makespan (work / total speed)", seconds(s.ideal_makespan)],
+        ["efficiency (ideal / makespan)", percent(s.efficiency)],
+        ["load balance (mean utilization / highest)", ratio(s.load_balance)],
+        ["work done (cost units)", number(s.work)],
         ["tasks done", f"{s.done:,}"],
         ["tasks failed", f"{s.failed:,}"],
         ["attempts retried", f"{s.retried:,}"],
@@ -120,14 +127,14 @@ def _device_row(d: DeviceSummary) -> list[str]:
     return [
         d.id,
         d.model,
-        f"{d.speed:,.4g}",
+        number(d.speed),
         f"{d.tasks:,}",
         f"{d.attempts:,}",
-        _seconds(d.busy),
-        _percent(d.utilization),
-        _seconds(d.compute),
-        _seconds(d.transfer),
-        _seconds(d.wait),
+        seconds(d.busy),
+        percent(d.utilization),
+        seconds(d.compute),
+        seconds(d.transfer),
+        seconds(d.wait),
         format_size(d.bytes_in),
         format_size(d.bytes_out),
     ]
@@ -142,8 +149,31 @@ def _legend(traces: list[TaskTrace]) -> str:
     return f'<p class="note">One row per device, one bar per attempt:{keys}</p>'
 
 
+def _label(device_id: str, model: str) -> str:
+    """A device's label: its id, then its model unless the id already names it
+    (``h100-sxm-80gb:0``, ``cpu:0 AMD EPYC``), cut to ``MAX_LABEL`` characters."""
+    text = device_id if model.casefold() in device_id.casefold() else f"{device_id} {model}"
+    return text if len(text) <= MAX_LABEL else text[: MAX_LABEL - 1] + "…"
+
+
+def _gutter(labels: Sequence[str]) -> float:
+    """The width left of the rows: the longest label and a margin."""
+    return max((len(label) for label in labels), default=0) * CHAR_W + 12
+
+
+def _label_svg(device_id: str, model: str, right: float, y: float) -> str:
+    """The label of a row, right-aligned at ``right``; its tooltip names device and model."""
+    return (
+        f'<text class="label" x="{right:.1f}" y="{y}" text-anchor="end">'
+        f"{_esc(_label(device_id, model))}<title>{_esc(device_id)} {_esc(model)}</title></text>"
+    )
+
+
 def _timeline(
-    profile: Profile, s: ProfileSummary, rows: list[tuple[DeviceInfo, list[TaskTrace]]]
+    profile: Profile,
+    s: ProfileSummary,
+    rows: list[tuple[DeviceInfo, list[TaskTrace]]],
+    gutter: float,
 ) -> str:
     origin, _ = profile.window()
     last = max((t.ended - origin for t in profile.traces), default=0.0)
@@ -151,33 +181,31 @@ def _timeline(
     span = span if span > 0 else 1.0
 
     def x(t: float) -> float:
-        return LABEL_W + (t - origin) / span * PLOT_W
+        return gutter + (t - origin) / span * PLOT_W
 
     height = TOP + len(rows) * ROW_H + AXIS_H
-    out = [_svg_open(LABEL_W + PLOT_W + 40, height)]
+    out = [_svg_open(gutter + PLOT_W + 40, height)]
     for i, (info, traces) in enumerate(rows):
         y = TOP + i * ROW_H
         if i % 2:
             out.append(
-                f'<rect x="{LABEL_W}" y="{y}" width="{PLOT_W}" height="{ROW_H}" fill="#f6f6f6"/>'
+                f'<rect x="{gutter:.1f}" y="{y}" width="{PLOT_W}" height="{ROW_H}" fill="#f6f6f6"/>'
             )
-        out.append(
-            f'<text x="{LABEL_W - 6}" y="{y + ROW_H - 5}" text-anchor="end">'
-            f"{_esc(info.id)} {_esc(info.model)}</text>"
-        )
+        out.append(_label_svg(info.id, info.model, gutter - 6, y + ROW_H - 5))
         out += _rects(traces, x, y + (ROW_H - BAR_H) / 2)
     bottom = TOP + len(rows) * ROW_H
     for i in range(5):
-        tx = LABEL_W + PLOT_W * i / 4
+        tx = gutter + PLOT_W * i / 4
         out.append(
             f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}" stroke="#444"/>'
         )
         out.append(
             f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle">'
-            f"{_seconds(span * i / 4)}</text>"
+            f"{seconds(span * i / 4)}</text>"
         )
     out.append(
-        f'<line x1="{LABEL_W}" x2="{LABEL_W + PLOT_W}" y1="{bottom}" y2="{bottom}" stroke="#444"/>'
+        f'<line x1="{gutter:.1f}" x2="{gutter + PLOT_W:.1f}" y1="{bottom}" y2="{bottom}" '
+        'stroke="#444"/>'
     )
     # "ideal" to the left of its line and "end" to the right of its own, so both stay legible
     # when the two nearly coincide.
@@ -217,8 +245,7 @@ def _rect(run: list[TaskTrace], x0: float, x1: float, y: float) -> str:
     if len(run) == 1:
         tip = (
             f"{first.name} (task {first.task_id}, attempt {first.attempt}, {first.status}): "
-            f"{_seconds(first.ended - first.started)}"
-            + (f" — {first.error}" if first.error else "")
+            f"{seconds(first.ended - first.started)}" + (f" — {first.error}" if first.error else "")
         )
     else:
         tip = f"{len(run):,} {first.status} attempts"
@@ -238,19 +265,18 @@ def _marker(at: float, bottom: float, label: str, anchor: str, colour: str) -> s
     )
 
 
-def _utilization(devices: Sequence[DeviceSummary]) -> str:
-    out = [_svg_open(LABEL_W + UTIL_W + 60, len(devices) * ROW_H + 4)]
+def _utilization(devices: Sequence[DeviceSummary], gutter: float) -> str:
+    out = [_svg_open(gutter + UTIL_W + 60, len(devices) * ROW_H + 4)]
     for i, d in enumerate(devices):
         y = i * ROW_H
         width = max(0.0, min(d.utilization, 1.0)) * UTIL_W
         out += [
-            f'<text x="{LABEL_W - 6}" y="{y + ROW_H - 5}" text-anchor="end">'
-            f"{_esc(d.id)} {_esc(d.model)}</text>",
-            f'<rect x="{LABEL_W}" y="{y + 3}" width="{UTIL_W}" height="{BAR_H}" fill="#eee"/>',
-            f'<rect x="{LABEL_W}" y="{y + 3}" width="{width:.1f}" height="{BAR_H}" '
+            _label_svg(d.id, d.model, gutter - 6, y + ROW_H - 5),
+            f'<rect x="{gutter:.1f}" y="{y + 3}" width="{UTIL_W}" height="{BAR_H}" fill="#eee"/>',
+            f'<rect x="{gutter:.1f}" y="{y + 3}" width="{width:.1f}" height="{BAR_H}" '
             f'fill="{_COLOURS["done"]}"/>',
-            f'<text x="{LABEL_W + UTIL_W + 6}" y="{y + ROW_H - 5}">'
-            f"{_percent(d.utilization)}</text>",
+            f'<text x="{gutter + UTIL_W + 6:.1f}" y="{y + ROW_H - 5}">'
+            f"{percent(d.utilization)}</text>",
         ]
     out.append("</svg>")
     return "\n".join(out)
@@ -285,23 +311,3 @@ def _order(status: str) -> float:
 
 def _colour(status: str) -> str:
     return _COLOURS.get(status, _OTHER_COLOUR)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    if value == 0:
-        return "0 s"
-    if abs(value) < 1e-3:
-        return f"{value * 1e6:.3g} µs"
-    if abs(value) < 1:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"

@@ -1,0 +1,51 @@
+"""Numbers as hetero's reports print them (the simulator's tables, the HTML reports): three
+significant figures, a unit that keeps them short, ``-`` where a value is undefined."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["count", "number", "percent", "ratio", "seconds"]
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    """``digits`` significant figures with thousands separators (``2.63``, ``1,234``);
+    scientific notation far from 1 (``1.2e+07``, ``3.4e-05``)."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -(digits - 1)):
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def seconds(value: float | None) -> str:
+    """A duration in µs, ms or s, three significant figures (``250 ms``, ``1.5 s``)."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    if value == 0:
+        return "0 s"
+    if abs(value) < 1e-3:
+        return f"{value * 1e6:.3g} µs"
+    if abs(value) < 1:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s" if abs(value) < 1000 else f"{value:,.0f} s"
+
+
+def percent(value: float | None) -> str:
+    """A fraction as a percentage with one decimal (``0.535`` → ``53.5%``)."""
+    return "-" if value is None or math.isnan(value) else f"{value * 100:.1f}%"
+
+
+def ratio(value: float | None) -> str:
+    """A ratio with two decimals (``0.98``)."""
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` in agreement: ``1 device``, ``5 devices``, ``2 policies`` (give
+    ``plural`` where adding an "s" is wrong)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
