@@ -8,7 +8,7 @@ __all__ = ["torch_missing"]
 def torch_missing(module: str) -> ImportError:
     """The error to raise when ``module`` cannot import torch: how to install it."""
     return ImportError(
-        f"{module} needs PyTorch, an optional extra: pip install 'hetero-core[torch]' "
-        "(the CPU build alone: pip install torch --index-url "
+        f"{module} needs PyTorch, an optional extra: pip install -e '.[torch]' in the hetero "
+        "checkout (the CPU build alone: pip install torch --index-url "
         "https://download.pytorch.org/whl/cpu)"
     )

@@ -110,9 +110,9 @@ class Catalog:
         """Canonical names that look most like ``name``.
 
         Names that begin with ``name``, or with what is left of it after its first words (the
-        vendor or brand: ``nvidia-tesla-v100`` -> ``v100``), come first, so a name that several
-        models share (``A100``: 40 or 80 GB) lists them all; then names sharing a longer start
-        with it; then nearer spellings.
+        vendor or brand: ``nvidia-tesla-v100`` -> ``v100``), are what it means: a name that
+        several models share (``A100``: 40 or 80 GB) lists them all, and nothing else. Without
+        such names, the nearest spellings (``difflib``), those sharing a longer start first.
         """
         key = _normalize(name)
         words = [w for w in re.split(r"[\s_\-]+", name.casefold()) if w]
@@ -124,8 +124,9 @@ class Catalog:
                 default=(False, 0),
             )
 
-        similar = set(difflib.get_close_matches(key, list(self._index), n=n * 3, cutoff=0.5))
-        candidates = [k for k in self._index if k in similar or start(k)[0]]
+        candidates = [k for k in self._index if start(k)[0]] or difflib.get_close_matches(
+            key, list(self._index), n=n * 3, cutoff=0.5
+        )
         candidates.sort(
             key=lambda k: (start(k), difflib.SequenceMatcher(None, key, k).ratio()),
             reverse=True,

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import platform
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,20 +41,43 @@ def get_device_list(
     nvml: Any | None = None,
     torch_module: Any | None = None,
     environ: Mapping[str, str] | None = None,
+    gpus: bool = True,
 ) -> list[Device]:
-    """This machine's devices: the CPU first, then GPUs.
+    """This machine's devices: the CPU first, then GPUs (none asked for when ``gpus`` is false).
 
-    ``nvml`` and ``torch_module`` replace the real modules (a ``FakeNVML`` in tests);
-    ``environ`` replaces ``os.environ``.
+    GPUs come from NVML; when it reports none, from torch (CUDA, ROCm, MPS, XPU), which is
+    imported only where :func:`torch_may_see_gpus`. ``nvml`` and ``torch_module`` replace the
+    real modules (a ``FakeNVML`` in tests); ``environ`` replaces ``os.environ``.
     """
     env = os.environ if environ is None else environ
     devices = [discover_cpu()]
+    if not gpus:
+        return devices
     module = nvml if nvml is not None else optional_module("pynvml")
-    gpus = discover_nvidia_gpus(module, env) if module is not None else None
-    if gpus is None:
-        torch = torch_module if torch_module is not None else optional_module("torch")
-        gpus = _discover_torch(torch) if torch is not None else []
-    return devices + gpus
+    found = discover_nvidia_gpus(module, env) if module is not None else None
+    if found is None:
+        torch = torch_module
+        if torch is None and torch_may_see_gpus():
+            torch = optional_module("torch")
+        found = _discover_torch(torch) if torch is not None else []
+    return devices + found
+
+
+def torch_may_see_gpus() -> bool:
+    """Whether torch could find a GPU here that NVML does not report, judged without importing
+    it (seconds and some 180 MiB): torch is already imported, or the machine has a ROCm
+    (``/dev/kfd``), NVIDIA (``/dev/nvidiactl``) or other render device (``/dev/dri``: Intel XPU),
+    or is an Apple silicon Mac (MPS)."""
+    if "torch" in sys.modules:
+        return True
+    if sys.platform == "darwin":
+        return platform.machine() == "arm64"
+    dri = Path("/dev/dri")
+    return (
+        Path("/dev/kfd").exists()
+        or Path("/dev/nvidiactl").exists()
+        or (dri.is_dir() and any(dri.glob("renderD*")))
+    )
 
 
 def optional_module(name: str) -> Any | None:

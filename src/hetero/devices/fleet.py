@@ -29,8 +29,10 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
             "the config lists no devices (only replicas, which hetero serve routes to); "
             "add a devices: section to run work here"
         )
-    if discovered is None and any(not d.emulate for d in config.devices):
-        discovered = get_device_list()
+    real = [d for d in config.devices if not d.emulate]
+    if discovered is None and real:
+        # A fleet of CPUs needs no GPU discovery (nor torch, which it may import).
+        discovered = get_device_list(gpus=any(d.type is not DeviceKind.CPU for d in real))
     per_model: Counter[str] = Counter()
     fleet: list[Device] = []
     for i, entry in enumerate(config.devices):
