@@ -217,7 +217,7 @@ def test_config_validate(tmp_path: Path) -> None:
     result = runner.invoke(app, ["config", "validate", str(bad)])
     assert result.exit_code == 1
     err = result.stderr
-    assert "4 problem(s)" in err
+    assert "4 problems" in err
     assert "devices[0].model: unknown model 'A100-80G'" in err
     assert "devices[1].memory_limit" in err
     assert "devices[3].id: duplicate id '0'" in err

@@ -23,9 +23,10 @@ class SplitTable(Table):
     """A rich ``Table`` shown as several stacked tables when it is wider than the console.
 
     Each table repeats the first ``key_columns`` columns (what names a row: a policy, a device
-    id) and takes as many of the other columns, in order, as fit at their full width; a wide
-    console shows one table. Add the columns most worth seeing first. A part that does not fit
-    even with a single column beside the keys is squeezed to the console, as any rich table is.
+    id) and takes as many of the other columns, in order, as fit at their full width, except
+    that the last table takes two where it would hold one; a wide console shows one table. Add
+    the columns most worth seeing first. A part that does not fit even with a single column
+    beside the keys is squeezed to the console, as any rich table is.
 
     A column of free text (reasons, lists) added with ``add_wrapping_column`` wraps instead: it
     counts as its ``width`` when deciding what fits and takes the room the other columns leave,
@@ -73,16 +74,26 @@ class SplitTable(Table):
             yield Constrain(caption, min(width, options.max_width))
 
     def _parts(self, console: Console, options: ConsoleOptions) -> list[list[int]]:
-        """Column positions of each table to show, key columns first in each."""
+        """Column positions of each table to show, key columns first in each.
+
+        A last table that would hold one column beside the keys takes the column before it too,
+        when both fit: a table of one column reads as a leftover (one of free text, which fills
+        the width, stays alone)."""
         keys = list(range(min(self.key_columns, len(self.columns))))
+
+        def fits(columns: list[int]) -> bool:
+            return self._width(console, options, keys + columns, wrap=True) <= options.max_width
+
         parts: list[list[int]] = [[]]
         for i in range(len(keys), len(self.columns)):
-            too_wide = (
-                self._width(console, options, keys + parts[-1] + [i], wrap=True) > options.max_width
-            )
-            if too_wide and parts[-1]:
+            if parts[-1] and not fits(parts[-1] + [i]):
                 parts.append([])
             parts[-1].append(i)
+        lone = len(parts) > 1 and len(parts[-1]) == 1 and parts[-1][0] not in self._wrap_widths
+        if lone and len(parts[-2]) > 1:
+            moved = [parts[-2][-1], *parts[-1]]
+            if fits(moved):
+                parts[-2:] = [parts[-2][:-1], moved]
         return [keys + part for part in parts]
 
     def _width(

@@ -5,9 +5,10 @@ Every subcommand lives in a module of :mod:`hetero.commands` with ``register(app
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from hetero._cli_util import console
 from hetero._version import __version__
@@ -29,7 +30,41 @@ from hetero.commands import (
 )
 from hetero.log import LOG_LEVELS, set_log_level
 
+
+class _Group(TyperGroup):
+    """The ``hetero`` group, whose help pages say what each option takes (see ``_tidy_help``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _tidy_help(self)
+
+
+def _tidy_help(command: TyperCommand | TyperGroup) -> None:
+    """Help as hetero shows it, for ``command`` and every command under it.
+
+    Typer prints a type beside every option (``--json <bool>``, ``--fleet <str>``); here a flag
+    shows none and an option described only by its type shows its name in capitals, as argparse
+    does (``--fleet FLEET``). Explicit metavars (``--serve URL``) and choices stay. A group lists
+    each command by its docstring's first paragraph on one line, not broken where the source is.
+    """
+    ctx = typer.Context(command)
+    for param in [*command.params, command.get_help_option(ctx)]:
+        if not isinstance(param, TyperOption) or param.metavar is not None:
+            continue
+        if param.is_flag:
+            param.metavar = ""
+        elif "|" not in param.display_type(ctx):
+            long = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+            param.metavar = long.lstrip("-").replace("-", "_").upper()
+    for sub in command.commands.values() if isinstance(command, TyperGroup) else ():
+        if isinstance(sub, (TyperCommand, TyperGroup)):
+            if sub.short_help is None and sub.help:
+                sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
+            _tidy_help(sub)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="hetero",
     help="Run data-parallel work on a fleet of different accelerators, each kept busy in "
     "proportion to its speed.",

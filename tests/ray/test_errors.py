@@ -48,7 +48,7 @@ def test_without_ray_installed_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(HeteroError, match=r"pip install 'hetero-core\[ray\]'"):
+    with pytest.raises(HeteroError, match=r"pip install -e '\.\[ray\]' \(in the hetero checkout\)"):
         hetero.Context(backend="ray")
 
 

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, fail, parse_kinds, print_json
+from hetero._format import count
 from hetero._tables import SplitTable
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, DeviceKind, DeviceSpec
@@ -48,7 +49,7 @@ def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
         return
     # Most telling columns first: on a narrow console the last ones move to a table below.
     table = SplitTable(
-        title=f"{len(specs)} accelerators (prices as of {get_catalog().price_date})",
+        title=f"{count(len(specs), 'accelerator')} (prices as of {get_catalog().price_date})",
         caption="bf16/fp16, fp8, fp32: dense TFLOPS; GB/s: memory bandwidth",
         caption_justify="left",
     )

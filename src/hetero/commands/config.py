@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from hetero._cli_util import console, err_console, print_problems
+from hetero._format import count
 from hetero.config import load_config
 from hetero.errors import ConfigError
 
@@ -27,10 +28,11 @@ def validate(file: Annotated[Path, typer.Argument(help="The YAML file to check."
     try:
         config = load_config(file)
     except ConfigError as exc:
-        err_console.print(f"[bold red]{file}: {len(exc.problems)} problem(s)[/]", highlight=False)
+        problems = count(len(exc.problems), "problem")
+        err_console.print(f"[bold red]{file}: {problems}[/]", highlight=False)
         print_problems(exc, "  - ")
         raise typer.Exit(1) from None
-    n = sum(d.count for d in config.devices)
+    devices = count(sum(d.count for d in config.devices), "device")
     console.print(
-        f"[green]ok[/]: {file}: {n} devices, strategy {config.scheduler.strategy}", highlight=False
+        f"[green]ok[/]: {file}: {devices}, strategy {config.scheduler.strategy}", highlight=False
     )

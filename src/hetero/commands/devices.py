@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, fail, print_json
+from hetero._format import count
 from hetero._tables import SplitTable
 from hetero.config import load_config
 from hetero.devices.spec import Device
@@ -88,17 +89,18 @@ def _ray_devices(address: str | None, as_json: bool) -> None:
         )
         return
     total = sum(len(n["devices"]) for n in nodes)
-    console.print(f"Ray cluster: {len(nodes)} nodes, {total} devices")
+    console.print(f"Ray cluster: {count(len(nodes), 'node')}, {count(total, 'device')}")
     for n in nodes:
         table = _device_table(n["devices"])
-        table.title = f"node {n['node_id'][:6]} at {n['address']}: {len(n['devices'])} devices"
+        devices = count(len(n["devices"]), "device")
+        table.title = f"node {n['node_id'][:6]} at {n['address']}: {devices}"
         console.print(table)
 
 
 def _device_table(fleet: list[Device]) -> Table:
     # Most telling columns first: on a narrow console the last ones move to a table below.
     table = SplitTable(
-        title=f"{len(fleet)} devices",
+        title=count(len(fleet), "device"),
         caption="fp16, fp32: dense TFLOPS; speed: relative to a V100",
         caption_justify="left",
     )

@@ -17,6 +17,7 @@ from hetero._cli_util import (
     print_json,
     print_problems,
 )
+from hetero._format import count
 from hetero._tables import SplitTable
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
@@ -141,7 +142,9 @@ def _table(matches: list[Match], weights: dict[str, float]) -> Table:
     caption = "weights: " + ", ".join(f"{name} {weights[name]:.2f}" for name in CRITERIA)
     # The rank, the id and the total first: on a narrow console the scores move to a table below.
     table = SplitTable(
-        title=f"{len(matches)} devices, {eligible} eligible", caption=caption, key_columns=2
+        title=f"{count(len(matches), 'device')}, {eligible} eligible",
+        caption=caption,
+        key_columns=2,
     )
     for col in ("#", "device", "model", "eligible", "total", *CRITERIA):
         table.add_column(col, justify="left" if col in ("device", "model", "eligible") else "right")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NoReturn
 
+from hetero._format import count
 from hetero.devices.spec import Device
 from hetero.errors import AllocationError, ConfigError, DeviceError
 from hetero.plan.request import AllocationRequest, AntiAffinity, Problems, closest, norm_name
@@ -343,7 +344,7 @@ class DevicePool:
         these devices can never meet.
         """
         positions = list(range(len(self._devices)))
-        funnel = [f"the pool has {len(positions)} devices"]
+        funnel = [f"the pool has {count(len(positions), 'device')}"]
         for label, keep in self._static_filters(request):
             positions = [p for p in positions if keep(self._devices[p])]
             funnel.append(f"{len(positions)} {label}")

@@ -59,7 +59,8 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise HeteroError(
-            "the Ray backend needs Ray, an optional extra: pip install 'hetero-core[ray]'"
+            "the Ray backend needs Ray, an optional extra: pip install -e '.[ray]' "
+            "(in the hetero checkout)"
         ) from None
     version = getattr(ray, "__version__", "0")
     parts = tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2])
@@ -67,7 +68,7 @@ def import_ray() -> Any:
         floor = ".".join(map(str, MIN_RAY))
         raise HeteroError(
             f"the Ray backend needs ray>={floor}, found ray {version}: "
-            "pip install -U 'hetero-core[ray]'"
+            "pip install -U -e '.[ray]' (in the hetero checkout)"
         )
     return ray
 

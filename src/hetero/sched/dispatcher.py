@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from hetero._format import count
 from hetero.devices.spec import Device
 from hetero.errors import (
     ConfigError,
@@ -295,7 +296,8 @@ class Dispatcher:
             )
         if self.waiting >= self.max_queue_size:
             raise QueueFull(
-                f"queue full: {self.waiting} items waiting (max_queue_size={self.max_queue_size}); "
+                f"queue full: {count(self.waiting, 'item')} waiting "
+                f"(max_queue_size={self.max_queue_size}); "
                 "retry later or raise scheduler.max_queue_size"
             )
         old = self.records.get(item.id)
@@ -652,7 +654,7 @@ class Dispatcher:
         shown = ", ".join(repr(i) for i in live[:5]) + (", …" if len(live) > 5 else "")
         forgotten = "" if self.keep_finished else "; finished items are not kept (keep_finished)"
         return UnknownItem(
-            f"cannot {what} unknown work item {item_id!r}: {len(live)} items in flight"
+            f"cannot {what} unknown work item {item_id!r}: {count(len(live), 'item')} in flight"
             f"{': ' + shown if live else ''}{forgotten} (Dispatcher.records holds them all)"
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 from hetero.errors import ConfigError
 from hetero.sched.policy import Policy
 
-__all__ = ["make_policy", "policy_class", "policy_names", "register"]
+__all__ = ["make_policy", "policy_class", "policy_names", "register", "unknown_strategy"]
 
 _POLICIES: dict[str, type[Policy]] = {}
 P = TypeVar("P", bound=type[Policy])
@@ -30,6 +31,15 @@ def policy_names() -> list[str]:
     return sorted(_POLICIES)
 
 
+def unknown_strategy(strategy: str) -> str:
+    """What to tell a user whose ``strategy`` names no built-in policy: the closest name when one
+    is near (``tail-budget``: did you mean 'tail_budget'?), then every valid one."""
+    names = policy_names()
+    close = difflib.get_close_matches(strategy.casefold().replace("-", "_"), names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown strategy {strategy!r}; {hint}valid names: {', '.join(names)}"
+
+
 def _load_builtins() -> None:
     # Importing the package registers every built-in policy.
     importlib.import_module("hetero.sched.policies")
@@ -45,8 +55,8 @@ def policy_class(strategy: str, field: str = "scheduler.strategy") -> type[Polic
             [
                 (
                     field,
-                    f"unknown strategy {strategy!r}; valid names: {', '.join(policy_names())}, "
-                    "or a custom policy as 'package.module:ClassName'",
+                    f"{unknown_strategy(strategy)}, or a custom policy as "
+                    "'package.module:ClassName'",
                 )
             ]
         )
