@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetero._torch import torch_missing
@@ -30,6 +31,7 @@ except ImportError as exc:  # an optional extra
 import torch.distributed as dist
 
 from hetero.errors import BackendError, ConfigError, HeteroError
+from hetero.units import format_size
 
 if TYPE_CHECKING:
     from hetero.config import HeteroConfig
@@ -50,8 +52,11 @@ __all__ = [
     "world_size",
 ]
 
-# hetero's protocol names → torch backends; "tcp" is gloo, whose transport is TCP.
-_BACKENDS = {"gloo": "gloo", "tcp": "gloo", "nccl": "nccl", "mpi": "mpi"}
+# hetero's protocol names → torch backends; "tcp" is gloo, whose transport is TCP, and "rdma" is
+# NCCL held to its InfiniBand/RoCE transport.
+_BACKENDS = {"gloo": "gloo", "tcp": "gloo", "nccl": "nccl", "rdma": "nccl", "mpi": "mpi"}
+#: Where Linux lists RDMA devices (InfiniBand HCAs and RoCE NICs).
+_RDMA_DEVICES = Path("/sys/class/infiniband")
 _OPS = {
     "sum": dist.ReduceOp.SUM,
     "mean": dist.ReduceOp.SUM,  # then divided here: gloo has no AVG
@@ -78,7 +83,11 @@ def init(
     ``master_addr`` and ``master_port`` to ``MASTER_ADDR`` and ``MASTER_PORT`` (else
     127.0.0.1:29500). The backend is ``backend`` if given, else the config's
     ``communication.protocol``, else nccl when CUDA is available and gloo otherwise; "tcp" means
-    gloo. With nccl each rank takes the GPU ``LOCAL_RANK`` (else ``rank`` modulo the GPU count).
+    gloo and "rdma" NCCL over InfiniBand or RoCE only (``NCCL_NET=IB``: no fall-back to
+    sockets), refused on a machine with no RDMA device. The config's
+    ``communication.buffer_size`` sets ``NCCL_BUFFSIZE`` (nccl and rdma; the other protocols
+    have no buffer to size and refuse it). With nccl each rank takes the GPU ``LOCAL_RANK``
+    (else ``rank`` modulo the GPU count).
     ``timeout`` (seconds) bounds the rendezvous and every collective.
 
     Calling it again with the same rank, world size and backend does nothing; with different
@@ -86,7 +95,9 @@ def init(
     """
     if not dist.is_available():
         raise BackendError("this torch build has no torch.distributed; install one that has")
-    name = _backend(backend, config)
+    protocol = _protocol(backend, config)
+    name = _BACKENDS[protocol]
+    env = _transport_env(protocol, config.communication.buffer_size if config else None)
     rank = _from_env("rank", rank, "RANK")
     world_size = _from_env("world_size", world_size, "WORLD_SIZE")
     if world_size < 1:
@@ -112,6 +123,7 @@ def init(
         raise ConfigError([("master_port", f"must be in [1, 65535], got {port}")])
     if name == "nccl":
         _take_gpu(rank)
+    os.environ.update(env)
     try:
         dist.init_process_group(
             name,
@@ -264,7 +276,8 @@ def reduce_scatter(output: torch.Tensor, inputs: Sequence[torch.Tensor], op: str
         output.div_(n)
 
 
-def _backend(backend: str | None, config: HeteroConfig | None) -> str:
+def _protocol(backend: str | None, config: HeteroConfig | None) -> str:
+    """hetero's protocol name (a key of ``_BACKENDS``), checked to be usable here."""
     if backend is not None:
         if backend not in _BACKENDS:
             raise ConfigError(
@@ -276,11 +289,18 @@ def _backend(backend: str | None, config: HeteroConfig | None) -> str:
                     )
                 ]
             )
-        name = _BACKENDS[backend]
+        protocol = backend
     elif config is not None:
-        name = _BACKENDS[config.communication.protocol]
+        protocol = config.communication.protocol
     else:
-        name = "nccl" if torch.cuda.is_available() else "gloo"
+        protocol = "nccl" if torch.cuda.is_available() else "gloo"
+    if protocol == "rdma" and not (_RDMA_DEVICES.is_dir() and any(_RDMA_DEVICES.iterdir())):
+        raise BackendError(
+            "protocol 'rdma' is NCCL over InfiniBand or RoCE, and this machine has no RDMA "
+            f"device ({_RDMA_DEVICES} is empty or absent); use 'nccl' (NVLink, PCIe or TCP "
+            "sockets between GPUs) or 'gloo'"
+        )
+    name = _BACKENDS[protocol]
     available = {
         "gloo": dist.is_gloo_available,
         "nccl": dist.is_nccl_available,
@@ -291,7 +311,27 @@ def _backend(backend: str | None, config: HeteroConfig | None) -> str:
             f"backend {name!r} is not available in this torch build; use "
             "'gloo' (CPU) or 'nccl' (NVIDIA GPUs) where the build has it"
         )
-    return name
+    return protocol
+
+
+def _transport_env(protocol: str, buffer_size: int | None) -> dict[str, str]:
+    """The NCCL settings that ``protocol`` and ``communication.buffer_size`` stand for."""
+    env: dict[str, str] = {}
+    if buffer_size is not None:
+        if _BACKENDS[protocol] != "nccl":
+            raise ConfigError(
+                [
+                    (
+                        "communication.buffer_size",
+                        f"{format_size(buffer_size)} sizes NCCL's buffer (NCCL_BUFFSIZE), for "
+                        f"protocol nccl or rdma; {protocol} has none to set: remove it",
+                    )
+                ]
+            )
+        env["NCCL_BUFFSIZE"] = str(buffer_size)
+    if protocol == "rdma":
+        env["NCCL_NET"] = "IB"  # NCCL's InfiniBand/RoCE transport, never its socket fall-back
+    return env
 
 
 def _take_gpu(rank: int) -> None:

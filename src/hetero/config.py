@@ -9,6 +9,8 @@ model's memory, unknown models with suggestions) live here too, so ``hetero conf
 from __future__ import annotations
 
 import contextlib
+import difflib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,6 +29,7 @@ from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
+from hetero.log import set_log_level
 from hetero.units import format_size, parse_size
 
 __all__ = [
@@ -65,6 +68,11 @@ def _positive_size(value: Any) -> int:
 Size = Annotated[int, BeforeValidator(_positive_size)]
 
 
+def _any_case(fold: Callable[[str], str]) -> BeforeValidator:
+    """Names written in any case (``GPU``, ``gpu``) folded to the one the field allows."""
+    return BeforeValidator(lambda value: fold(value) if isinstance(value, str) else value)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,7 +80,7 @@ class _Strict(BaseModel):
 class DeviceConfig(_Strict):
     """One line of ``devices:``: a real local device, or ``count`` emulated ones."""
 
-    type: DeviceKind
+    type: Annotated[DeviceKind, _any_case(str.lower)]
     id: int | str | None = Field(
         default=None, description="real GPU: CUDA index, UUID or PCI bus id"
     )
@@ -178,12 +186,16 @@ class SchedulerConfig(_Strict):
 
 
 class CommunicationConfig(_Strict):
-    protocol: Literal["gloo", "nccl", "mpi", "tcp"] = "gloo"
-    buffer_size: Size = 64 * 1000**2
+    """How ranks talk (read by ``hetero.comm.init``): ``rdma`` is NCCL over InfiniBand or
+    RoCE, refused where this machine has no RDMA device."""
 
-
-def _upper(value: Any) -> Any:
-    return value.upper() if isinstance(value, str) else value
+    protocol: Annotated[Literal["gloo", "nccl", "rdma", "mpi", "tcp"], _any_case(str.lower)] = (
+        "gloo"
+    )
+    buffer_size: Size | None = Field(
+        default=None,
+        description="nccl and rdma: NCCL's buffer per channel (NCCL_BUFFSIZE); unset: NCCL's own",
+    )
 
 
 class BackendConfig(_Strict):
@@ -205,9 +217,10 @@ class BackendConfig(_Strict):
 
 
 class LoggingConfig(_Strict):
-    level: Annotated[
-        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(_upper)
-    ] = "INFO"
+    level: (
+        Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], _any_case(str.upper)]
+        | None
+    ) = Field(default=None, description="set on hetero's logger when the file is loaded")
 
 
 class ReplicaConfig(_Strict):
@@ -298,10 +311,14 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
 
 
 def load_config(path: str | Path) -> HeteroConfig:
-    """Read and validate a fleet config file."""
+    """Read and validate a fleet config file, and set hetero's log level to its
+    ``logging.level`` if it has one."""
     path = Path(path)
     data = read_data_file(path, "config")
-    return parse_config(data, source=str(path))
+    config = parse_config(data, source=str(path))
+    if config.logging.level is not None:
+        set_log_level(config.logging.level)
+    return config
 
 
 # --- error rendering ------------------------------------------------------------------------
@@ -337,8 +354,11 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
         path = render_path(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            allowed = ", ".join(_fields_of(data, loc[:-1]))
-            problems.append((path, f"unknown key {str(loc[-1])!r}; allowed keys: {allowed}"))
+            key, fields = str(loc[-1]), _fields_of(data, loc[:-1])
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" did you mean {close[0]!r}?" if close else ""
+            allowed = ", ".join(fields)
+            problems.append((path, f"unknown key {key!r};{hint} allowed keys: {allowed}"))
             continue
         if kind == "missing":
             problems.append((path, "required field is missing"))

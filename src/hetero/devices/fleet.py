@@ -22,7 +22,8 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
     """The devices ``config`` describes. ``discovered`` defaults to ``get_device_list()``.
 
     Real entries are matched against discovered devices (GPU by index, UUID or PCI bus id);
-    emulated entries become ``count`` devices with the catalog spec of ``model``.
+    emulated entries become ``count`` devices with the catalog spec of ``model``. Every entry
+    that cannot be built is named in one ``DeviceError``.
     """
     if not config.devices:
         raise DeviceError(
@@ -35,11 +36,22 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
         discovered = get_device_list(gpus=any(d.type is not DeviceKind.CPU for d in real))
     per_model: Counter[str] = Counter()
     fleet: list[Device] = []
+    unbuilt: list[str] = []
     for i, entry in enumerate(config.devices):
         if entry.emulate:
             fleet.extend(_emulated(entry, per_model))
-        else:
+            continue
+        try:
             fleet.append(_real(i, entry, discovered or []))
+        except DeviceError as exc:
+            unbuilt.append(str(exc))
+    if len(unbuilt) == 1:
+        raise DeviceError(unbuilt[0])
+    if unbuilt:
+        raise DeviceError(
+            f"{len(unbuilt)} devices cannot be built on this machine:\n"
+            + "\n".join(f"  - {line}" for line in unbuilt)
+        )
     return fleet
 
 
