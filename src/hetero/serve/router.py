@@ -56,7 +56,8 @@ class UnknownModel(HeteroError):
 
 
 class NoReplica(HeteroError):
-    """Replicas serve the model, but none of them is healthy now (HTTP 503)."""
+    """Replicas serve the model (or may: an unreachable one's model list was never read), but
+    none of them is healthy now (HTTP 503)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ class ReplicaState:
     load: LoadSample | None = None  # its last good load read
     load_at: float = 0.0  # when (the router's clock)
     load_error: str = "not read yet"  # why the load is unknown ("" while reads succeed)
+    models_read: bool = False  # its /v1/models has answered at least once
     completed: int = 0
     failed: int = 0
     output_tokens: int = 0
@@ -195,13 +197,28 @@ class Router:
     # ------------------------------------------------------------------ admission
 
     def replicas_for(self, model: str) -> tuple[str, ...]:
-        """Names of the replicas (not removed) that serve ``model``; ``UnknownModel`` if none."""
+        """Names of the replicas (not removed) that serve ``model``; ``UnknownModel`` if none,
+        ``NoReplica`` if none is known to but a replica's model list was never read."""
         names = self._model_masks.get(model)
         if names is None:
             names = tuple(
                 s.replica.name for s in self.replicas if not s.removed and model in s.replica.models
             )
             if not names:
+                unread = [
+                    s
+                    for s in self.replicas
+                    if not s.removed and not s.replica.declared_models and not s.models_read
+                ]
+                if unread:
+                    # They may serve it: unknown is not unserved until their lists are read.
+                    raise NoReplica(
+                        f"cannot tell whether {model!r} is served: the model list of "
+                        + ", ".join(s.replica.name for s in unread)
+                        + " was never read (unreachable: "
+                        + "; ".join(self._why_down(s) for s in unread)
+                        + ")"
+                    )
                 served = ", ".join(self.served_models()) or "none"
                 raise UnknownModel(f"model {model!r} is not served here; models: {served}")
             self._model_masks[model] = names
@@ -628,6 +645,7 @@ class Router:
 
     def set_models(self, state: ReplicaState, models: set[str]) -> None:
         """What a replica serves, as learned from its ``/v1/models``."""
+        state.models_read = True
         if models != state.replica.models:
             state.replica.models = models
             self._model_masks.clear()
