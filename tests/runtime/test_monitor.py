@@ -19,7 +19,6 @@ from hetero.runtime.monitor import (
     DeviceSample,
     MemoryPressure,
     Monitor,
-    SlowdownDetector,
     memory_usage,
     sample_device,
     sample_devices,
@@ -251,31 +250,7 @@ def test_monitor_refuses_a_bad_interval_and_a_second_start() -> None:
 # --- rules ------------------------------------------------------------------------------------
 
 
-def test_slowdown_needs_k_consecutive_slow_observations() -> None:
-    detector = SlowdownDetector(factor=0.5, k=3)
-    assert detector.is_slow(100, [90, 49, 30, 45])
-    assert not detector.is_slow(100, [49, 30, 50])  # 50 is not below 0.5 × 100
-    assert not detector.is_slow(100, [40, 60, 40, 40])  # a fast one among the last k
-    assert not detector.is_slow(100, [10, 10])  # fewer than k
-    assert not detector.is_slow(0, [0, 0, 0])  # nothing to compare with
-    assert not detector.is_slow(float("nan"), [0, 0, 0])
-    assert SlowdownDetector(factor=0.8, k=1).is_slow(10, [9, 7.9])
-    assert detector.slow_devices(
-        {"a": 100, "b": 100, "c": 10},
-        {"a": [40, 40, 40], "b": [40, 60, 40], "c": [1, 1, 1], "unknown": [0, 0, 0]},
-    ) == ["a", "c"]
-
-
-def test_slowdown_window_ends_at_the_newest_observation() -> None:
-    detector = SlowdownDetector(k=2)
-    assert not detector.is_slow(10, [1, 1, 1, 9])
-    assert detector.is_slow(10, [9, 9, 1, 1])
-
-
 def test_rule_parameters_are_checked() -> None:
-    for kwargs in ({"factor": 0}, {"factor": 1.5}, {"k": 0}):
-        with pytest.raises(ValueError):
-            SlowdownDetector(**kwargs)
     for threshold in (0, 1.01):
         with pytest.raises(ValueError, match="threshold"):
             MemoryPressure(threshold)

@@ -2,7 +2,7 @@
 
 ``sample_device`` reads one device: a real GPU through NVML, the CPU through psutil, an emulated
 device through its worker process. ``Monitor`` polls a fleet every ``interval`` seconds.
-``SlowdownDetector`` and ``MemoryPressure`` are pure rules over samples, for the engine to apply.
+``MemoryPressure`` is a pure rule over samples, for the engine to apply.
 A failing query leaves a field ``None``; sampling never raises for a device's sake.
 """
 
@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,7 +29,6 @@ __all__ = [
     "DeviceSample",
     "MemoryPressure",
     "Monitor",
-    "SlowdownDetector",
     "memory_usage",
     "sample_device",
     "sample_devices",
@@ -338,41 +337,7 @@ class Monitor:
             log.exception("device monitoring round failed; trying again in %gs", self.interval)
 
 
-# --- rules over samples (pure) --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SlowdownDetector:
-    """Flags a device whose last ``k`` observed speeds were all below ``factor`` × expected.
-
-    Speeds are in any one unit (work units per second); a device with fewer than ``k``
-    observations, or no positive expected speed, is not flagged."""
-
-    factor: float = 0.5
-    k: int = 3
-
-    def __post_init__(self) -> None:
-        if not 0 < self.factor <= 1:
-            raise ValueError(f"factor must be in (0, 1], got {self.factor!r}")
-        if self.k < 1:
-            raise ValueError(f"k must be at least 1, got {self.k!r}")
-
-    def is_slow(self, expected: float, recent: Sequence[float]) -> bool:
-        """Whether the last ``k`` of ``recent`` (oldest first) are all below the threshold."""
-        if not (expected > 0 and math.isfinite(expected)) or len(recent) < self.k:
-            return False
-        threshold = self.factor * expected
-        return all(speed < threshold for speed in recent[-self.k :])
-
-    def slow_devices(
-        self, expected: Mapping[str, float], recent: Mapping[str, Sequence[float]]
-    ) -> list[str]:
-        """The ids in ``recent`` that ``is_slow`` flags, in ``recent``'s order."""
-        return [
-            device_id
-            for device_id, speeds in recent.items()
-            if device_id in expected and self.is_slow(expected[device_id], speeds)
-        ]
+# --- rule over samples (pure) --------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
