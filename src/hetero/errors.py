@@ -106,9 +106,11 @@ class InvalidTransition(HeteroError):
 
 
 class TaskFailed(HeteroError):
-    """A task failed on its device; ``remote_traceback`` holds the traceback from where it ran."""
+    """A task failed on its device; ``remote_traceback`` holds the traceback from where it ran
+    and ``message`` the reason alone (``str()`` is both)."""
 
     def __init__(self, message: str, remote_traceback: str | None = None) -> None:
+        self.message = message
         self.remote_traceback = remote_traceback
         super().__init__(message if not remote_traceback else f"{message}\n{remote_traceback}")
 

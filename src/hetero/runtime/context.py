@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import cloudpickle
 
@@ -106,6 +106,13 @@ class TaskFuture(Future):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return f"<TaskFuture {self.task_id} {self.name} {self._state.lower()}>"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"a future (task {self.task_id}, {self.name}) cannot be sent to a worker: futures "
+            "are replaced by their results only as arguments or inside lists, tuples, dicts "
+            "(as values) and sets; pass it there, or its result()"
+        )
+
 
 @dataclass(slots=True, eq=False)
 class _Task:
@@ -159,6 +166,9 @@ class Context:
         devices: the devices to use instead of building them from ``config``.
         strategy: the placement policy (default: the config's ``scheduler.strategy``).
         time_scale: emulated durations are multiplied by it (a 0.1 runs emulation 10× faster).
+            ``None`` (the default): 1 for tasks with a declared cost; a task without one is
+            paced relative to this host (the fastest emulated device runs it at the host's
+            own pace, the others slower by their speed ratio).
         memory_pool_size: bytes (or "2GB") each device's worker may use, enforced where the
             framework can (torch and CuPy pool limits, RSS watch on the CPU) and used by
             placement.
@@ -180,7 +190,7 @@ class Context:
         *,
         devices: Sequence[Device] | None = None,
         strategy: str | None = None,
-        time_scale: float = 1.0,
+        time_scale: float | None = None,
         memory_pool_size: int | str | None = None,
         checkpoint_dir: str | os.PathLike[str] | bool | None = None,
         prefetch: int = 1,
@@ -190,7 +200,9 @@ class Context:
         address: str | None = None,
     ) -> None:
         problems: list[tuple[str, str]] = []
-        if not (isinstance(time_scale, (int, float)) and 0 < time_scale < math.inf):
+        if time_scale is not None and not (
+            isinstance(time_scale, (int, float)) and 0 < time_scale < math.inf
+        ):
             problems.append(("time_scale", f"must be a number > 0, got {time_scale!r}"))
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             problems.append(("prefetch", f"must be an integer >= 0, got {prefetch!r}"))
@@ -208,6 +220,7 @@ class Context:
             problems.append(("backend", f"unknown backend {backend!r}; allowed: local, ray"))
         if problems:
             raise ConfigError(problems)
+        scale = 1.0 if time_scale is None else float(time_scale)
         self._config_path: str | None = None
         if isinstance(config, (str, os.PathLike)):
             self._config_path = str(Path(config).resolve())
@@ -233,7 +246,7 @@ class Context:
             # The fleet given here is that of a local Ray instance the backend starts itself;
             # a cluster's nodes declare their own.
             own = devices if devices is not None else _declared_fleet(config)
-            backend = RayBackend(address, time_scale=time_scale, fleet=own)
+            backend = RayBackend(address, time_scale=scale, fleet=own)
         found = backend.discover() if isinstance(backend, Backend) else None
         if found is not None:
             fleet = found
@@ -261,7 +274,7 @@ class Context:
             "perf": PerfModel(
                 fleet,
                 batch_table=sched.batch_sizes,
-                unit_rate=1 / time_scale if all(d.emulated for d in fleet) else 1.0,
+                unit_rate=1 / scale if all(d.emulated for d in fleet) else 1.0,
             ),
         }
         if max_retries is not None:
@@ -277,7 +290,14 @@ class Context:
             base, devices=fleet, clock=MonotonicClock(), **overrides
         )
         self.strategy = base.scheduler.strategy
-        self.time_scale = float(time_scale)
+        self.time_scale = scale
+        # The time scale of host-timed work (tasks without a declared cost): the user's, else
+        # relative to this host: the fastest emulated device runs it at the host's own pace.
+        self._cpu_time_scale = (
+            scale
+            if time_scale is not None
+            else max((d.speed for d in fleet if d.emulated), default=1.0)
+        )
         self.monitoring_interval = sched.monitoring_interval
         self._monitor: Monitor | None = None
         self._status: StatusWriter | None = None
@@ -360,8 +380,8 @@ class Context:
     def submit(
         self, fn: Callable[..., Any] | TaskFunction[Any, Any], /, *args: Any, **kwargs: Any
     ) -> TaskFuture:
-        """Start a task; returns its future. Futures among the arguments (top level, or values
-        of keyword arguments) are resolved first: a task graph."""
+        """Start a task; returns its future. Futures among the arguments (also inside lists,
+        tuples, dicts and sets) are resolved first: a task graph."""
         spec = as_task(fn)
         return self._submit(spec, args, kwargs)
 
@@ -496,7 +516,7 @@ class Context:
             task.cost, task.declared = cost
         if self.checkpoint_dir is not None:
             task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
-        parents = [a for a in (*task.args, *task.kwargs.values()) if isinstance(a, Future)]
+        parents = _futures_in((task.args, task.kwargs))
         self.stats["submitted"] += 1
         if not parents:
             self._admit(task)
@@ -572,13 +592,16 @@ class Context:
             if task.future.done() or task.id not in self._tasks:
                 return
             if parent.cancelled() or parent.exception() is not None:
-                cause = "was cancelled" if parent.cancelled() else f"failed: {parent.exception()}"
+                failure = None if parent.cancelled() else parent.exception()
+                # The parent's message alone: its traceback is printed once, with the parent
+                # itself as this error's cause, not again at every level of the graph.
+                reason = failure.message if isinstance(failure, TaskFailed) else failure
+                cause = "was cancelled" if failure is None else f"failed: {reason}"
                 pid = getattr(parent, "task_id", "?")
                 error = TaskFailed(
                     f"task {task.id} ({task.name}) not run: parent task {pid} {cause}"
                 )
-                if not parent.cancelled():
-                    error.__cause__ = parent.exception()
+                error.__cause__ = failure
                 del self._tasks[task.id]
                 self.stats["failed"] += 1
                 endings.append(_Ending(task.future, error=error))
@@ -587,8 +610,9 @@ class Context:
                 if task.waiting_on > 0:
                     return
                 del self._tasks[task.id]
-                task.args = tuple(_resolved(a) for a in task.args)
-                task.kwargs = {k: _resolved(v) for k, v in task.kwargs.items()}
+                memo: dict[int, Any] = {}
+                task.args = _resolved(task.args, memo)
+                task.kwargs = _resolved(task.kwargs, memo)
         if endings:
             self._settle(endings)
             return
@@ -749,6 +773,7 @@ class Context:
             task.cost,
             task.declared,
             task.checkpoint_dir,
+            self._cpu_time_scale,
         )
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(task, ins.device)
@@ -1374,8 +1399,43 @@ def _declared_fleet(config: HeteroConfig | None) -> list[Device] | None:
     return build_fleet(config)
 
 
-def _resolved(value: Any) -> Any:
-    return value.result() if isinstance(value, Future) else value
+#: Containers searched for futures in a task's arguments, at any depth (exact types: a subclass,
+#: such as a namedtuple, cannot always be rebuilt from its items).
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _futures_in(value: Any) -> list[Future[Any]]:
+    """The futures in ``value``: itself, or held by its containers (a dict: its values)."""
+    found: list[Future[Any]] = []
+    stack: list[Iterable[Any]] = [(value,)]
+    seen: set[int] = set()  # containers already searched (shared, or in a cycle)
+    while stack:
+        for item in stack.pop():
+            if isinstance(item, Future):
+                found.append(item)
+            elif type(item) in _CONTAINERS and id(item) not in seen:
+                seen.add(id(item))
+                stack.append(item.values() if type(item) is dict else item)
+    return found
+
+
+def _resolved(value: Any, memo: dict[int, Any]) -> Any:
+    """``value`` with every future that ``_futures_in`` finds replaced by its result. ``memo``
+    maps containers to their copies, so a shared one is copied once and a cycle ends."""
+    if isinstance(value, Future):
+        return value.result()
+    kind = type(value)
+    if kind not in _CONTAINERS:
+        return value
+    if id(value) in memo:
+        return memo[id(value)]
+    memo[id(value)] = value  # a cycle back to it keeps the original
+    if kind is dict:
+        copy: Any = {k: _resolved(v, memo) for k, v in value.items()}
+    else:
+        copy = kind(_resolved(v, memo) for v in value)
+    memo[id(value)] = copy
+    return copy
 
 
 def _unique_name(directory: Path, name: str) -> str:

@@ -31,13 +31,13 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from hetero.errors import ConfigError
+from hetero.errors import ConfigError, TaskFailed
 from hetero.runtime.tasks import TaskFunction
 
 if TYPE_CHECKING:
     from hetero.runtime.context import Context
 
-__all__ = ["TARGET_SECONDS", "MapRun"]
+__all__ = ["TARGET_SECONDS", "MapItemError", "MapRun"]
 
 #: Seconds of work a batch aims at on the fastest device.
 TARGET_SECONDS = 0.01
@@ -45,15 +45,40 @@ TARGET_SECONDS = 0.01
 READ_AHEAD = 4
 
 
+class MapItemError(Exception):
+    """The map's function ``name`` raised ``error`` on the item at ``index`` of the input. The
+    worker raises it with the function's traceback; the map's ``TaskFailed`` has ``error``
+    itself as its cause."""
+
+    def __init__(self, name: str, index: int, error: Exception) -> None:
+        super().__init__(name, index, error)
+        self.name = name
+        self.index = index
+        self.error = error
+
+    def __str__(self) -> str:
+        error = self.error
+        return f"{self.name} failed on input {self.index}: {type(error).__name__}: {error}"
+
+
 class _Batch:
-    """Calls ``fn`` on each item of a batch (the map's one shipped function)."""
+    """Calls ``fn`` (named ``name``) on each item of a batch (the map's one shipped function);
+    ``first`` is the index of the batch's first item in the map's input."""
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, name: str) -> None:
         self.fn = fn
+        self.name = name
 
-    def __call__(self, items: list[Any]) -> list[Any]:
+    def __call__(self, items: list[Any], first: int) -> list[Any]:
         fn = self.fn
-        return [fn(x) for x in items]
+        results = []
+        for i, x in enumerate(items):
+            try:
+                results.append(fn(x))
+            except Exception as exc:
+                error = MapItemError(self.name, first + i, exc)
+                raise error.with_traceback(exc.__traceback__) from None
+        return results
 
 
 class MapRun(Iterator[Any]):
@@ -96,11 +121,11 @@ class MapRun(Iterator[Any]):
         self._fixed_window = window
         options = spec.options
         if options.variants:  # each variant runs the whole batch of its device kind
-            batched = {kind: _Batch(fn) for kind, fn in options.variants.items()}
+            batched = {kind: _Batch(fn, spec.name) for kind, fn in options.variants.items()}
             options = replace(options, variants=batched)
-        batch_fn = TaskFunction(_Batch(spec.fn), options)
-        self._function = ctx._function(batch_fn)
         self._name = f"{spec.name}[map]"
+        batch_fn = TaskFunction(_Batch(spec.fn, spec.name), replace(options, name=self._name))
+        self._function = ctx._function(batch_fn)
         self._batch_spec = batch_fn
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[int, Future[Any]]] = {}  # batch no -> (first index, f)
@@ -172,7 +197,12 @@ class MapRun(Iterator[Any]):
                     return None
                 self._cond.wait()
             self._fill_locked()
-        return future.result()  # type: ignore[no-any-return]  # raises TaskFailed
+        try:
+            return future.result()  # type: ignore[no-any-return]
+        except TaskFailed as exc:
+            if isinstance(exc.__cause__, MapItemError):
+                exc.__cause__ = exc.__cause__.error  # the user's exception, not the wrapper
+            raise
 
     # -------------------------------------------------------------------------- batching
 
@@ -190,7 +220,11 @@ class MapRun(Iterator[Any]):
         # line, when ordered) at most ``READ_AHEAD`` windows more, so slow items do not stall
         # the devices and memory stays bounded.
         devices = self._devices()  # once per fill: the fleet may have changed since the last
-        window = self._fixed_window or max(4 * devices, 8)
+        # Deep enough that the least-finish-time placement reaches the slowest device too.
+        view = self._ctx.dispatcher.view
+        window = self._fixed_window or max(
+            4 * devices, 8, view.batch_depth(self._spec.options.kind)
+        )
         while (
             not self._exhausted
             and len(self._pending) < window
@@ -223,7 +257,7 @@ class MapRun(Iterator[Any]):
             spec = spec.with_options(memory=memory)
         future = self._ctx._submit(
             spec,
-            (chunk,),
+            (chunk, first),
             {},
             function=self._function,
             name=self._name,

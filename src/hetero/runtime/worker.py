@@ -80,6 +80,7 @@ class TaskOrder:
     cost: float
     declared_cost: bool  # else an emulated device paces by the measured CPU time
     checkpoint_dir: str | None
+    cpu_time_scale: float  # the time scale of that CPU-time pacing
 
     def __reduce__(self) -> tuple[type[TaskOrder], tuple[Any, ...]]:
         # A plain tuple of fields: pickling a slotted dataclass field by field costs 5x more,
@@ -314,23 +315,23 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
 def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -> float:
     """Hold the slot until the emulated duration has passed. With a declared cost: cost over the
     device's speed, times the time scale. Without: the CPU time measured here over the speed
-    (times the time scale), plus the time the task spent off the CPU (I/O, sleeps), which a
-    faster device would not shorten. Returns when the emulated device started the task."""
+    (times the order's ``cpu_time_scale``), plus the time the task spent off the CPU (I/O,
+    sleeps), which a faster device would not shorten. Returns when the emulated device started
+    the task."""
     setup = state.setup
     assert setup is not None
-    scale = setup.time_scale / setup.device.speed
+    now = time.monotonic()  # one reading: the device running at the host's pace never "lags"
     if order.declared_cost:
-        target = order.cost * scale
+        target = order.cost * setup.time_scale / setup.device.speed
     else:
-        off_cpu = max(0.0, time.monotonic() - started - cpu_seconds)
-        target = off_cpu + cpu_seconds * scale
+        off_cpu = max(0.0, now - started - cpu_seconds)
+        target = off_cpu + cpu_seconds * order.cpu_time_scale / setup.device.speed
     # Back-to-back tasks are paced from where the previous one was due to end, not from when
     # this one actually started: the few hundred µs a sleep overshoots and a hand-over costs
     # are then made up, and the device's long-run speed is exactly its declared one.
     base = state.paced_until if 0 <= started - state.paced_until < _PACE_SLACK else started
     due = base + target
     state.paced_until = due
-    now = time.monotonic()
     elapsed = now - started
     if due > now:
         time.sleep(due - now)

@@ -156,6 +156,16 @@ class FleetView:
         """``1/speed`` for ``kind``, ``inf`` on devices that are not usable."""
         return self.perf.inv_speed(kind)
 
+    def batch_depth(self, kind: str = "default") -> int:
+        """Equal items a closed batch must keep in flight for least-finish-time placement to
+        give every usable device work to the end: while fewer are placed, the fastest devices'
+        queues drain before the slowest would finish even one item, so the slowest stays idle.
+        The fleet's total speed over its slowest device's, plus one item per device."""
+        speed = self.perf.speed(kind)[self.usable]
+        if speed.size == 0:
+            return 1
+        return math.ceil(float(speed.sum()) / float(speed.min())) + int(speed.size)
+
     def mem_free(self) -> IntArray:
         return self.mem_total - self.mem_used - self.mem_external
 
