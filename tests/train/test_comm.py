@@ -282,7 +282,7 @@ def test_every_call_before_init_says_to_call_init(call: Callable[[], Any]) -> No
         (
             {"backend": "infiniband"},
             ConfigError,
-            r"backend: unknown backend 'infiniband'; expected one of gloo, mpi, nccl, tcp",
+            r"backend: unknown backend 'infiniband'; expected one of gloo, mpi, nccl, rdma, tcp",
         ),
         ({"rank": 3}, ConfigError, r"rank: must be in \[0, 3\) for world_size=3, got 3"),
         ({"world_size": 0, "rank": 0}, ConfigError, r"world_size: must be at least 1, got 0"),
