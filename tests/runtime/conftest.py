@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 import psutil
 import pytest
@@ -45,3 +46,12 @@ def no_orphan_workers() -> Iterator[None]:
     for p in left:
         p.kill()
     assert not left, f"worker processes left running: {[p.pid for p in left]}"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)

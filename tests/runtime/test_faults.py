@@ -16,15 +16,7 @@ import pytest
 
 import hetero
 from hetero.errors import TaskFailed
-from tests.runtime.conftest import emulated, interruptible
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
+from tests.runtime.conftest import emulated, interruptible, wait_for
 
 
 def steps_with_checkpoints(n: int, marker: str) -> tuple[int, list[int], int]:

@@ -24,17 +24,9 @@ from hetero.errors import HeteroError, TaskFailed
 from hetero.runtime.monitor import sample_device
 from hetero.runtime.serialize import segment_dir
 from hetero.runtime.status import StatusWriter, read_statuses
-from tests.runtime.conftest import emulated
+from tests.runtime.conftest import emulated, wait_for
 
 ROOT = Path(__file__).parents[2]
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def gone(pid: int) -> bool:
