@@ -500,11 +500,15 @@ class Config:
     label: str
     kind: str  # hetero | sglang | vllm-router | client
     name: str  # strategy or policy
+    flags: tuple[str, ...] = ()  # more of hetero serve's flags (a --hetero-variant)
 
 
 def configs(s: Settings) -> list[Config]:
     out = [Config(f"hetero serve, {DEFAULT_STRATEGY} (default)", "hetero", DEFAULT_STRATEGY)]
-    out += [Config(f"hetero serve {flags}", "hetero", flags) for flags in s.hetero_variants]
+    out += [
+        Config(f"hetero serve {flags}", "hetero", flags, tuple(shlex.split(flags)))
+        for flags in s.hetero_variants
+    ]
     out += [
         Config(
             f"sglang-router, {p}" + (" (its default)" if p == SGLANG_DEFAULT else ""), "sglang", p
@@ -529,8 +533,7 @@ def start_router(
 ) -> tuple[Child | None, list[str]]:
     """The router of ``config`` in front of ``urls`` (told nothing else); where to send."""
     if config.kind == "hetero":
-        flags = [] if config.name == DEFAULT_STRATEGY else shlex.split(config.name)
-        child, url = start_hetero_serve(children, list(urls), None, flags)
+        child, url = start_hetero_serve(children, list(urls), None, config.flags)
         return child, [url]
     if config.kind == "sglang":
         child, url = start_sglang_router(children, urls, config.name)
