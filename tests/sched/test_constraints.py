@@ -75,9 +75,9 @@ def test_service_time_from_the_executor_feeds_the_speed_model() -> None:
     d.submit(WorkItem(cost=2.0, id="b"))
     clock.advance(4.0)  # both held for 4 s, but the worker ran "a" alone for 0.5 s
     d.complete("a", service_time=0.5)
-    assert d.perf.speed()[0] == pytest.approx(1.0 + 0.2 * (4.0 - 1.0))
+    assert d.perf.speed()[0] == pytest.approx(4.0)  # a first measurement is taken as it is
     d.complete("b")  # by default: cost × slots / time held = 2 × 2 / 4
-    assert d.perf.speed()[0] == pytest.approx(1.6 + 0.2 * (1.0 - 1.6))
+    assert d.perf.speed()[0] == pytest.approx(4.0 + 0.2 * (1.0 - 4.0))
 
 
 def test_a_timeout_per_item_overrides_the_dispatchers() -> None:

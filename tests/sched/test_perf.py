@@ -24,6 +24,7 @@ def test_prior_from_catalog_tflops_and_bandwidth() -> None:
     np.testing.assert_allclose(perf.speed("prefill"), [312 / 125, 1.0, 65 / 125])
     spec = [d.spec.memory_bandwidth_gbs / 900 for d in devices]
     np.testing.assert_allclose(perf.speed("decode"), spec)
+    np.testing.assert_allclose(perf.speed("decode:generate"), spec)  # one task's own row
     fp32 = PerfModel(devices, dtype="fp32").speed()
     assert fp32[0] == pytest.approx(19.5 / 125)
 
@@ -37,27 +38,60 @@ def test_explicit_speed_wins_and_unit_rate_scales() -> None:
 def test_ewma_correction_and_inverse_speed() -> None:
     perf = PerfModel(make_devices([2.0, 1.0]), alpha=0.5)
     perf.observe(0, "default", work=1.0, seconds=1.0)  # observed 1.0 against a prior of 2.0
+    assert perf.speed()[0] == pytest.approx(1.0)  # the first measurement, as it is
+    assert perf.inv_speed()[0] == pytest.approx(1.0)
+    perf.observe(0, "default", work=1.0, seconds=0.5)  # then an EWMA: halfway to 2.0
     assert perf.speed()[0] == pytest.approx(1.5)
     assert perf.inv_speed()[0] == pytest.approx(1 / 1.5)
     perf.observe(1, "default", work=1.0, seconds=0.25, concurrency=2)  # 8 units/s
-    assert perf.speed()[1] == pytest.approx(4.5)
+    assert perf.speed()[1] == pytest.approx(8.0)
     perf.observe(1, "default", work=1.0, seconds=0.0)  # ignored
-    assert perf.speed()[1] == pytest.approx(4.5)
+    assert perf.speed()[1] == pytest.approx(8.0)
     perf.observe(1, "default", work=1.0, seconds=5e-324)  # a speed that overflows: ignored too
-    assert perf.speed()[1] == pytest.approx(4.5)
+    assert perf.speed()[1] == pytest.approx(8.0)
+    perf.observe(1, "default", work=5e-324, seconds=1.0)  # one whose inverse overflows, too
+    assert perf.speed()[1] == pytest.approx(8.0)
+
+
+def test_devices_not_yet_measured_keep_their_catalog_ratio_to_those_measured() -> None:
+    """The catalog knows ratios, not what a work unit costs: a measured device sets the unit
+    for every device that has not finished anything yet."""
+    perf = PerfModel(make_devices([8.0, 2.0, 1.0]))
+    perf.observe(0, "default", work=1.0, seconds=0.01)  # 100 units/s, against a prior of 8
+    np.testing.assert_allclose(perf.speed(), [100.0, 25.0, 12.5])
+    np.testing.assert_allclose(perf.inv_speed(), [0.01, 0.04, 0.08])
+    assert perf.fastest_inv() == pytest.approx(0.01)
+    perf.observe(1, "default", work=1.0, seconds=1 / 50)  # 2x its share: the unit is the mean
+    np.testing.assert_allclose(perf.speed(), [100.0, 50.0, 1.0 * (12.5 * 25.0) ** 0.5])
+    other = perf.speed("other")  # another kind learns its own unit
+    np.testing.assert_allclose(other, [8.0, 2.0, 1.0])
+    perf.add(make_devices([4.0])[0])  # a device that joins later starts in the learned unit
+    assert perf.speed()[3] == pytest.approx(4.0 * (12.5 * 25.0) ** 0.5)
+    assert perf.speed("other")[3] == pytest.approx(4.0)
+
+
+def test_a_device_measured_first_after_others_starts_from_its_measurement() -> None:
+    perf = PerfModel(make_devices([8.0, 1.0]))
+    for _ in range(20):
+        perf.observe(0, "default", work=1.0, seconds=0.01)
+    assert perf.speed()[1] == pytest.approx(12.5)  # 100 / 8: the unit the fast one measured
+    perf.observe(1, "default", work=1.0, seconds=0.05)  # the slow one turns out 20 units/s
+    assert perf.speed()[1] == pytest.approx(20.0)
+    assert perf.speed()[0] == pytest.approx(100.0)  # a measured device keeps its own
 
 
 def test_fastest_inverse_speed_follows_learning_and_health() -> None:
     perf = PerfModel(make_devices([2.0, 1.0]), alpha=1.0)
     assert perf.fastest_inv() == pytest.approx(0.5)
+    perf.observe(0, "default", work=2.0, seconds=1.0)  # d0 runs at its catalog speed
     perf.observe(1, "default", work=4.0, seconds=1.0)  # d1 turns out to do 4 units/s
     assert perf.fastest_inv() == pytest.approx(0.25)
     perf.set_usable(1, False)
     assert perf.fastest_inv() == pytest.approx(0.5)
     perf.set_usable(0, False)
     assert perf.fastest_inv() == np.inf
-    perf.add(make_devices([8.0])[0])
-    assert perf.fastest_inv() == pytest.approx(0.125)
+    perf.add(make_devices([8.0])[0])  # in the unit measured so far: 2x the catalog
+    assert perf.fastest_inv() == pytest.approx(1 / 16)
 
 
 def test_unusable_devices_have_infinite_inverse_speed() -> None:

@@ -132,12 +132,14 @@ def test_power_of_two_never_picks_unusable_and_takes_the_lower_delay() -> None:
 def test_power_of_two_compares_two_devices_sampled_by_the_speeds_learned() -> None:
     view = view_of([1.0, 1.0])  # alike by the catalog
     policy = bound("power_of_two", view, seed=3)
+    view.perf.observe(0, "default", 1.0, 1.0)  # device 0 runs at its catalog speed
     for _ in range(20):  # device 1 proves ten times slower
         view.perf.observe(1, "default", 1.0, 10.0)
     # Sampled twice by the priors, device 1 would be both samples a quarter of the time.
     assert {policy.pick(WorkItem(cost=1.0), view, None) for _ in range(400)} == {0}
     view = view_of([1.0] * 20)
     policy = bound("power_of_two", view, seed=3)
+    view.perf.observe(0, "default", 1.0, 1.0)
     for i in range(1, 20):
         for _ in range(30):
             view.perf.observe(i, "default", 1.0, 100.0)  # all but device 0 become 100x slower

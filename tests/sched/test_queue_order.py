@@ -108,6 +108,34 @@ def test_elapsed_work_is_what_the_running_items_have_done_so_far() -> None:
     d.validate_state()
 
 
+def test_a_device_with_a_prefetch_slot_works_through_its_items_in_turn() -> None:
+    """Two slots, one of them a prefetch (parallel 1): the second item waits in the worker, so
+    the device has done its speed times the time since the latest start, not twice that."""
+    clock = ManualClock()
+    d = Dispatcher(
+        make_devices([2.0, 1.0]), Always(0), clock, stealing=False, slots=[2, 2], parallel=[1, 1]
+    )
+    d.submit(WorkItem(cost=4, id="a"))
+    d.submit(WorkItem(cost=4, id="b"))  # sent at once, held in the prefetch slot
+    clock.advance(1.0)
+    assert list(d.view.elapsed_work()) == [2.0, 0.0]  # 2 units of "a"; counted twice before
+    clock.advance(1.0)
+    d.complete("a", service_time=2.0)  # "b" really starts now; "c" is sent behind it
+    d.submit(WorkItem(cost=4, id="c"))
+    clock.advance(0.5)
+    assert list(d.view.elapsed_work()) == [1.0, 0.0]
+    d.validate_state()
+
+
+def test_a_closed_batch_keeps_deep_enough_for_the_slowest_device_to_fill_its_slots() -> None:
+    d = Dispatcher(make_devices([8.0, 2.0, 1.0]), Always(0), ManualClock())
+    assert d.view.batch_depth() == 11 + 3  # total speed / slowest, plus one item per device
+    prefetching = Dispatcher(
+        make_devices([8.0, 2.0, 1.0]), Always(0), ManualClock(), slots=[2] * 3, parallel=[1] * 3
+    )
+    assert prefetching.view.batch_depth() == 22 + 3  # ... times the slowest device's slots
+
+
 @pytest.mark.parametrize(("order", "stolen"), [("size", "big"), ("fifo", "mid")])
 def test_a_thief_takes_the_item_that_would_start_last(order: str, stolen: str) -> None:
     clock = ManualClock()

@@ -64,6 +64,16 @@ def test_a_smaller_item_goes_where_it_finishes_soonest() -> None:
     assert device_of(d, "smaller") == "d0"
 
 
+def test_an_item_of_a_batch_goes_where_it_finishes_soonest_whatever_its_size() -> None:
+    """A map's or a graph's item counts for the batch's makespan: sparing d0 for it would leave
+    d0 idle at the batch's end."""
+    d, _, _ = warmed()
+    d.submit(WorkItem(cost=0.2, id="running"))
+    d.submit(WorkItem(cost=1, id="larger", batch=True))  # d0 0.6 s beats d1 1 s
+    assert device_of(d, "larger") == "d0"
+    d.validate_state()
+
+
 def test_a_larger_item_takes_its_soonest_device_when_that_one_is_idle() -> None:
     d, _, _ = warmed()
     d.submit(WorkItem(cost=1, id="larger"))  # d0 idle: it starts there at once

@@ -539,6 +539,7 @@ class Dispatcher:
         # slots only hold a prefetched item (then it never exceeds them).
         view.parallel[i] = slots if view.parallel[i] == old else min(int(view.parallel[i]), slots)
         view.multi_slot = bool((view.parallel > 1).any())
+        view.prefetching = bool((view.parallel < view.slots).any())
         self.perf.rescale(i, slots / old)
         self._default_speed_list[i] = float(self._default_speed[i])
         out: list[Instruction] = []
@@ -775,6 +776,8 @@ class Dispatcher:
         view.outstanding[i] += item.cost
         view.running_work[i] += item.cost
         view.running_since[i] += rec.started
+        if view.prefetching:
+            view.last_start[i] = rec.started
         if item.memory:
             view.mem_used[i] += item.memory
         self._free_slots -= 1
@@ -804,6 +807,8 @@ class Dispatcher:
         view.queued_work[i] -= rec.item.cost
         view.running_work[i] += rec.item.cost
         view.running_since[i] += rec.started
+        if view.prefetching:
+            view.last_start[i] = rec.started
         if self._size_order:
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1

@@ -119,7 +119,9 @@ class WorkItem:
     ``cost / s`` seconds. ``memory`` is the bytes the item holds on its device while placed there.
     Higher ``priority`` runs first. ``complexity`` selects a tier for the ``tiered`` policy
     (defaults to ``cost``), ``tags`` bind it to devices for ``affinity``, and ``deadline`` is an
-    absolute clock time after which it fails with a timeout.
+    absolute clock time after which it fails with a timeout. ``batch`` marks an item of a
+    closed batch (a map, a task graph) whose measure is the batch's makespan, not its own
+    latency: policies that trade latency for the tail place it where it finishes soonest.
     """
 
     cost: float = 1.0
@@ -130,6 +132,7 @@ class WorkItem:
     tags: frozenset[str] = frozenset()
     deadline: float | None = None
     id: int | str = field(default_factory=lambda: next(_ids))
+    batch: bool = False
 
     def __post_init__(self) -> None:
         # Refused here, not at submit: an infinite cost or deadline would leave the item waiting

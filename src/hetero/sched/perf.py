@@ -5,6 +5,12 @@ bandwidth for memory-bound work — relative to a V100 (speed 1.0) and times ``u
 units per second of a speed-1.0 device). Observed completions correct it online with an EWMA.
 Speeds live in numpy arrays, one per kind of work, so policies rank all devices in one vector
 operation; ``inv_speed`` holds ``1/speed`` with ``inf`` for devices that may not be used.
+
+The catalog knows speed *ratios*; what one work unit costs in seconds is the user's (a task
+without a declared cost, tokens of an unknown model, real hardware beside its datasheet). So a
+device's first completion sets its speed outright, and every device not yet measured keeps its
+catalog ratio to the measured ones (the geometric mean of measured over prior): a slow device
+that finishes its first item late is not left at a prior in other units meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ __all__ = ["REFERENCE_BANDWIDTH_GBS", "PerfModel"]
 REFERENCE_BANDWIDTH_GBS = 900.0
 
 FloatArray = npt.NDArray[np.float64]
+
+# Observed speeds at or below this (a work unit taking over 30 years) teach nothing: their
+# inverse would overflow the policies' arithmetic.
+_MIN_SPEED = 1e-9
 
 
 class PerfModel:
@@ -51,16 +61,20 @@ class PerfModel:
         self._usable = np.ones(len(self.devices), dtype=bool)
         self._scale = np.ones(len(self.devices))  # of the priors, by rescale
         self._speed: dict[str, FloatArray] = {}
+        self._prior: dict[str, FloatArray] = {}  # catalog priors per kind (without _scale)
+        self._measured: dict[str, npt.NDArray[np.bool_]] = {}  # devices with a completion
         self._inv: dict[str, FloatArray] = {}
         self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
         #: Counts changes to any speed, so a reader can tell cheaply that its copy is stale.
         self.changes = 0
 
     def prior(self, device: Device, kind: str) -> float:
-        """Catalog speed of ``device`` for ``kind`` in work units per second."""
+        """Catalog speed of ``device`` for ``kind`` in work units per second. A kind
+        ``BASE:DETAIL`` (one task's own row, ``TaskOptions.speed_kind``) is bound as ``BASE``
+        is."""
         if device.speed_override is not None:
             relative = device.speed_override
-        elif kind in self.memory_bound_kinds:
+        elif kind.partition(":")[0] in self.memory_bound_kinds:
             relative = device.spec.memory_bandwidth_gbs / REFERENCE_BANDWIDTH_GBS
         else:
             relative = device.spec.peak_tflops(self.dtype) / REFERENCE_TFLOPS
@@ -72,8 +86,10 @@ class PerfModel:
         """Speeds of all devices for ``kind`` (a live array: read it, do not write it)."""
         arr = self._speed.get(kind)
         if arr is None:
-            arr = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
-            arr *= self._scale
+            prior = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
+            self._prior[kind] = prior
+            self._measured[kind] = np.zeros(len(self.devices), dtype=bool)
+            arr = prior * self._scale
             self._speed[kind] = arr
             self._inv[kind] = np.where(self._usable, 1.0 / arr, np.inf)
         return arr
@@ -95,13 +111,17 @@ class PerfModel:
 
     def add(self, device: Device) -> int:
         """A device joins the fleet: its catalog prior for every kind known so far."""
+        units = {k: self._unit(k) if m.any() else 1.0 for k, m in self._measured.items()}
         self.devices.append(device)
         self._usable = np.append(self._usable, True)
         self._scale = np.append(self._scale, 1.0)
         for kind, arr in self._speed.items():
             prior = self.prior(device, kind)
-            self._speed[kind] = np.append(arr, prior)
-            self._inv[kind] = np.append(self._inv[kind], 1.0 / prior)
+            self._prior[kind] = np.append(self._prior[kind], prior)
+            self._measured[kind] = np.append(self._measured[kind], False)
+            speed = prior * units[kind]
+            self._speed[kind] = np.append(arr, speed)
+            self._inv[kind] = np.append(self._inv[kind], 1.0 / speed)
         self._fastest.clear()
         self.changes += 1
         return len(self.devices) - 1
@@ -137,8 +157,12 @@ class PerfModel:
             return
         arr = self.speed(kind)
         observed = work * concurrency / seconds
-        if not observed < math.inf:
-            return  # a duration too short to time (a speed that overflows) teaches nothing
+        if not _MIN_SPEED < observed < math.inf:
+            return  # a duration too short to time, or an item too small to weigh
+        measured = self._measured[kind]
+        if not measured[index]:
+            self._first(index, kind, observed)
+            return
         current = float(arr[index])
         if abs(observed - current) <= 1e-9 * current:
             return  # already right: skip the array writes (the simulator's common case)
@@ -148,6 +172,29 @@ class PerfModel:
         if self._usable[index]:
             self._inv[kind][index] = 1.0 / value
             self._fastest.pop(kind, None)
+
+    def _unit(self, kind: str) -> float:
+        """Measured over prior speed, the geometric mean over the devices measured for ``kind``:
+        the seconds a work unit really takes, relative to the catalog's guess."""
+        measured = self._measured[kind]
+        prior = self._prior[kind][measured] * self._scale[measured]
+        return float(np.exp(np.log(self._speed[kind][measured] / prior).mean()))
+
+    def _first(self, index: int, kind: str, observed: float) -> None:
+        """Device ``index``'s first completion of ``kind``: its speed is what it measured, and
+        the devices not measured yet move to their prior times the fleet's unit (once per
+        device and kind, O(devices))."""
+        arr, measured = self._speed[kind], self._measured[kind]
+        arr[index] = observed
+        measured[index] = True
+        rest = ~measured
+        if rest.any():
+            arr[rest] = self._prior[kind][rest] * self._scale[rest] * self._unit(kind)
+        inv = self._inv[kind]  # in place: readers hold the live arrays
+        np.divide(1.0, arr, out=inv)
+        inv[~self._usable] = np.inf
+        self._fastest.pop(kind, None)
+        self.changes += 1
 
     def expected_seconds(self, index: int, work: float, kind: str = "default") -> float:
         return work / float(self.speed(kind)[index])

@@ -42,7 +42,8 @@ class FleetView:
     - ``queued_work``: the part of ``outstanding`` still waiting in the device's queue (a list);
     - ``running_work``: the rest, the work of the running items; ``running_since``: the sum of
       their start times, so that with the clock, how long they have run (``elapsed_work``) is a
-      few vector operations;
+      few vector operations; ``last_start``: when the latest of them started, kept only where
+      some slots hold prefetched items (``prefetching``);
     - ``mem_total`` / ``mem_used``: bytes, ``mem_used`` counting every placed item's ``memory``;
     - ``mem_external``: bytes measured in use beyond that (``Dispatcher.set_external_memory``);
     - ``usable``: healthy and accepting work.
@@ -90,6 +91,7 @@ class FleetView:
                 f"parallel must be {n} integers from 1 to the slots, got {list(self.parallel)}"
             )
         self.multi_slot = bool((self.parallel > 1).any())
+        self.prefetching = bool((self.parallel < self.slots).any())
         self.running: IntArray = np.zeros(n, dtype=np.int64)
         self.in_flight: IntArray = np.zeros(n, dtype=np.int64)
         self.outstanding: FloatArray = np.zeros(n, dtype=np.float64)
@@ -106,6 +108,7 @@ class FleetView:
         # operation.
         self.running_work: FloatArray = np.zeros(n)
         self.running_since: FloatArray = np.zeros(n)
+        self.last_start: FloatArray = np.zeros(n)
         # Kept by the dispatcher for size-ordered queues only: row k of ``queued_below`` the
         # queued work in size classes below k and row k of ``queued_from`` the number of queued
         # items in classes k and up, per device. Rows, not columns, so that reading one class for
@@ -130,6 +133,7 @@ class FleetView:
         together = slots if parallel is None else parallel
         self.parallel = np.append(self.parallel, np.int64(together))
         self.multi_slot = self.multi_slot or together > 1
+        self.prefetching = self.prefetching or together < slots
         self.running = np.append(self.running, np.int64(0))
         self.in_flight = np.append(self.in_flight, np.int64(0))
         self.outstanding = np.append(self.outstanding, 0.0)
@@ -140,6 +144,7 @@ class FleetView:
         self.usable = np.append(self.usable, True)
         self.running_work = np.append(self.running_work, 0.0)
         self.running_since = np.append(self.running_since, 0.0)
+        self.last_start = np.append(self.last_start, 0.0)
         column = np.zeros((SIZE_CLASSES + 1, 1))
         self.queued_below = np.hstack([self.queued_below, column])
         self.queued_from = np.hstack([self.queued_from, column])
@@ -159,12 +164,14 @@ class FleetView:
     def batch_depth(self, kind: str = "default") -> int:
         """Equal items a closed batch must keep in flight for least-finish-time placement to
         give every usable device work to the end: while fewer are placed, the fastest devices'
-        queues drain before the slowest would finish even one item, so the slowest stays idle.
-        The fleet's total speed over its slowest device's, plus one item per device."""
+        queues drain before the slowest would finish the items its slots hold, so the slowest
+        stays idle. The fleet's total speed over its slowest device's, times that device's
+        slots (a prefetch slot holds an item too), plus one item per device."""
         speed = self.perf.speed(kind)[self.usable]
         if speed.size == 0:
             return 1
-        return math.ceil(float(speed.sum()) / float(speed.min())) + int(speed.size)
+        slowest = int(self.slots[self.usable][speed.argmin()])
+        return math.ceil(float(speed.sum()) / float(speed.min()) * slowest) + int(speed.size)
 
     def mem_free(self) -> IntArray:
         return self.mem_total - self.mem_used - self.mem_external
@@ -205,12 +212,18 @@ class FleetView:
     def elapsed_work(self) -> FloatArray:
         """Per device: the work its running items have done so far, estimated from how long they
         have run at the device's speed (each of ``parallel`` items at ``speed / parallel``),
-        and never more than their cost. An estimate: an item that an executor holds in a
-        prefetch slot counts as running from when it was sent."""
-        done = np.multiply(self.running, self.clock.now(), dtype=np.float64)
+        and never more than their cost. A device that holds more items than it runs (the
+        others wait in prefetch slots) works through them in turn: it has done its speed times
+        the time since the latest start (when it finished one item, it started the next and
+        was sent another)."""
+        now = self.clock.now()
+        speed = self.perf.speed()
+        done = np.multiply(self.running, now, dtype=np.float64)
         done -= self.running_since
-        done *= self.perf.speed()
+        done *= speed
         done /= self.parallel
+        if self.prefetching:
+            done = np.where(self.running > self.parallel, (now - self.last_start) * speed, done)
         return np.clip(done, 0.0, self.running_work, out=done)
 
     def delay_score(

@@ -37,6 +37,8 @@ class TailBudget(Policy):
 
     - an item among the smaller ``split_quantile`` of recent costs (the smaller half by default)
       goes where it would finish soonest: these items make the median;
+    - so does an item of a batch (``WorkItem.batch``: a map's, a task graph's), whose measure
+      is the batch's makespan: sparing the fastest devices would leave them idle at its end;
     - so does a larger one whose soonest device can start it at once;
     - any other larger item goes to the slowest device that would still finish it within the
       *budget*; where none would, to the soonest.
@@ -117,7 +119,7 @@ class TailBudget(Policy):
         best = int(score.argmin())
         if not score[best] < math.inf:
             return None
-        if not cost > 0 or cost < self.split_cost:
+        if not cost > 0 or cost < self.split_cost or item.batch:
             return best
         if view.starts_now(best):
             return best
