@@ -43,6 +43,7 @@ from hetero.errors import (
     QueueFull,
     TaskFailed,
 )
+from hetero.log import config_log_level
 from hetero.runtime.backend import Backend
 from hetero.runtime.monitor import (
     DeviceSample,
@@ -129,6 +130,7 @@ class _Task:
     packed: Packed | None = None
     cost: float = 1.0
     declared: bool = False
+    batch: bool = False  # of a map or a task graph: placed for the makespan (WorkItem.batch)
     attempt: int = 0
     device: int = -1
     sent: float = 0.0
@@ -167,8 +169,8 @@ class Context:
         strategy: the placement policy (default: the config's ``scheduler.strategy``).
         time_scale: emulated durations are multiplied by it (a 0.1 runs emulation 10× faster).
             ``None`` (the default): 1 for tasks with a declared cost; a task without one is
-            paced relative to this host (the fastest emulated device runs it at the host's
-            own pace, the others slower by their speed ratio).
+            paced relative to this host (``cpu_time_scale``: the fastest emulated device runs
+            it at half the host's pace or slower, the others slower by their speed ratio).
         memory_pool_size: bytes (or "2GB") each device's worker may use, enforced where the
             framework can (torch and CuPy pool limits, RSS watch on the CPU) and used by
             placement.
@@ -225,6 +227,8 @@ class Context:
         if isinstance(config, (str, os.PathLike)):
             self._config_path = str(Path(config).resolve())
             config = load_config(Path(config))
+        elif config is not None and config.logging.level is not None:
+            config_log_level(config.logging.level)  # a config built in code: as from a file
         self.config = config
         sched = config.scheduler if config is not None else SchedulerConfig()
         # Checked before any backend starts: a cluster is not joined (or started) for a typo.
@@ -291,13 +295,9 @@ class Context:
         )
         self.strategy = base.scheduler.strategy
         self.time_scale = scale
-        # The time scale of host-timed work (tasks without a declared cost): the user's, else
-        # relative to this host: the fastest emulated device runs it at the host's own pace.
-        self._cpu_time_scale = (
-            scale
-            if time_scale is not None
-            else max((d.speed for d in fleet if d.emulated), default=1.0)
-        )
+        #: The time scale of host-timed work (tasks without a declared cost): a speed-1 device
+        #: takes this many seconds per second of this host's CPU time.
+        self.cpu_time_scale = scale if time_scale is not None else _relative_scale(fleet)
         self.monitoring_interval = sched.monitoring_interval
         self._monitor: Monitor | None = None
         self._status: StatusWriter | None = None
@@ -491,6 +491,7 @@ class Context:
         function: tuple[str, bytes] | None = None,
         name: str | None = None,
         cost: tuple[float, bool] | None = None,
+        batch: bool = False,
     ) -> TaskFuture:
         if self._closed or self._closing:
             raise HeteroError("this Context is closed; create a new one to run more tasks")
@@ -518,9 +519,11 @@ class Context:
             task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
         parents = _futures_in((task.args, task.kwargs))
         self.stats["submitted"] += 1
+        task.batch = batch
         if not parents:
             self._admit(task)
             return future
+        task.batch = True  # a node of a task graph: the graph's end is what counts
         task.waiting_on = len(parents)
         with self._lock:
             self._tasks[task_id] = task
@@ -643,11 +646,12 @@ class Context:
         # else they hold kept results the order refers to: alive until the task ends
         item = WorkItem(
             cost=task.cost,
-            kind=options.kind,
+            kind=options.kind if task.declared else options.speed_kind(task.name),
             memory=options.memory,
             priority=options.priority,
             tags=options.tags,
             id=task.id,
+            batch=task.batch,
         )
         task.item = item
         endings: list[_Ending] = []
@@ -773,7 +777,7 @@ class Context:
             task.cost,
             task.declared,
             task.checkpoint_dir,
-            self._cpu_time_scale,
+            self.cpu_time_scale,
         )
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(task, ins.device)
@@ -781,7 +785,8 @@ class Context:
 
     def _log_decision(self, task: _Task, device: int) -> None:
         view = self.dispatcher.view
-        delays = view.expected_delay(task.options.kind, task.cost)
+        assert task.item is not None
+        delays = view.expected_delay(task.item.kind, task.cost)
         ranked = sorted(range(view.n), key=lambda i: float(delays[i]))
         others = ", ".join(
             f"{view.ids[i]} {float(delays[i]):.3g}s" for i in ranked[:3] if i != device
@@ -1388,6 +1393,21 @@ def _cap_memory(device: Device, pool: int | None) -> None:
         limit = device.memory_limit
         device.memory_limit = pool if limit is None else min(pool, limit)
         device.state.memory_total = device.memory_bytes
+
+
+def _relative_scale(fleet: Sequence[Device]) -> float:
+    """The default time scale of host-timed work on an emulated fleet: the fastest emulated
+    device runs it at half this host's pace (its worker then sleeps half the time, which
+    absorbs each task's hand-over costs), and slower still where the whole fleet would
+    otherwise need more than half of this host's cores (all of them busy at once would queue
+    for a CPU, and the waits would slow the fastest devices most)."""
+    speeds = [d.speed for d in fleet if d.emulated]
+    if not speeds:
+        return 1.0
+    fastest = max(speeds)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    demand = sum(speeds) / fastest  # cores the fleet keeps busy at the host's own pace
+    return fastest * max(2.0, 2.0 * demand / (cores or 1))
 
 
 def _declared_fleet(config: HeteroConfig | None) -> list[Device] | None:

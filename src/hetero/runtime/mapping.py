@@ -6,18 +6,20 @@ how big a batch is:
 
 - big enough that a batch takes about ``TARGET_SECONDS`` on the fastest device (per-task
   overhead stays small), from the speeds the performance model has measured so far;
-- no more than ``remaining / (4 × devices)`` when the length is known (guided self-scheduling:
-  batches shrink towards the end, so the last ones are small and no device is left holding a
+- no more than ``remaining / (4 × devices)``, nor than what the slowest device finishes while
+  the whole fleet finishes the rest, when the length is known (guided self-scheduling: batches
+  shrink towards the end, so the last ones are single items and no device is left holding a
   big one while the others idle);
 - no more than the largest batch a device's memory holds, when the task declares memory per
   item (``PerfModel.batch_sizes``).
 
 At most ``window`` batches are in flight (default: 4 per usable device, counted as devices
-join or leave; and a bounded number of done batches waiting to be read), so an endless iterator
-is mapped in bounded memory. Of those, each device's worker holds at most its dispatcher slots
-(the one it runs and ``prefetch`` more); the rest wait in the dispatcher, which hands them to
-the devices that will finish them first, so a fast device holds more of the window than a slow
-one.
+join or leave, or more where the slowest device needs a deeper window to get work,
+``FleetView.batch_depth``, up to ``MAX_WINDOW``; and a bounded number of done batches waiting to
+be read), so an endless iterator is mapped in bounded memory. Of those, each device's worker
+holds at most its dispatcher slots (the one it runs and ``prefetch`` more); the rest wait in
+the dispatcher, which hands them to the devices that will finish them first, so a fast device
+holds more of the window than a slow one.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ from hetero.runtime.tasks import TaskFunction
 if TYPE_CHECKING:
     from hetero.runtime.context import Context
 
-__all__ = ["TARGET_SECONDS", "MapItemError", "MapRun"]
+__all__ = ["MAX_WINDOW", "TARGET_SECONDS", "MapItemError", "MapRun"]
 
 #: Seconds of work a batch aims at on the fastest device.
 TARGET_SECONDS = 0.01
 #: Batches done but not yet read may reach this many windows.
 READ_AHEAD = 4
+#: The most batches a window deepens to for the slowest device: a device so slow that a
+#: deeper window would be needed for it to get work at all is left out of the map.
+MAX_WINDOW = 1024
 
 
 class MapItemError(Exception):
@@ -124,6 +129,7 @@ class MapRun(Iterator[Any]):
             batched = {kind: _Batch(fn, spec.name) for kind, fn in options.variants.items()}
             options = replace(options, variants=batched)
         self._name = f"{spec.name}[map]"
+        self._kind = options.speed_kind(self._name)  # the row that times its batches
         batch_fn = TaskFunction(_Batch(spec.fn, spec.name), replace(options, name=self._name))
         self._function = ctx._function(batch_fn)
         self._batch_spec = batch_fn
@@ -223,7 +229,7 @@ class MapRun(Iterator[Any]):
         # Deep enough that the least-finish-time placement reaches the slowest device too.
         view = self._ctx.dispatcher.view
         window = self._fixed_window or max(
-            4 * devices, 8, view.batch_depth(self._spec.options.kind)
+            4 * devices, 8, min(view.batch_depth(self._kind), MAX_WINDOW)
         )
         while (
             not self._exhausted
@@ -262,6 +268,7 @@ class MapRun(Iterator[Any]):
             function=self._function,
             name=self._name,
             cost=(cost, declared),
+            batch=True,
         )
         self._pending[number] = (first, future)
         future.add_done_callback(functools.partial(self._batch_done, number, len(chunk)))
@@ -280,9 +287,12 @@ class MapRun(Iterator[Any]):
     def _size(self, devices: int) -> int:
         if self._batch_size != "auto":
             return int(self._batch_size)
-        perf = self._ctx.dispatcher.perf
+        view = self._ctx.dispatcher.view
         options = self._spec.options
-        fastest = float(perf.speed(options.kind).max())
+        speed = view.perf.speed(self._kind)[view.usable]
+        if speed.size == 0:
+            return 1
+        fastest = float(speed.max())
         # Work units per item: declared, else the mean of the items costed so far.
         if isinstance(options.cost, (int, float)):
             per_item = float(options.cost)
@@ -291,7 +301,10 @@ class MapRun(Iterator[Any]):
         size = max(1, math.ceil(TARGET_SECONDS * fastest / max(per_item, 1e-12)))
         if self._total is not None:
             remaining = self._total - self._taken
-            size = min(size, max(1, math.ceil(remaining / (4 * devices))))
+            # A batch the slowest device takes must not outlast the rest of the map on the
+            # whole fleet: near the end, batches shrink to one item.
+            slowest = remaining * float(speed.min()) / float(speed.sum())
+            size = min(size, max(1, math.floor(min(remaining / (4 * devices), slowest))))
         return max(1, min(size, self._cap))
 
     def _memory_cap(self) -> int:
@@ -302,7 +315,7 @@ class MapRun(Iterator[Any]):
         total = sum(d.memory_bytes // per_item for d in self._ctx.devices)
         if total < 1:
             return 1  # the dispatcher refuses it with the sizes involved
-        shares = perf.batch_sizes(total, sample_bytes=per_item, kind=self._spec.options.kind)
+        shares = perf.batch_sizes(total, sample_bytes=per_item, kind=self._kind)
         return max(1, max(shares))
 
 

@@ -53,6 +53,12 @@ class TaskOptions:
             raise ConfigError([("cost", f"must be a finite number >= 0, got {value!r}")])
         return float(value), True
 
+    def speed_kind(self, name: str) -> str:
+        """The row of the performance model that times this task, named ``name``: its
+        ``kind`` when it declares a cost; else one per task, ``KIND:NAME`` (its unit is one of
+        its calls, which no other task's calls weigh the same as)."""
+        return self.kind if self.cost is not None else f"{self.kind}:{name}"
+
 
 def make_options(
     *,

@@ -282,6 +282,9 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
         reply.ended = time.monotonic()
         return "error", reply
     current.enter(device, order.task_id, order.attempt, order.checkpoint_dir)
+    # Host-timed pacing (an emulated device, no declared cost) leaves out the time the task
+    # waited for a CPU: that is this host's contention, not the device's speed.
+    queued0 = _runqueue_seconds() if device.emulated and not order.declared_cost else 0.0
     started = time.monotonic()
     cpu0 = time.thread_time()
     try:
@@ -298,7 +301,8 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
         del args, kwargs
     reply.cpu_seconds = time.thread_time() - cpu0
     if device.emulated:
-        started = _pace(state, order, started, reply.cpu_seconds)
+        queued = _runqueue_seconds() - queued0 if not order.declared_cost else 0.0
+        started = _pace(state, order, started, reply.cpu_seconds, queued)
     reply.started, reply.ended = started, time.monotonic()
     try:
         reply.result = pack(result, setup.prefix, state.pool, inline=setup.inline)
@@ -312,19 +316,30 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
     return "done", reply
 
 
-def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -> float:
+def _runqueue_seconds() -> float:
+    """Seconds this thread has waited, runnable, for a CPU (Linux's schedstat; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _pace(
+    state: _State, order: TaskOrder, started: float, cpu_seconds: float, queued: float = 0.0
+) -> float:
     """Hold the slot until the emulated duration has passed. With a declared cost: cost over the
     device's speed, times the time scale. Without: the CPU time measured here over the speed
     (times the order's ``cpu_time_scale``), plus the time the task spent off the CPU (I/O,
-    sleeps), which a faster device would not shorten. Returns when the emulated device started
-    the task."""
+    sleeps), which a faster device would not shorten, less the ``queued`` seconds it waited
+    for a CPU of this host. Returns when the emulated device started the task."""
     setup = state.setup
     assert setup is not None
     now = time.monotonic()  # one reading: the device running at the host's pace never "lags"
     if order.declared_cost:
         target = order.cost * setup.time_scale / setup.device.speed
     else:
-        off_cpu = max(0.0, now - started - cpu_seconds)
+        off_cpu = max(0.0, now - started - cpu_seconds - queued)
         target = off_cpu + cpu_seconds * order.cpu_time_scale / setup.device.speed
     # Back-to-back tasks are paced from where the previous one was due to end, not from when
     # this one actually started: the few hundred µs a sleep overshoots and a hand-over costs
@@ -335,7 +350,7 @@ def _pace(state: _State, order: TaskOrder, started: float, cpu_seconds: float) -
     elapsed = now - started
     if due > now:
         time.sleep(due - now)
-    elif target > 0 and elapsed > target * 1.05 + 1e-3 and not state.warned:
+    elif target > 0 and elapsed - queued > target * 1.05 + 1e-3 and not state.warned:
         state.warned = True
         _send(
             state,
