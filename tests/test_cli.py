@@ -240,6 +240,32 @@ def test_set_log_level() -> None:
         hetero.set_log_level("LOUD")
 
 
+def test_an_explicit_level_wins_over_a_configs_in_either_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from hetero.config import load_config, parse_config
+
+    logger = logging.getLogger("hetero")
+    monkeypatch.setattr(logger, "level", logger.level)  # restored after the test
+    monkeypatch.setattr("hetero.log._explicit", False)
+    path = tmp_path / "fleet.yaml"
+    path.write_text("devices: [{type: cpu}]\nlogging: {level: ERROR}\n")
+    load_config(path)
+    assert logger.level == logging.ERROR  # no explicit level: the file's
+    result = runner.invoke(app, ["--log-level", "info", "devices", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert logger.level == logging.INFO  # the flag, though the file is read after it
+    monkeypatch.setattr("hetero.log._explicit", False)
+    built = parse_config({"devices": [{"type": "cpu"}], "logging": {"level": "DEBUG"}})
+    with hetero.Context(built):
+        assert logger.level == logging.DEBUG  # a config built in code sets it too
+    hetero.set_log_level("WARNING")
+    load_config(path)
+    assert logger.level == logging.WARNING  # set_log_level wins over a file read later
+
+
 def test_public_api_is_complete_and_sorted() -> None:
     names = hetero.__all__
     assert names == sorted(names)

@@ -58,9 +58,10 @@ def test_a_near_miss_of_a_key_says_did_you_mean(section: str, key: str, meant: s
 
 
 @pytest.fixture
-def hetero_level() -> Iterator[logging.Logger]:
+def hetero_level(monkeypatch: pytest.MonkeyPatch) -> Iterator[logging.Logger]:
     logger = logging.getLogger("hetero")
     before = logger.level
+    monkeypatch.setattr("hetero.log._explicit", False)  # no level chosen by the application
     yield logger
     logger.setLevel(before)
 

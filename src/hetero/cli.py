@@ -80,7 +80,9 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _log_level(value: str) -> str:
+def _log_level(value: str | None) -> str | None:
+    if value is None:
+        return None  # a config's logging.level, else WARNING
     try:
         set_log_level(value)
     except ValueError as exc:
@@ -97,9 +99,14 @@ def main(
         ),
     ] = False,
     log_level: Annotated[
-        str,
-        typer.Option("--log-level", callback=_log_level, help=f"One of {', '.join(LOG_LEVELS)}."),
-    ] = "WARNING",
+        str | None,
+        typer.Option(
+            "--log-level",
+            callback=_log_level,
+            help=f"One of {', '.join(LOG_LEVELS)}; wins over a config's logging.level "
+            "(default: that, else WARNING).",
+        ),
+    ] = None,
 ) -> None:
     """hetero: heterogeneity-aware scheduling for mixed accelerator fleets."""
 

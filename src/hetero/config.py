@@ -29,7 +29,7 @@ from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
-from hetero.log import set_log_level
+from hetero.log import config_log_level
 from hetero.units import format_size, parse_size
 
 __all__ = [
@@ -257,7 +257,12 @@ class ReplicaConfig(_Strict):
         except ValueError:
             port = -1
         if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-            raise ValueError(f"expected http://HOST[:PORT] or https://HOST[:PORT], got {value!r}")
+            hint = ""
+            if "://" not in value and urlsplit(f"http://{value}").hostname:
+                hint = f" (did you mean 'http://{value}'?)"
+            raise ValueError(
+                f"expected http://HOST[:PORT] or https://HOST[:PORT], got {value!r}{hint}"
+            )
         return value.rstrip("/")
 
     @field_validator("device")
@@ -312,12 +317,13 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
 
 def load_config(path: str | Path) -> HeteroConfig:
     """Read and validate a fleet config file, and set hetero's log level to its
-    ``logging.level`` if it has one."""
+    ``logging.level`` if it has one (unless the application set a level: ``set_log_level``,
+    ``hetero --log-level``)."""
     path = Path(path)
     data = read_data_file(path, "config")
     config = parse_config(data, source=str(path))
     if config.logging.level is not None:
-        set_log_level(config.logging.level)
+        config_log_level(config.logging.level)
     return config
 
 

@@ -309,6 +309,7 @@ def test_replica_flag_with_a_speed_and_options() -> None:
         ("http://h:1=A100-80", "closest catalog names: A100-80GB"),
         ("ftp://h:1=speed:1", "url: expected http://HOST[:PORT]"),
         ("http://:1=speed:1", "url: expected http://HOST[:PORT]"),
+        ("127.0.0.1:8000=A100-80GB", "did you mean 'http://127.0.0.1:8000'?"),
     ],
 )
 def test_bad_replica_flag_names_replica_and_the_bad_part(flag: str, part: str) -> None:

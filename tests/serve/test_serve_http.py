@@ -595,6 +595,25 @@ def test_cli_process_without_replicas_exits_1_without_a_traceback() -> None:
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+def test_cli_on_a_port_in_use_says_so_and_closes_what_it_opened() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["-r", "http://127.0.0.1:9", "--host", "127.0.0.1", "--port", str(port)]
+        done = subprocess.run(
+            [sys.executable, "-m", "hetero", "serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Unclosed" not in done.stderr and "Traceback" not in done.stderr
+
+
 async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
     replica = MockReplica(mock())
     url = await replica.start()

@@ -201,7 +201,15 @@ class Server:
     # ------------------------------------------------------------------ life
 
     async def start(self) -> str:
-        """Listen, learn what the replicas serve, and start health checks; returns the URL."""
+        """Listen, learn what the replicas serve, and start health checks; returns the URL.
+        Whatever it opened is closed again when it fails (a port in use)."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> str:
         o = self.options
         for name in _FLOODABLE:
             logging.getLogger(name).addFilter(self._repeats)
