@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetero.errors import ConfigError, NoCapableDevice, UnknownDevice
-from hetero.sched import Dispatcher, ItemState, ManualClock, Run, WorkItem
+from hetero.sched import Cause, Dispatcher, ItemState, ManualClock, Run, WakeAt, WorkItem
 from hetero.sched.dispatcher import Finish
 from hetero.sched.registry import make_policy, policy_names
 from tests.sched.conftest import make_devices
@@ -83,16 +83,39 @@ def test_service_time_from_the_executor_feeds_the_speed_model() -> None:
 def test_a_timeout_per_item_overrides_the_dispatchers() -> None:
     clock = ManualClock()
     d = Dispatcher(make_devices([1.0]), make_policy("round_robin"), clock, timeout=100.0)
-    d.submit(WorkItem(id="short"), timeout=0.5)
-    d.submit(WorkItem(id="default"))
+    assert d.submit(WorkItem(id="short"), timeout=0.5)[0] == WakeAt(0.5)
+    assert not any(type(i) is WakeAt for i in d.submit(WorkItem(id="default")))  # 100 s: later
     assert d.next_deadline() == 0.5
     clock.advance(0.5)
-    assert [(type(i).__name__, i.item.id) for i in d.expire()] == [
+    out = d.expire()
+    assert [(type(i).__name__, getattr(i, "item", i).id) for i in out[:-1]] == [
         ("Stop", "short"),
         ("Finish", "short"),
         ("Run", "default"),
     ]
+    assert out[0].cause is out[1].cause is Cause.TIMED_OUT  # type: ignore[union-attr]
+    assert out[-1] == WakeAt(100.0)  # the next deadline, announced by expire
     assert d.records["short"].reason == "timed out after 0.5s"
+
+
+def test_every_way_an_item_ends_carries_its_cause() -> None:
+    """Executors map causes to HTTP codes and trace statuses by value, never by the reason's
+    words."""
+    clock = ManualClock()
+    d = Dispatcher(make_devices([1.0, 1.0]), make_policy("round_robin"), clock, max_retries=0)
+    d.submit(WorkItem(id="lost"))
+    d.submit(WorkItem(id="failed"))
+    (stop, finish) = [i for i in d.device_down("d0", "gone") if type(i) is not Run]
+    assert (stop.cause, finish.cause) == (Cause.DEVICE_LOST, Cause.DEVICE_LOST)
+    (finish,) = d.fail("failed", "RuntimeError: boom")
+    assert finish.cause is Cause.FAILED and finish.state is ItemState.FAILED
+    d.submit(WorkItem(id="cancelled"))
+    assert [i.cause for i in d.cancel("cancelled")] == [Cause.CANCELLED, Cause.CANCELLED]
+    d.submit(WorkItem(id="abandoned"))
+    assert d.abandon("abandoned", "no device left")[-1].cause is Cause.ABANDONED
+    d.submit(WorkItem(id="done"))
+    assert d.complete("done")[0].cause is Cause.DONE
+    d.validate_state()
 
 
 def test_memory_held_outside_the_dispatcher_keeps_items_that_need_memory_away() -> None:

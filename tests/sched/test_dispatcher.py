@@ -14,6 +14,7 @@ from hetero.sched import (
     Rejected,
     Run,
     Stop,
+    WakeAt,
     WorkItem,
 )
 from hetero.sched.policy import BoolArray, masked_argmin
@@ -61,9 +62,10 @@ def log(out: list) -> list[tuple]:
             rows.append(("run", ins.item.id, ins.device_id))
         elif isinstance(ins, Stop):
             rows.append(("stop", ins.item.id, ins.device))
-        else:
-            assert isinstance(ins, Finish)
+        elif isinstance(ins, Finish):
             rows.append((ins.state.value, ins.item.id, ins.reason))
+        else:
+            assert isinstance(ins, WakeAt)  # when to call expire: not an item's event
     return rows
 
 
@@ -316,7 +318,9 @@ def test_from_config() -> None:
     assert (d.policy.name, d.max_queue_size, d.timeout, d.max_retries) == ("weighted", 7, 3.0, 0)
     assert d.preemption and not d.stealing
     assert d.perf.batch_sizes(100)[2] == 4
-    assert d.submit(WorkItem(id=1))[0].device_id.startswith(("a100", "t4"))
+    wake, run = d.submit(WorkItem(id=1))
+    assert wake == WakeAt(3.0)  # its timeout's deadline
+    assert run.device_id.startswith(("a100", "t4"))  # type: ignore[union-attr]
 
 
 def test_complete_learns_from_the_work_an_item_turned_out_to_be() -> None:

@@ -3,13 +3,14 @@ item ends exactly once, none is lost or finished twice, and the dispatcher's boo
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetero.errors import NoCapableDevice, QueueFull
-from hetero.sched import Dispatcher, Finish, ItemState, ManualClock, Run, Stop, WorkItem
+from hetero.sched import Dispatcher, Finish, ItemState, ManualClock, Run, Stop, WakeAt, WorkItem
 from hetero.sched.registry import make_policy, policy_names
 from tests.sched.conftest import make_devices
 
@@ -96,10 +97,13 @@ def test_every_item_ends_exactly_once(
     done: Counter[int | str] = Counter()
     running: set[int | str] = set()
     admitted: set[int | str] = set()
+    wake = [math.inf]  # the earliest WakeAt since the last expire: when the timer fires
 
     def apply(out: list) -> None:
         for ins in out:
-            if isinstance(ins, Run):
+            if isinstance(ins, WakeAt):
+                wake[0] = min(wake[0], ins.at)
+            elif isinstance(ins, Run):
                 assert ins.item.id not in running, "started twice at once"
                 running.add(ins.item.id)
             elif isinstance(ins, Stop):
@@ -147,8 +151,11 @@ def test_every_item_ends_exactly_once(
             apply(d.device_up(d.view.ids[step[1] % d.view.n]))
         elif kind == "tick":
             clock.advance(step[1])
+            wake[0] = math.inf  # the timer fired: expire announces the next deadline
             apply(d.expire())
         d.validate_state()
+        deadline = d.next_deadline()
+        assert deadline is None or wake[0] <= deadline, "a deadline no WakeAt announced"
 
     # Drain: bring every device back and finish whatever runs, until nothing is left.
     for device_id in d.view.ids:

@@ -45,6 +45,7 @@ from hetero.errors import (
 )
 from hetero.log import config_log_level
 from hetero.runtime.backend import Backend
+from hetero.runtime.backlog import Backlog
 from hetero.runtime.monitor import (
     DeviceSample,
     MemoryPressure,
@@ -65,7 +66,7 @@ from hetero.runtime.tasks import TaskFunction, TaskOptions, as_task
 from hetero.runtime.worker import TaskOrder, TaskReply
 from hetero.sched.clock import MonotonicClock
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
-from hetero.sched.item import ItemState, WorkItem
+from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 from hetero.units import format_size, parse_size
@@ -329,7 +330,7 @@ class Context:
         self._tasks: dict[int, _Task] = {}
         self._on_device: list[set[int]] = [set() for _ in fleet]
         self._losses = [0] * len(fleet)
-        self._backlog: deque[_Task] = deque()
+        self._backlog: Backlog[_Task] = Backlog()
         self._garbage: deque[list[Segment] | str] = deque()  # segments, checkpoint dirs
         # Argument files: rewritten for later tasks once no worker maps them (SegmentPool).
         self._pool = SegmentPool()
@@ -661,7 +662,7 @@ class Context:
                 raise HeteroError("this Context is closed; create a new one to run more tasks")
             self._tasks[task.id] = task
             if self._backlog:
-                self._backlog.append(task)
+                self._backlog.push(task, options.priority)
                 return
             if not self.dispatcher.view.usable.all() and self._stranded(task):
                 del self._tasks[task.id]
@@ -675,7 +676,7 @@ class Context:
                     item, only=task.only, retries=options.retries, timeout=options.timeout
                 )
             except QueueFull:  # the context keeps a backlog instead of refusing work
-                self._backlog.append(task)
+                self._backlog.push(task, options.priority)
                 return
             except HeteroError as exc:
                 del self._tasks[task.id]
@@ -683,8 +684,6 @@ class Context:
                 if isinstance(exc, NoCapableDevice):
                     raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
                 raise
-            if options.timeout is not None or self.dispatcher.timeout is not None:
-                self._deadline_cond.notify()
             self._apply(out, endings)
         self.backend.flush()
         self._settle(endings)
@@ -707,6 +706,8 @@ class Context:
                 self._finish(ins, endings)
             elif type(ins) is Stop:
                 more += self._stop(ins)
+            else:  # WakeAt: the timer thread reads the new earliest deadline
+                self._deadline_cond.notify()
         if more:
             self._apply(more, endings)
         elif self._backlog:
@@ -723,7 +724,7 @@ class Context:
         device = task.device
         on_device = self._on_device[device]
         on_device.discard(task.id)
-        status = "failed" if "timed out" in ins.reason else "cancelled"
+        status = "failed" if ins.cause is Cause.TIMED_OUT else "cancelled"
         self._trace(task, None, status, ins.reason)
         self._stops[device] += 1
         self.backend.cancel(device, task.id)
@@ -860,8 +861,7 @@ class Context:
     ) -> None:
         """End a task the dispatcher does not hold (waiting on parents, or in the backlog):
         cancelled, or failed with ``error``."""
-        if task in self._backlog:
-            self._backlog.remove(task)
+        self._backlog.remove(task)
         self._forget(task)
         if error is None:
             self.stats["cancelled"] += 1
@@ -872,7 +872,7 @@ class Context:
 
     def _drain_backlog(self, endings: list[_Ending]) -> None:
         while self._backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
-            task = self._backlog.popleft()
+            task = self._backlog.pop()
             assert task.item is not None
             out = self.dispatcher.submit(
                 task.item,
@@ -987,9 +987,7 @@ class Context:
         task.reply = reply
         task.wrote_checkpoint |= reply.checkpointed
         task.future.device = self.devices[device].id
-        retry = reply.retryable and (
-            task.options.retry_exceptions or reply.error.startswith("MemoryError: worker")
-        )
+        retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
         out = self.dispatcher.fail(task.id, reply.error, retryable=retry)
         self._attempt_ended(task, reply, out, reply.error)
         self._apply(out, endings)

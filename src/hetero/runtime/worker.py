@@ -44,7 +44,7 @@ __all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main", "run_ord
 #: Changes whenever the messages between driver and worker change: a worker started from newer
 #: code on disk than its driver's (an upgrade mid-run) exits with _EXIT_SKEW instead of
 #: misreading them.
-PROTOCOL = 3
+PROTOCOL = 4
 _EXIT_SKEW = 5
 
 # Replies wait at most this long, or this many, before they are sent together.
@@ -109,6 +109,7 @@ class TaskReply:
     exception: bytes | None = None  # the exception, pickled, when it can be
     retryable: bool = True
     checkpointed: bool = False  # the task wrote a checkpoint (the driver removes it at the end)
+    out_of_memory: bool = False  # the worker outgrew its device's limit (worth another device)
 
     def __reduce__(self) -> tuple[type[TaskReply], tuple[Any, ...]]:
         # A plain tuple of fields: pickling a slotted dataclass field by field costs 5x more,
@@ -233,7 +234,7 @@ def _watch_memory(state: _State, limit: int, interval: float) -> None:
                 f"started) exceeded the device's limit {limit / 1e9:.2f} GB"
             )
             now = time.monotonic()
-            reply = TaskReply(order_id, attempt, now, now, error=text)
+            reply = TaskReply(order_id, attempt, now, now, error=text, out_of_memory=True)
             with contextlib.suppress(Exception):
                 _send(state, [("error", reply)])
             _exit(4)

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from hetero.sched.clock import Clock, ManualClock, MonotonicClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
-from hetero.sched.item import TERMINAL, TRANSITIONS, CostModel, ItemRecord, ItemState, WorkItem
+from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.item import (
+    TERMINAL,
+    TRANSITIONS,
+    Cause,
+    CostModel,
+    ItemRecord,
+    ItemState,
+    WorkItem,
+)
 from hetero.sched.metrics import DeviceMetrics, FleetMetrics, Metrics
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Composite, Filter, Policy, Rejected
@@ -14,6 +22,7 @@ from hetero.sched.view import FleetView
 __all__ = [
     "TERMINAL",
     "TRANSITIONS",
+    "Cause",
     "Clock",
     "Completed",
     "Composite",
@@ -35,6 +44,7 @@ __all__ = [
     "Rejected",
     "Run",
     "Stop",
+    "WakeAt",
     "WorkItem",
     "make_policy",
     "policy_names",

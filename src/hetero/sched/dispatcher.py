@@ -2,8 +2,11 @@
 
 Events go in (``submit``, ``complete``, ``fail``, ``cancel``, ``device_down``, ``device_up``,
 ``expire``) and instructions come out (``Run`` an item on a device, ``Stop`` a running one,
-``Finish`` an item for good). The dispatcher does no I/O and reads time only from its clock, so
-the simulator, the local engine, the Ray backend and the router all drive the same code.
+``Finish`` an item for good, each ``Stop`` and ``Finish`` with its typed ``Cause``; ``WakeAt``
+when ``expire`` must be called earlier than announced before, so an executor's one timer never
+misses a deadline, whichever path admitted the item). The dispatcher does no I/O and reads
+time only from its clock, so the simulator, the local engine, the Ray backend and the router all
+drive the same code.
 
 Queues: a central priority queue holds items the policy left waiting (``pending``); each device
 has its own priority queue of items placed on it (``queued``) in front of its ``slots``. Higher
@@ -43,14 +46,14 @@ from hetero.errors import (
     UnknownItem,
 )
 from hetero.sched.clock import Clock
-from hetero.sched.item import TERMINAL, ItemRecord, ItemState, WorkItem
+from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, WorkItem
 from hetero.sched.metrics import Metrics
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Policy
 from hetero.sched.view import FleetView
 from hetero.units import format_size
 
-__all__ = ["QUEUE_ORDERS", "Dispatcher", "Finish", "Instruction", "Run", "Stop"]
+__all__ = ["QUEUE_ORDERS", "Dispatcher", "Finish", "Instruction", "Run", "Stop", "WakeAt"]
 
 #: How a device queue orders items of one priority: aged size (small first) or arrival.
 QUEUE_ORDERS = ("size", "fifo")
@@ -76,6 +79,7 @@ class Stop:
     item: WorkItem
     device: int
     reason: str
+    cause: Cause
 
 
 @dataclass(slots=True)
@@ -85,9 +89,18 @@ class Finish:
     item: WorkItem
     state: ItemState
     reason: str = ""
+    cause: Cause = Cause.DONE
 
 
-Instruction = Run | Stop | Finish
+@dataclass(slots=True)
+class WakeAt:
+    """Call ``expire`` at clock time ``at``: the earliest deadline moved earlier than any
+    announced before (``expire`` itself announces the next one)."""
+
+    at: float
+
+
+Instruction = Run | Stop | Finish | WakeAt
 if TYPE_CHECKING:
     from hetero.config import HeteroConfig
 
@@ -194,6 +207,7 @@ class Dispatcher:
         # (priority, seq, rec) of running items, only kept with preemption
         self._running_heap: list[tuple[int, int, ItemRecord]] = []
         self._deadlines: list[tuple[float, int, ItemRecord]] = []
+        self._wake_at = math.inf  # the earliest deadline announced with WakeAt
         self.waiting = 0  # pending + queued
         self.queued_total = 0
         self.active = 0  # admitted and not terminal
@@ -321,9 +335,12 @@ class Dispatcher:
             if item.deadline is not None
             else (now + timeout if timeout is not None else None)
         )
+        out: list[Instruction] = []
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), rec))
-        out: list[Instruction] = []
+            if deadline < self._wake_at:
+                self._wake_at = deadline
+                out.append(WakeAt(deadline))
         self.waiting += 1
         self._place(rec, out)
         return out
@@ -359,7 +376,7 @@ class Dispatcher:
             self.perf.observe(i, item.kind, done, busy, concurrency)
         if self._policy_learns:
             self.policy.observe(Completed(i, item.kind, done, busy, latency))
-        self._end(rec, out, DONE, "", now)
+        self._end(rec, out, DONE, "", Cause.DONE, now)
         self._refill(i, out)
         return out
 
@@ -368,7 +385,7 @@ class Dispatcher:
         rec = self._running_record(item_id, "fail")
         out: list[Instruction] = []
         i = rec.device
-        self._attempt_failed(rec, reason, retryable, out)
+        self._attempt_failed(rec, reason, retryable, out, Cause.FAILED)
         self._refill(i, out)
         return out
 
@@ -394,16 +411,16 @@ class Dispatcher:
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
         """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
         already ended is left as it is."""
-        return self._end_now(item_id, reason, CANCELLED, "cancel")
+        return self._end_now(item_id, reason, CANCELLED, Cause.CANCELLED, "cancel")
 
     def abandon(self, item_id: int | str, reason: str) -> list[Instruction]:
         """End an item as failed wherever it is, with no further attempt (nothing is left that
         could run it: every device is gone); a running one gets a ``Stop``. An item that has
         already ended is left as it is."""
-        return self._end_now(item_id, reason, FAILED, "abandon")
+        return self._end_now(item_id, reason, FAILED, Cause.ABANDONED, "abandon")
 
     def _end_now(
-        self, item_id: int | str, reason: str, state: ItemState, what: str
+        self, item_id: int | str, reason: str, state: ItemState, cause: Cause, what: str
     ) -> list[Instruction]:
         rec = self.records.get(item_id)
         if rec is None:
@@ -414,14 +431,14 @@ class Dispatcher:
         i = rec.device
         if rec.state is RUNNING:
             self._release(rec, running=True)
-            out.append(Stop(rec.item, i, reason))
+            out.append(Stop(rec.item, i, reason, cause))
         elif rec.state is QUEUED:
             self._release(rec, running=False)
             self.waiting -= 1
         elif rec.state is PENDING:
             self.waiting -= 1
         rec.move(state)
-        self._end(rec, out, state, reason)
+        self._end(rec, out, state, reason, cause)
         if i >= 0:
             self._refill(i, out)
         return out
@@ -440,8 +457,8 @@ class Dispatcher:
             self.view.set_usable(i, False)
         why = f"{reason} ({device_id})"
         for rec in sorted(self._running[i], key=lambda r: r.seq):
-            out.append(Stop(rec.item, i, why))
-            self._attempt_failed(rec, why, True, out)
+            out.append(Stop(rec.item, i, why, Cause.DEVICE_LOST))
+            self._attempt_failed(rec, why, True, out, Cause.DEVICE_LOST)
         self._move_queue(i, out, exclude=True)
         return out
 
@@ -560,7 +577,7 @@ class Dispatcher:
         i = self._device(device_id)
         out = self.drain_device(device_id)
         for rec in sorted(self._running[i], key=lambda r: r.seq):
-            out.append(Stop(rec.item, i, f"{reason} ({device_id})"))
+            out.append(Stop(rec.item, i, f"{reason} ({device_id})", Cause.DEVICE_REMOVED))
             self._requeue(rec, reason, out)
         self._removed.add(i)
         return out
@@ -611,7 +628,7 @@ class Dispatcher:
             reason = f"timed out after {deadline - rec.submitted:.6g}s"
             if rec.state is RUNNING:
                 self._release(rec, running=True)
-                out.append(Stop(rec.item, i, reason))
+                out.append(Stop(rec.item, i, reason, Cause.TIMED_OUT))
                 self.metrics.record_failure(i, now - rec.started, now)
                 freed.append(i)
             elif rec.state is QUEUED:
@@ -620,10 +637,14 @@ class Dispatcher:
             else:
                 self.waiting -= 1  # pending, retrying or preempted: not on a device
             rec.move(FAILED)
-            self._end(rec, out, FAILED, reason)
+            self._end(rec, out, FAILED, reason, Cause.TIMED_OUT)
         # Refill after every expired item is out, so none is started only to be stopped.
         for i in dict.fromkeys(freed):
             self._refill(i, out)
+        following = self.next_deadline()
+        self._wake_at = math.inf if following is None else following
+        if following is not None:
+            out.append(WakeAt(following))
         return out
 
     @property
@@ -858,6 +879,7 @@ class Dispatcher:
         out: list[Instruction],
         state: ItemState,
         reason: str,
+        cause: Cause = Cause.DONE,
         now: float | None = None,
     ) -> None:
         rec.reason = reason
@@ -865,7 +887,7 @@ class Dispatcher:
         self.active -= 1
         if not self.keep_finished:
             del self.records[rec.item.id]
-        out.append(Finish(rec.item, state, reason))
+        out.append(Finish(rec.item, state, reason, cause))
 
     def _exclude(self, rec: ItemRecord, i: int) -> None:
         if rec.excluded is None:
@@ -873,7 +895,7 @@ class Dispatcher:
         rec.excluded.add(i)
 
     def _attempt_failed(
-        self, rec: ItemRecord, reason: str, retryable: bool, out: list[Instruction]
+        self, rec: ItemRecord, reason: str, retryable: bool, out: list[Instruction], cause: Cause
     ) -> None:
         i = rec.device
         now = self.clock.now()
@@ -889,7 +911,7 @@ class Dispatcher:
             return
         rec.move(FAILED)
         tries = f" after {rec.failures} attempts" if rec.failures > 1 else ""
-        self._end(rec, out, FAILED, f"{reason}{tries}")
+        self._end(rec, out, FAILED, f"{reason}{tries}", cause)
 
     def _refill(self, i: int, out: list[Instruction]) -> None:
         """Device ``i`` freed capacity: start its queue, steal for it, then place pending items."""
@@ -933,7 +955,7 @@ class Dispatcher:
         except NoCapableDevice as exc:
             self.waiting -= 1
             rec.move(FAILED)
-            self._end(rec, out, FAILED, str(exc))
+            self._end(rec, out, FAILED, str(exc), Cause.REJECTED)
             return -1
 
     def _steal(self, thief: int, out: list[Instruction]) -> None:
@@ -1046,7 +1068,14 @@ class Dispatcher:
         heapq.heappop(heap)
         self._release(victim, running=True)
         victim.move(PREEMPTED)
-        out.append(Stop(victim.item, j, f"preempted by higher-priority item {rec.item.id!r}"))
+        out.append(
+            Stop(
+                victim.item,
+                j,
+                f"preempted by higher-priority item {rec.item.id!r}",
+                Cause.PREEMPTED,
+            )
+        )
         self.waiting += 1
         self._enqueue(victim, j)
         self._start_ready(j, out)

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_COST",
     "TERMINAL",
     "TRANSITIONS",
+    "Cause",
     "CostModel",
     "ItemRecord",
     "ItemState",
@@ -53,6 +54,25 @@ class ItemState(str, Enum):
     # look-up would hash two enum members through Python code on every move.
     bit: int
     allowed: int
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Cause(str, Enum):
+    """Why an item's attempt was stopped or the item ended. Executors map it to their own
+    terms (an HTTP code, a trace status) by value; the ``reason`` beside it is for people and
+    may be reworded."""
+
+    DONE = "done"
+    FAILED = "failed"  # its attempts failed; the executor's reason says how
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed out"
+    PREEMPTED = "preempted"  # stopped for a higher-priority item, and placed again
+    DEVICE_LOST = "device lost"  # its device went down
+    DEVICE_REMOVED = "device removed"  # its device left the fleet; placed again
+    REJECTED = "rejected"  # no device could ever run it
+    ABANDONED = "abandoned"  # nothing is left that could run it
 
     def __str__(self) -> str:
         return str(self.value)

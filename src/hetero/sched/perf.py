@@ -62,7 +62,8 @@ class PerfModel:
         self._scale = np.ones(len(self.devices))  # of the priors, by rescale
         self._speed: dict[str, FloatArray] = {}
         self._prior: dict[str, FloatArray] = {}  # catalog priors per kind (without _scale)
-        self._measured: dict[str, npt.NDArray[np.bool_]] = {}  # devices with a completion
+        # Per kind, whether each device has completed an item (a list: read per completion).
+        self._measured: dict[str, list[bool]] = {}
         self._inv: dict[str, FloatArray] = {}
         self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
         #: Counts changes to any speed, so a reader can tell cheaply that its copy is stale.
@@ -88,7 +89,7 @@ class PerfModel:
         if arr is None:
             prior = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
             self._prior[kind] = prior
-            self._measured[kind] = np.zeros(len(self.devices), dtype=bool)
+            self._measured[kind] = [False] * len(self.devices)
             arr = prior * self._scale
             self._speed[kind] = arr
             self._inv[kind] = np.where(self._usable, 1.0 / arr, np.inf)
@@ -111,14 +112,14 @@ class PerfModel:
 
     def add(self, device: Device) -> int:
         """A device joins the fleet: its catalog prior for every kind known so far."""
-        units = {k: self._unit(k) if m.any() else 1.0 for k, m in self._measured.items()}
+        units = {k: self._unit(k) if any(m) else 1.0 for k, m in self._measured.items()}
         self.devices.append(device)
         self._usable = np.append(self._usable, True)
         self._scale = np.append(self._scale, 1.0)
         for kind, arr in self._speed.items():
             prior = self.prior(device, kind)
             self._prior[kind] = np.append(self._prior[kind], prior)
-            self._measured[kind] = np.append(self._measured[kind], False)
+            self._measured[kind].append(False)
             speed = prior * units[kind]
             self._speed[kind] = np.append(arr, speed)
             self._inv[kind] = np.append(self._inv[kind], 1.0 / speed)
@@ -159,8 +160,7 @@ class PerfModel:
         observed = work * concurrency / seconds
         if not _MIN_SPEED < observed < math.inf:
             return  # a duration too short to time, or an item too small to weigh
-        measured = self._measured[kind]
-        if not measured[index]:
+        if not self._measured[kind][index]:
             self._first(index, kind, observed)
             return
         current = float(arr[index])
@@ -176,7 +176,7 @@ class PerfModel:
     def _unit(self, kind: str) -> float:
         """Measured over prior speed, the geometric mean over the devices measured for ``kind``:
         the seconds a work unit really takes, relative to the catalog's guess."""
-        measured = self._measured[kind]
+        measured = np.array(self._measured[kind])
         prior = self._prior[kind][measured] * self._scale[measured]
         return float(np.exp(np.log(self._speed[kind][measured] / prior).mean()))
 
@@ -184,10 +184,10 @@ class PerfModel:
         """Device ``index``'s first completion of ``kind``: its speed is what it measured, and
         the devices not measured yet move to their prior times the fleet's unit (once per
         device and kind, O(devices))."""
-        arr, measured = self._speed[kind], self._measured[kind]
+        arr = self._speed[kind]
         arr[index] = observed
-        measured[index] = True
-        rest = ~measured
+        self._measured[kind][index] = True
+        rest = ~np.array(self._measured[kind])
         if rest.any():
             arr[rest] = self._prior[kind][rest] * self._scale[rest] * self._unit(kind)
         inv = self._inv[kind]  # in place: readers hold the live arrays

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from hetero.config import ReplicaConfig
 from hetero.errors import ConfigError, QueueFull
-from hetero.sched import Finish
+from hetero.sched import Cause, Finish
 from hetero.serve.cost import brief, prompt_tokens, requested_max_tokens
 from hetero.serve.logs import RepeatFilter
 from hetero.serve.metrics import ServeMetrics
@@ -459,7 +459,7 @@ class Server:
                     # that is no longer true. The new waiter says what happens now.
                     continue
                 if isinstance(placed, Finish):
-                    status = 504 if placed.reason.startswith("timed out") else 502
+                    status = 504 if placed.cause is Cause.TIMED_OUT else 502
                     return _error(status, f"request failed: {placed.reason}", "upstream_error")
                 state = router.replicas[placed]
                 ticket.task = asyncio.current_task()

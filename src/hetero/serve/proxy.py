@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
+from hetero.sched import Cause
 from hetero.serve.router import ReplicaState, Router, Ticket
 
 if TYPE_CHECKING:
@@ -260,7 +261,7 @@ async def forward_stream(
         if not ticket.stopped or response is None:
             raise
         uncancel()
-        kind = "timeout" if ticket.stopped.startswith("timed out") else "upstream"
+        kind = "timeout" if ticket.stop_cause is Cause.TIMED_OUT else "upstream"
         await _end_with_error(response, f"request stopped: {ticket.stopped}", kind)
         router.cancel(ticket, ticket.stopped)
         return response

@@ -22,6 +22,7 @@ import numpy as np
 
 from hetero.errors import ConfigError, HeteroError
 from hetero.sched import (
+    Cause,
     CostModel,
     Dispatcher,
     Finish,
@@ -31,6 +32,7 @@ from hetero.sched import (
     PerfModel,
     Run,
     Stop,
+    WakeAt,
     WorkItem,
     make_policy,
 )
@@ -117,6 +119,7 @@ class Ticket:
     replica: int = -1
     attempts: int = 0
     stopped: str = ""  # why the dispatcher stopped the running attempt
+    stop_cause: Cause | None = None  # the same, typed: what the client is told follows it
     task: asyncio.Task[Any] | None = None  # the handler, while it talks to a replica
     ended: bool = False
     answering: bool = False  # the replica's answer has begun reaching the client: it stays
@@ -251,7 +254,6 @@ class Router:
             del self.tickets[ticket.id]
             raise
         self._apply(out)
-        self._arm_timer()
         return ticket
 
     def _in_service(self, state: ReplicaState) -> bool:
@@ -425,12 +427,16 @@ class Router:
         # Finish) comes back in the same call.
         ticket.waiter = asyncio.get_running_loop().create_future()
         ticket.stopped = ""
+        ticket.stop_cause = None
 
     # ------------------------------------------------------------------ instructions
 
     def _apply(self, out: list[Instruction]) -> None:
         for ins in out:
-            ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type]
+            if type(ins) is WakeAt:
+                self._arm_timer(ins.at)
+                continue
+            ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type,union-attr]
             if ticket is None:
                 continue
             if isinstance(ins, Run):
@@ -441,17 +447,18 @@ class Router:
                 if not ticket.waiter.done():
                     ticket.waiter.set_result(ins.device)
             elif isinstance(ins, Stop):
-                self._stop(ticket, ins.reason)
+                self._stop(ticket, ins.reason, ins.cause)
             elif isinstance(ins, Finish):
                 ticket.ended = True
                 self.tickets.pop(ticket.id, None)
                 if not ticket.waiter.done():
                     ticket.waiter.set_result(ins)
 
-    def _stop(self, ticket: Ticket, reason: str) -> None:
+    def _stop(self, ticket: Ticket, reason: str, cause: Cause) -> None:
         """Its attempt was stopped: the handler talking to the replica is cancelled (unless
         it is the caller, which reported the end itself) and follows a fresh waiter."""
         ticket.stopped = reason
+        ticket.stop_cause = cause
         task = ticket.task
         ticket.waiter = asyncio.get_running_loop().create_future()
         if task is not None and task is not asyncio.current_task():
@@ -469,12 +476,12 @@ class Router:
                 and rec.device == state.index
                 and not ticket.answering
             ):
-                self._stop(ticket, why)
+                self._stop(ticket, why, Cause.DEVICE_REMOVED)
                 self._apply(self.dispatcher.requeue(ticket.id, why))
 
-    def _arm_timer(self) -> None:
-        deadline = self.dispatcher.next_deadline()
-        if deadline is None or deadline >= self._timer_at:
+    def _arm_timer(self, deadline: float) -> None:
+        """The dispatcher's WakeAt: call ``_expire`` then, unless it is called sooner."""
+        if deadline >= self._timer_at:
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -501,7 +508,6 @@ class Router:
             state = self.replicas[i]
             state.failed += 1
             self._count_failure(state, f"request {reason} with no answer")
-        self._arm_timer()
 
     # ------------------------------------------------------------------ health
 

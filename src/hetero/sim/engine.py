@@ -22,8 +22,8 @@ import numpy as np
 from hetero.devices.spec import Device
 from hetero.errors import QueueFull
 from hetero.sched.clock import ManualClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
-from hetero.sched.item import ItemState, WorkItem
+from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Policy
 from hetero.sim.result import SimResult, TimeSeries
@@ -201,7 +201,7 @@ class Simulator:
                 for ins in out:
                     cls = type(ins)
                     if cls is Run:
-                        item = ins.item
+                        item = ins.item  # type: ignore[union-attr]
                         seq += 1
                         run_token[item.id] = seq
                         duration = item.cost * unit_seconds[ins.device]  # type: ignore[union-attr]
@@ -211,16 +211,14 @@ class Simulator:
                             done += 1
                         else:
                             failed += 1
-                            reasons[ins.reason.split(" (")[0]] += 1  # type: ignore[union-attr]
+                            reasons[_failure_label(ins)] += 1  # type: ignore[arg-type]
                     elif cls is Stop:
-                        run_token.pop(ins.item.id, None)
-                if d.has_deadlines:
-                    deadline = d.next_deadline()
-                    if deadline is not None and deadline < expire_at:
-                        expire_at = deadline
+                        run_token.pop(ins.item.id, None)  # type: ignore[union-attr]
+                    elif cls is WakeAt and ins.at < expire_at:  # type: ignore[union-attr]
+                        expire_at = ins.at  # type: ignore[union-attr]
                         seq += 1
                         expire_token = seq
-                        push(heap, (deadline, seq, _EXPIRE, None))
+                        push(heap, (expire_at, seq, _EXPIRE, None))
                 if progress is not None and events % 20000 == 0:
                     progress(done + failed + rejected, total)
         finally:
@@ -267,6 +265,15 @@ class Simulator:
             series=series,
             failure_reasons=dict(reasons),
         )
+
+
+def _failure_label(ins: Finish) -> str:
+    """How a failure shows in the report: the reason where it holds no device name (a
+    timeout's says after how long), else the cause (a device failure's reason names one of
+    the devices it hit)."""
+    if ins.cause in (Cause.TIMED_OUT, Cause.REJECTED, Cause.ABANDONED):
+        return ins.reason
+    return str(ins.cause)
 
 
 def _series(
