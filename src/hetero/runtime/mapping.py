@@ -7,9 +7,9 @@ how big a batch is:
 - big enough that a batch takes about ``TARGET_SECONDS`` on the fastest device (per-task
   overhead stays small), from the speeds the performance model has measured so far;
 - no more than ``remaining / (4 × devices)``, nor than what the slowest device finishes while
-  the whole fleet finishes the rest, when the length is known (guided self-scheduling: batches
-  shrink towards the end, so the last ones are single items and no device is left holding a
-  big one while the others idle);
+  the whole fleet finishes half of the rest, when the length is known (guided
+  self-scheduling: batches shrink towards the end, so the last ones are single items and no
+  device is left holding a big one while the others idle);
 - no more than the largest batch a device's memory holds, when the task declares memory per
   item (``PerfModel.batch_sizes``).
 
@@ -301,9 +301,9 @@ class MapRun(Iterator[Any]):
         size = max(1, math.ceil(TARGET_SECONDS * fastest / max(per_item, 1e-12)))
         if self._total is not None:
             remaining = self._total - self._taken
-            # A batch the slowest device takes must not outlast the rest of the map on the
-            # whole fleet: near the end, batches shrink to one item.
-            slowest = remaining * float(speed.min()) / float(speed.sum())
+            # A batch the slowest device takes must not outlast half of what is left of the
+            # map on the whole fleet: near the end, batches shrink to one item.
+            slowest = remaining * float(speed.min()) / (2 * float(speed.sum()))
             size = min(size, max(1, math.floor(min(remaining / (4 * devices), slowest))))
         return max(1, min(size, self._cap))
 
