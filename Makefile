@@ -30,6 +30,10 @@ demo: $(BIN)/hetero
 	$(BIN)/python examples/serve_demo.py
 	$(BIN)/python examples/ray_cluster.py
 
+# The simulator's cost per request against the committed figure (bench/results/sim.json).
+bench: $(BIN)/hetero
+	$(BIN)/python bench/bench_sim.py --check bench/results/sim.json
+
 lint: $(BIN)/hetero
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples

@@ -8,6 +8,11 @@ took 94 million samples at the first 1/200 s interval; it shows that memory stay
 run is in a fresh process, so its peak RSS is its own. Prints JSON; ``--out`` saves it.
 
     python bench/bench_sim.py --out bench/results/sim.json
+
+``--check FILE`` is the hot path's guard (``make bench``): it runs 10 and 1,000 devices at
+100,000 requests and prints each one's µs per request beside FILE's, with their ratio adjusted
+by the machine's calibration loop (this shared machine drifts by tens of percent); it exits 1
+when an adjusted ratio is above ``--tolerance`` (1.2).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
-from _common import emit
+from _common import calibration_seconds, emit
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
@@ -142,7 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="small runs, for a smoke test")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument(
+        "--check",
+        metavar="FILE",
+        help="compare µs per request with FILE's (e.g. bench/results/sim.json) and exit 1 on a "
+        "regression",
+    )
+    parser.add_argument("--tolerance", type=float, default=1.2, help="for --check")
     args = parser.parse_args(argv)
+    if args.check:
+        return check(args.check, args.policy, args.load, args.seed, args.tolerance)
     if args.quick:
         args.devices, args.requests, args.headline, args.long = "10,100", 5_000, 0, 20_000
     run = (args.policy, args.load, args.seed)
@@ -154,6 +168,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.long:
         doc["long_run"] = isolated(1, args.long, *run, models=["V100-32GB"], sized=False)
     return emit(doc, args.out)
+
+
+def check(path: str, policy: str, load: float, seed: int, tolerance: float) -> int:
+    """The committed µs per request beside this run's, at 10 and 1,000 devices."""
+    with open(path) as f:
+        committed = json.load(f)
+    then_cal = committed["machine"]["calibration_seconds"]
+    now_cal = calibration_seconds()
+    worst = 0.0
+    print(f"calibration loop: {then_cal} s committed, {now_cal} s now")
+    print("devices  committed µs  now µs  ratio  adjusted")
+    for devices in (10, 1000):
+        then = next(
+            r["us_per_request"]
+            for r in committed["runs"]
+            if r["devices"] == devices and r["policy"] == policy
+        )
+        now = isolated(devices, 100_000, policy, load, seed)["us_per_request"]
+        adjusted = (now / now_cal) / (then / then_cal)
+        worst = max(worst, adjusted)
+        print(f"{devices:>7}  {then:>12}  {now:>6}  {now / then:>5.2f}  {adjusted:>8.2f}")
+    if worst > tolerance:
+        print(f"regression: {worst:.2f}x the committed cost per request (tolerance {tolerance})")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

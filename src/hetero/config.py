@@ -120,9 +120,14 @@ class DeviceConfig(_Strict):
         return value
 
 
+#: Items a dispatcher holds waiting (pending and queued) before it refuses more: one default
+#: for the config, the ``Dispatcher`` and the router (the simulator admits everything).
+DEFAULT_MAX_QUEUE_SIZE = 1000
+
+
 class SchedulerConfig(_Strict):
     strategy: str = "tail_budget"
-    max_queue_size: int = Field(default=1000, ge=1)
+    max_queue_size: int = Field(default=DEFAULT_MAX_QUEUE_SIZE, ge=1)
     timeout: float | None = Field(
         default=None, gt=0, le=_YEAR, allow_inf_nan=False, description="seconds per work item"
     )

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero._format import count
+from hetero.config import DEFAULT_MAX_QUEUE_SIZE
 from hetero.devices.spec import Device
 from hetero.errors import (
     ConfigError,
@@ -150,7 +151,7 @@ class Dispatcher:
         perf: PerfModel | None = None,
         slots: Sequence[int] | None = None,
         parallel: Sequence[int] | None = None,
-        max_queue_size: int = 10_000,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         timeout: float | None = None,
         max_retries: int = 2,
         preemption: bool = False,

@@ -116,6 +116,7 @@ class FleetView:
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self._class_base: float | None = None
+        self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
         for i in np.flatnonzero(~self.usable):
             perf.set_usable(int(i), False)
 
@@ -184,19 +185,25 @@ class FleetView:
     def size_class(self, cost: float) -> int:
         """The half-octave class of ``cost``, centred on the first positive cost seen (costs are
         in the user's units: tokens, FLOPs, seconds; classes beyond either end are clipped)."""
+        if cost == self._class_of[0]:
+            return self._class_of[1]  # the item the policy just classed, queued now
         if cost <= 0:
             return 0
         level = 2.0 * math.log2(cost)
         if self._class_base is None:
             self._class_base = math.floor(level) - SIZE_CLASSES // 2
-        return min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
+        size_class = min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
+        self._class_of = (cost, size_class)
+        return size_class
 
     def note_queued(self, index: int, size_class: int, cost: float, sign: int) -> None:
         """An item of ``cost`` in ``size_class`` joined (``sign=1``) or left (``-1``) device
         ``index``'s queue."""
         k = size_class + 1
-        self.queued_below[k:, index] += sign * cost
-        self.queued_from[:k, index] += sign
+        below = self.queued_below[k:, index]
+        np.add(below, sign * cost, out=below)  # a ufunc on the view: a third less than +=
+        counts = self.queued_from[:k, index]
+        np.add(counts, sign, out=counts)
 
     def clear_queue(self, index: int) -> None:
         """Device ``index``'s queue is empty: drop the float drift of its sums."""
