@@ -14,13 +14,15 @@ if _TYPE_CHECKING:
     )
     from hetero.runtime.context import (
         Context,
-        TaskFuture,
         get_memory_usage,
     )
     from hetero.runtime.current import (
         checkpoint,
         get_current_device,
         restore,
+    )
+    from hetero.runtime.futures import (
+        TaskFuture,
     )
     from hetero.runtime.mapping import (
         MapRun,
@@ -35,11 +37,11 @@ _EXPORTS = {
     "Backend": "hetero.runtime.backend",
     "BackendEvents": "hetero.runtime.backend",
     "Context": "hetero.runtime.context",
-    "TaskFuture": "hetero.runtime.context",
     "get_memory_usage": "hetero.runtime.context",
     "checkpoint": "hetero.runtime.current",
     "get_current_device": "hetero.runtime.current",
     "restore": "hetero.runtime.current",
+    "TaskFuture": "hetero.runtime.futures",
     "MapRun": "hetero.runtime.mapping",
     "TaskFunction": "hetero.runtime.tasks",
     "TaskOptions": "hetero.runtime.tasks",

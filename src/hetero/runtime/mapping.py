@@ -28,18 +28,19 @@ import functools
 import math
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero.errors import ConfigError, TaskFailed
 from hetero.runtime.tasks import TaskFunction
 
 if TYPE_CHECKING:
-    from hetero.runtime.context import Context
+    from hetero.devices.spec import Device
+    from hetero.sched.view import FleetView
 
-__all__ = ["MAX_WINDOW", "TARGET_SECONDS", "MapItemError", "MapRun"]
+__all__ = ["MAX_WINDOW", "TARGET_SECONDS", "MapHost", "MapItemError", "MapRun"]
 
 #: Seconds of work a batch aims at on the fastest device.
 TARGET_SECONDS = 0.01
@@ -48,6 +49,36 @@ READ_AHEAD = 4
 #: The most batches a window deepens to for the slowest device: a device so slow that a
 #: deeper window would be needed for it to get work at all is left out of the map.
 MAX_WINDOW = 1024
+
+
+class MapHost(Protocol):
+    """What a map needs of the engine that runs its batches (``hetero.runtime.engine.Engine``)."""
+
+    @property
+    def view(self) -> FleetView:
+        """The fleet as placement sees it: usable devices, speeds, window depth."""
+
+    @property
+    def devices(self) -> Sequence[Device]: ...
+
+    def function(self, spec: TaskFunction[Any, Any]) -> tuple[str, bytes]:
+        """``spec``'s code as shipped to workers: ``(key, cloudpickled bytes)``."""
+
+    def start(self, timeout: float | None) -> None:
+        """Start every device's worker (``None``: without waiting until they are ready)."""
+
+    def submit(
+        self,
+        spec: TaskFunction[Any, Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        function: tuple[str, bytes] | None = None,
+        name: str | None = None,
+        cost: tuple[float, bool] | None = None,
+        batch: bool = False,
+    ) -> Future[Any]:
+        """Start one task of ``spec`` (a batch) and return its future."""
 
 
 class MapItemError(Exception):
@@ -92,7 +123,7 @@ class MapRun(Iterator[Any]):
 
     def __init__(
         self,
-        ctx: Context,
+        host: MapHost,
         spec: TaskFunction[Any, Any],
         iterable: Iterable[Any],
         batch_size: int | str,
@@ -117,7 +148,7 @@ class MapRun(Iterator[Any]):
             problems.append(("iterable", f"must be iterable, got {type(iterable).__name__}"))
         if problems:
             raise ConfigError(problems)
-        self._ctx = ctx
+        self._host = host
         self._spec = spec
         self._items = items
         self._total: int | None = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
@@ -131,7 +162,7 @@ class MapRun(Iterator[Any]):
         self._name = f"{spec.name}[map]"
         self._kind = options.speed_kind(self._name)  # the row that times its batches
         batch_fn = TaskFunction(_Batch(spec.fn, spec.name), replace(options, name=self._name))
-        self._function = ctx._function(batch_fn)
+        self._function = host.function(batch_fn)
         self._batch_spec = batch_fn
         self._cond = threading.Condition()
         self._pending: dict[int, tuple[int, Future[Any]]] = {}  # batch no -> (first index, f)
@@ -148,8 +179,7 @@ class MapRun(Iterator[Any]):
         self._bar = _Bar(self._total, spec.name) if show else None
         # A map uses every device: start all workers now, side by side, rather than each on
         # its first batch.
-        ctx._ensure_started()
-        ctx.backend.warm(None)
+        host.start(None)
         self._fill()
 
     # -------------------------------------------------------------------------- iteration
@@ -215,7 +245,7 @@ class MapRun(Iterator[Any]):
     def _devices(self) -> int:
         """Devices that may take batches now: the window follows a fleet that grows or
         shrinks while the map runs (a cluster's nodes)."""
-        return max(1, int(self._ctx.dispatcher.view.usable.sum()))
+        return max(1, int(self._host.view.usable.sum()))
 
     def _fill(self) -> None:
         with self._cond:
@@ -227,7 +257,7 @@ class MapRun(Iterator[Any]):
         # the devices and memory stays bounded.
         devices = self._devices()  # once per fill: the fleet may have changed since the last
         # Deep enough that the least-finish-time placement reaches the slowest device too.
-        view = self._ctx.dispatcher.view
+        view = self._host.view
         window = self._fixed_window or max(
             4 * devices, 8, min(view.batch_depth(self._kind), MAX_WINDOW)
         )
@@ -261,7 +291,7 @@ class MapRun(Iterator[Any]):
         spec = self._batch_spec
         if memory != spec.options.memory:
             spec = spec.with_options(memory=memory)
-        future = self._ctx._submit(
+        future = self._host.submit(
             spec,
             (chunk, first),
             {},
@@ -287,7 +317,7 @@ class MapRun(Iterator[Any]):
     def _size(self, devices: int) -> int:
         if self._batch_size != "auto":
             return int(self._batch_size)
-        view = self._ctx.dispatcher.view
+        view = self._host.view
         options = self._spec.options
         speed = view.perf.speed(self._kind)[view.usable]
         if speed.size == 0:
@@ -311,8 +341,8 @@ class MapRun(Iterator[Any]):
         per_item = self._spec.options.memory
         if not per_item:
             return sys.maxsize
-        perf = self._ctx.dispatcher.perf
-        total = sum(d.memory_bytes // per_item for d in self._ctx.devices)
+        perf = self._host.view.perf
+        total = sum(d.memory_bytes // per_item for d in self._host.devices)
         if total < 1:
             return 1  # the dispatcher refuses it with the sizes involved
         shares = perf.batch_sizes(total, sample_bytes=per_item, kind=self._kind)

@@ -1,0 +1,254 @@
+"""What the backend and the monitor report, turned into dispatcher calls: ``BackendSink`` is
+the engine's side of ``BackendEvents``, the object a ``Backend`` is given at ``start``.
+
+Workers' replies become ``complete``/``fail``; a lost worker moves its tasks (and after
+``UNHEALTHY_AFTER`` losses in a row its device is marked down); devices that join or leave
+enter or leave the dispatcher's fleet; device readings set the memory held outside the
+engine's tasks. Each event is handled under the engine's lock, and the futures it ends are
+completed after the lock is released.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from hetero.devices.spec import Device
+from hetero.errors import TaskFailed
+from hetero.runtime.futures import Ending
+from hetero.runtime.monitor import DeviceSample
+from hetero.runtime.worker import TaskReply
+from hetero.sched.dispatcher import Finish, Instruction
+from hetero.sched.item import ItemState
+
+if TYPE_CHECKING:
+    from hetero.runtime.engine import Engine, Task
+
+__all__ = ["UNHEALTHY_AFTER", "BackendSink"]
+
+log = logging.getLogger("hetero.runtime")
+
+#: Consecutive worker losses after which a device is marked unhealthy and its work moves.
+UNHEALTHY_AFTER = 3
+#: Messages by which a worker lets go of an order: it ran it, or it does not hold it.
+_LET_GO = frozenset({"done", "error", "dropped"})
+
+
+class BackendSink:
+    """The engine's handlers of what its backend reports (from the backend's own thread)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._warned: set[str] = set()  # workers' warnings, each logged once
+
+    def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
+        """What the worker of ``device`` reported, handled under one lock acquisition."""
+        engine = self._engine
+        endings: list[Ending] = []
+        ledger = engine.ledger
+        results = [ledger.open_result(m[1].result) if m[0] == "done" else None for m in messages]
+        with engine.lock:
+            for msg, unpacked in zip(messages, results, strict=True):
+                tag = msg[0]
+                if unpacked is not None:
+                    self._done(device, msg[1], unpacked, endings)
+                elif tag == "error":
+                    self._error(device, msg[1], endings)
+                elif tag == "dropped":
+                    engine.stops[device] = max(0, engine.stops[device] - 1)
+                elif tag == "released":
+                    ledger.let_go(device, msg[1])
+                elif tag == "warn" and msg[1] not in self._warned:
+                    self._warned.add(msg[1])
+                    log.warning("%s", msg[1])
+                if device in engine.holding and tag in _LET_GO:
+                    self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id, endings)
+        engine.backend.flush()
+        engine.settle(endings)
+
+    def _stopped(self, device: int, task_id: int, endings: list[Ending]) -> None:
+        """The worker of held ``device`` has let go of ``task_id`` (dropped it, or replied);
+        once it has let go of every task stopped there, the device takes work again."""
+        engine = self._engine
+        held = engine.holding[device]
+        held.discard(task_id)
+        if not held:
+            del engine.holding[device]
+            engine.apply(engine.dispatcher.device_up(engine.devices[device].id), endings)
+
+    def _done(
+        self, device: int, reply: TaskReply, unpacked: tuple[Any, float], endings: list[Ending]
+    ) -> None:
+        engine = self._engine
+        task = self._current(device, reply)
+        if task is None:
+            return
+        engine.losses[device] = 0
+        task.result, seconds = unpacked
+        reply.unpack_seconds += seconds
+        task.wrote_checkpoint |= reply.checkpointed
+        task.future.device = engine.devices[device].id
+        engine.profiler.trace(task, reply, "done")
+        out = engine.dispatcher.complete(task.id, service_time=reply.ended - reply.started)
+        engine.apply(out, endings)
+
+    def _error(self, device: int, reply: TaskReply, endings: list[Ending]) -> None:
+        engine = self._engine
+        task = self._current(device, reply)
+        if task is None:
+            return
+        task.reply = reply
+        task.wrote_checkpoint |= reply.checkpointed
+        task.future.device = engine.devices[device].id
+        retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
+        out = engine.dispatcher.fail(task.id, reply.error, retryable=retry)
+        self._attempt_ended(task, reply, out, reply.error)
+        engine.apply(out, endings)
+
+    def worker_lost(self, device: int, reason: str) -> None:
+        engine = self._engine
+        dispatcher = engine.dispatcher
+        endings: list[Ending] = []
+        with engine.lock:
+            if engine.closed:
+                return
+            held = engine.holding.pop(device, None) is not None  # the worker is gone now
+            lost = [
+                t
+                for t in map(engine.tasks.get, sorted(engine.on_device[device]))
+                if t is not None and dispatcher.state_of(t.id) is ItemState.RUNNING
+            ]
+            engine.on_device[device].clear()
+            engine.ledger.worker_gone(device)
+            deliberate = engine.stops[device] > 0  # ended to stop a task: not the device's fault
+            engine.stops[device] = 0
+            if not deliberate:
+                engine.losses[device] += 1
+            for task in lost:
+                task.wrote_checkpoint = True  # unknown: it may have written one
+            if lost:
+                level = logging.INFO if deliberate else logging.WARNING
+                log.log(level, "%s; %d task(s) moved", reason, len(lost))
+            out: list[Instruction] = []
+            losses = engine.losses[device]
+            dev = engine.devices[device].id
+            if losses >= UNHEALTHY_AFTER:
+                # Down first, so that the lost tasks and the queue move elsewhere rather than
+                # back onto this device.
+                log.warning("%s marked unhealthy after %d lost workers", dev, losses)
+                why = f"{reason}; marked unhealthy after {losses} lost workers"
+                out += dispatcher.device_down(dev, why)
+            else:
+                for task in lost:
+                    if deliberate:
+                        out += dispatcher.requeue(task.id, reason)
+                    else:
+                        out += dispatcher.fail(task.id, reason, retryable=True)
+                if held:
+                    out += dispatcher.device_up(dev)
+            for task in lost:
+                self._attempt_ended(task, None, out, reason, charged=not deliberate)
+            engine.apply(out, endings)
+            if losses >= UNHEALTHY_AFTER:
+                self._fail_if_fleetless(f"{dev}: {reason}", endings)
+        engine.backend.flush()
+        engine.settle(endings)
+
+    def device_added(self, device: Device) -> int:
+        """A device joined (its node joined the cluster): it takes work at once."""
+        engine = self._engine
+        endings: list[Ending] = []
+        with engine.lock:
+            index = engine.add_device(device)
+            log.info("%s joined the fleet", device.id)
+            out = engine.dispatcher.add_device(device, slots=1 + engine.prefetch, parallel=1)
+            engine.apply(out, endings)
+        engine.backend.flush()
+        engine.settle(endings)
+        return index
+
+    def device_gone(self, device: int, reason: str) -> None:
+        """``device`` left for good: what it ran or held queued is placed elsewhere, without
+        being charged an attempt (it did not fail)."""
+        engine = self._engine
+        endings: list[Ending] = []
+        with engine.lock:
+            if engine.closed:
+                return
+            dev = engine.devices[device]
+            engine.on_device[device].clear()
+            engine.stops[device] = 0
+            engine.holding.pop(device, None)
+            out = engine.dispatcher.remove_device(dev.id, reason)
+            log.warning("%s left the fleet: %s", dev.id, reason)
+            engine.apply(out, endings)
+            self._fail_if_fleetless(reason, endings)
+        engine.backend.flush()
+        engine.settle(endings)
+
+    def readings(self, samples: Iterable[DeviceSample]) -> list[tuple[int, DeviceSample]]:
+        """A monitor round: memory measured beyond what placed tasks declare goes to the
+        dispatcher, so a device that fills up gets no more tasks that need memory; a GPU
+        reporting errors is marked down. Returns the samples of the fleet's devices, with
+        their indices."""
+        engine = self._engine
+        dispatcher = engine.dispatcher
+        out: list[Instruction] = []
+        endings: list[Ending] = []
+        with engine.lock:
+            view = dispatcher.view
+            found = [(view.index[s.device_id], s) for s in samples if s.device_id in view.index]
+            for i, sample in found:
+                device = engine.devices[i]
+                if sample.memory_used is not None:
+                    held = max(0, sample.memory_used - int(view.mem_used[i]))
+                    out += dispatcher.set_external_memory(device.id, held)
+                if sample.errors and not device.emulated and device.kind.value == "gpu":
+                    engine.holding.pop(i, None)  # down now: it takes no work until device_up
+                    out += dispatcher.device_down(device.id, "device reported errors")
+            engine.apply(out, endings)
+        engine.backend.flush()
+        engine.settle(endings)
+        return found
+
+    def _fail_if_fleetless(self, reason: str, endings: list[Ending]) -> None:
+        """End every task that no device left could run (failed, with the reason) rather than
+        let its caller wait for ever: all of them when the fleet is empty."""
+        engine = self._engine
+        why = f"no device it may use is left (the last: {reason})"
+        out: list[Instruction] = []
+        for task in list(engine.tasks.values()):
+            if not engine.stranded(task):
+                continue
+            if task.id in engine.dispatcher.records:
+                out += engine.dispatcher.abandon(task.id, why)
+            else:
+                error = TaskFailed(f"task {task.id} ({task.name}) failed: {why}")
+                engine.end_unplaced(task, endings, error)
+        engine.apply(out, endings)
+
+    def _attempt_ended(
+        self,
+        task: Task,
+        reply: TaskReply | None,
+        out: list[Instruction],
+        reason: str,
+        charged: bool = True,
+    ) -> None:
+        """Trace and count an attempt that failed: ``failed`` when the dispatcher ended the
+        task with it (``out`` holds its ``Finish``), else ``retried``."""
+        final = any(type(i) is Finish and i.item.id == task.id for i in out)
+        if not final and charged:
+            self._engine.stats["retried"] += 1
+        self._engine.profiler.trace(task, reply, "failed" if final else "retried", reason)
+        if reply is None:
+            task.device = -1
+
+    def _current(self, device: int, reply: TaskReply) -> Task | None:
+        """The task a reply is for, unless the reply is stale (an attempt already moved on)."""
+        task = self._engine.tasks.get(reply.task_id)
+        if task is None or task.attempt != reply.attempt or task.device != device:
+            return None  # its result, if any, is removed when collected
+        self._engine.on_device[device].discard(task.id)
+        return task
