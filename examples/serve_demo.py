@@ -29,9 +29,9 @@ from rich.table import Table
 
 from hetero.commands.top_serve import serve_view
 from hetero.serve.app import ServeOptions, Server
-from hetero.serve.mock import MockConfig, MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
+from hetero.testing import MockConfig, MockReplica
 
 FLEET = [("t4", 1.0, 4), ("l40s", 2.5, 10), ("h100", 6.0, 20)]  # name, speed, slots
 MODEL = "demo-llm"

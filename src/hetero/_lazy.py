@@ -15,14 +15,19 @@ __all__ = ["lazy_exports"]
 def lazy_exports(
     package: str, exports: Mapping[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps a public name to the
-    module that defines it; a subpackage or submodule is imported by its name too."""
+    """``__getattr__`` and ``__dir__`` for ``package`` (a package or a plain module): ``exports``
+    maps a public name to the module that defines it; a package's subpackage or submodule is
+    imported by its name too."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
         if module is not None:
             value = getattr(importlib.import_module(module), name)
-        elif not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}"):
+        elif (
+            not name.startswith("__")
+            and hasattr(sys.modules[package], "__path__")
+            and importlib.util.find_spec(f"{package}.{name}")
+        ):
             value = importlib.import_module(f"{package}.{name}")
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")

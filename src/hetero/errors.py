@@ -14,14 +14,18 @@ __all__ = [
     "DeviceError",
     "DuplicateItem",
     "HeteroError",
+    "InfeasiblePlan",
     "InvalidItem",
     "InvalidTransition",
     "ItemNotRunning",
     "NoCapableDevice",
+    "NoReplica",
     "QueueFull",
+    "Rejected",
     "TaskFailed",
     "UnknownDevice",
     "UnknownItem",
+    "UnknownModel",
 ]
 
 
@@ -64,8 +68,23 @@ class AllocationError(HeteroError):
     """Devices could not be allocated as requested."""
 
 
+class InfeasiblePlan(AllocationError):
+    """No fleet from the menu meets the SLO (``hetero.plan.plan_fleet``); ``constraint`` names
+    what binds: ``"slo"`` (a bucket is too slow everywhere), ``"max_count"`` or
+    ``"max_price_per_hour"``."""
+
+    def __init__(self, constraint: str, message: str) -> None:
+        self.constraint = constraint
+        super().__init__(message)
+
+
 class NoCapableDevice(HeteroError):
     """No device in the fleet can run a work item (memory, capabilities, tags)."""
+
+
+class Rejected(NoCapableDevice):
+    """Raised by a policy's ``pick`` (or a filter's ``allow``) when an item can never be placed;
+    the dispatcher fails the item with this error."""
 
 
 class InvalidItem(HeteroError, ValueError):
@@ -117,3 +136,12 @@ class TaskFailed(HeteroError):
 
 class BackendError(HeteroError):
     """An execution backend (process pool, Ray, HTTP replica) failed."""
+
+
+class UnknownModel(HeteroError):
+    """No replica serves the requested model (the router answers HTTP 404)."""
+
+
+class NoReplica(HeteroError):
+    """Replicas serve the model (or may: an unreachable one's model list was never read), but
+    none of them is healthy now (the router answers HTTP 503)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from hetero.errors import ConfigError
+
 __all__ = ["LOG_LEVELS", "config_log_level", "set_log_level"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -35,14 +37,14 @@ def _apply(level: str | int) -> None:
     if isinstance(level, str):
         name = level.upper()
         if name not in LOG_LEVELS:
-            raise ValueError(
+            raise ConfigError(
                 f"invalid log level {level!r}; expected one of {', '.join(LOG_LEVELS)}"
             )
         value = getattr(logging, name)
     elif isinstance(level, int) and not isinstance(level, bool):
         value = level
     else:
-        raise ValueError(f"invalid log level {level!r}; expected one of {', '.join(LOG_LEVELS)}")
+        raise ConfigError(f"invalid log level {level!r}; expected one of {', '.join(LOG_LEVELS)}")
     logger = logging.getLogger("hetero")
     logger.setLevel(value)
     if not any(getattr(h, "_hetero", False) for h in logger.handlers):

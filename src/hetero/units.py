@@ -10,6 +10,8 @@ import math
 import re
 from fractions import Fraction
 
+from hetero.errors import ConfigError
+
 __all__ = ["MAX_SIZE", "format_size", "parse_size"]
 
 _UNITS: dict[str, int] = {
@@ -43,15 +45,15 @@ _MAX_EXPONENT = 100
 
 
 def parse_size(value: str | int | float) -> int:
-    """Return ``value`` in bytes, at most ``MAX_SIZE``. Raises ``ValueError`` naming the value
-    and what is allowed."""
+    """Return ``value`` in bytes, at most ``MAX_SIZE``. Raises ``ConfigError`` (also a
+    ``ValueError``) naming the value and what is allowed."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
+        raise ConfigError(f"invalid size {value!r}: expected {ALLOWED}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
+        raise ConfigError(f"invalid size {value!r}: expected {ALLOWED}")
     size = _parse_text(value) if isinstance(value, str) else round(value)
     if size > MAX_SIZE:
-        raise ValueError(
+        raise ConfigError(
             f"invalid size {value!r}: allowed: at most 2**63 - 1 bytes "
             f"({format_size(MAX_SIZE)}), far past any machine's memory"
         )
@@ -60,17 +62,17 @@ def parse_size(value: str | int | float) -> int:
 
 def _parse_text(value: str) -> int:
     if len(value) > _MAX_CHARS:
-        raise ValueError(
+        raise ConfigError(
             f"invalid size {value[:_MAX_CHARS]!r}...: longer than {_MAX_CHARS} characters; "
             f"expected {ALLOWED}"
         )
     match = _SIZE_RE.match(value)
     if match is None:
-        raise ValueError(f"invalid size {value!r}: expected {ALLOWED}")
+        raise ConfigError(f"invalid size {value!r}: expected {ALLOWED}")
     number, exponent, unit = match.groups()
     factor = _UNITS.get(unit.lower())
     if factor is None:
-        raise ValueError(f"invalid size {value!r}: unknown unit {unit!r}; expected {ALLOWED}")
+        raise ConfigError(f"invalid size {value!r}: unknown unit {unit!r}; expected {ALLOWED}")
     power = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, int(exponent or 0)))
     # Exact arithmetic: a float would lose bytes past 2**53.
     return round(Fraction(number) * Fraction(10) ** power * factor)

@@ -6,35 +6,8 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from hetero._lazy import lazy_exports
 
-if _TYPE_CHECKING:
-    from hetero.devices.catalog import (
-        Catalog,
-        CatalogComparison,
-        get_catalog,
-    )
-    from hetero.devices.discovery import (
-        get_device_list,
-    )
-    from hetero.devices.fleet import (
-        build_fleet,
-    )
-    from hetero.devices.spec import (
-        DTYPES,
-        Device,
-        DeviceKind,
-        DeviceSpec,
-        DeviceState,
-        DeviceType,
-    )
-    from hetero.devices.topology import (
-        DeviceGroup,
-        Link,
-        LinkKind,
-        Topology,
-        read_topology,
-    )
-
-_EXPORTS = {
+#: Each public name and the module that defines it (imported on first use).
+_EXPORTS: dict[str, str] = {
     "Catalog": "hetero.devices.catalog",
     "CatalogComparison": "hetero.devices.catalog",
     "get_catalog": "hetero.devices.catalog",
@@ -52,23 +25,26 @@ _EXPORTS = {
     "Topology": "hetero.devices.topology",
     "read_topology": "hetero.devices.topology",
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "DTYPES",
-    "Catalog",
-    "CatalogComparison",
-    "Device",
-    "DeviceGroup",
-    "DeviceKind",
-    "DeviceSpec",
-    "DeviceState",
-    "DeviceType",
-    "Link",
-    "LinkKind",
-    "Topology",
-    "build_fleet",
-    "get_catalog",
-    "get_device_list",
-    "read_topology",
-]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
+
+if _TYPE_CHECKING:
+    # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
+    # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.devices.catalog import Catalog as Catalog
+    from hetero.devices.catalog import CatalogComparison as CatalogComparison
+    from hetero.devices.catalog import get_catalog as get_catalog
+    from hetero.devices.discovery import get_device_list as get_device_list
+    from hetero.devices.fleet import build_fleet as build_fleet
+    from hetero.devices.spec import DTYPES as DTYPES
+    from hetero.devices.spec import Device as Device
+    from hetero.devices.spec import DeviceKind as DeviceKind
+    from hetero.devices.spec import DeviceSpec as DeviceSpec
+    from hetero.devices.spec import DeviceState as DeviceState
+    from hetero.devices.spec import DeviceType as DeviceType
+    from hetero.devices.topology import DeviceGroup as DeviceGroup
+    from hetero.devices.topology import Link as Link
+    from hetero.devices.topology import LinkKind as LinkKind
+    from hetero.devices.topology import Topology as Topology
+    from hetero.devices.topology import read_topology as read_topology

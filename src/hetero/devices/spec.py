@@ -8,6 +8,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
+from hetero.errors import ConfigError
+
 __all__ = [
     "DTYPES",
     "REFERENCE_TFLOPS",
@@ -83,7 +85,7 @@ class DeviceSpec:
     def peak_tflops(self, dtype: str = "fp16") -> float:
         """Dense peak for ``dtype``, falling back to the closest published format (0.0 if none)."""
         if dtype not in _DTYPE_FALLBACK:
-            raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+            raise ConfigError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         value = self.tflops.get(dtype)
         if value:
             return value

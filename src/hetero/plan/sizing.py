@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hetero.errors import AllocationError
+from hetero.errors import ConfigError, InfeasiblePlan
 from hetero.plan.buckets import Bucket, DeviceOption, make_buckets, menu
 from hetero.plan.sizing_spec import PlanSpec
 
@@ -37,15 +37,6 @@ __all__ = [
 MAX_DEVICES_PER_TYPE = 4096
 
 FloatArray = npt.NDArray[np.float64]
-
-
-class InfeasiblePlan(AllocationError):
-    """No fleet from the menu meets the SLO; ``constraint`` names what binds:
-    ``"slo"`` (a bucket is too slow everywhere), ``"max_count"`` or ``"max_price_per_hour"``."""
-
-    def __init__(self, constraint: str, message: str) -> None:
-        self.constraint = constraint
-        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +353,7 @@ def plan_fleet(spec: PlanSpec, *, cap_scale: float = 1.0) -> FleetPlan:
     the binding constraint.
     """
     if not 0 < cap_scale <= 1:
-        raise ValueError(f"cap_scale must be in (0, 1], got {cap_scale!r}")
+        raise ConfigError(f"cap_scale must be in (0, 1], got {cap_scale!r}")
     started = time.perf_counter()
     p = _problem(spec, cap_scale)
     everything = np.ones(len(p.options), dtype=bool)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from hetero.errors import InvalidItem, InvalidTransition
+from hetero.errors import ConfigError, InvalidItem, InvalidTransition
 
 if TYPE_CHECKING:
     import numpy as np
@@ -125,7 +125,7 @@ class CostModel:
         for name in ("prefill", "decode"):
             value = getattr(self, name)
             if not value >= 0:
-                raise ValueError(f"CostModel.{name} must be >= 0, got {value!r}")
+                raise ConfigError(f"CostModel.{name} must be >= 0, got {value!r}")
 
     def cost(self, prompt_tokens: int, max_new_tokens: int) -> float:
         return prompt_tokens * self.prefill + max_new_tokens * self.decode

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.devices.spec import REFERENCE_TFLOPS, Device
+from hetero.errors import ConfigError
 
 __all__ = ["REFERENCE_BANDWIDTH_GBS", "PerfModel"]
 
@@ -49,9 +50,9 @@ class PerfModel:
         batch_table: Mapping[str, int] | None = None,
     ) -> None:
         if not 0 < alpha <= 1:
-            raise ValueError(f"PerfModel alpha must be in (0, 1], got {alpha!r}")
+            raise ConfigError(f"PerfModel alpha must be in (0, 1], got {alpha!r}")
         if not unit_rate > 0:
-            raise ValueError(f"PerfModel unit_rate must be > 0, got {unit_rate!r}")
+            raise ConfigError(f"PerfModel unit_rate must be > 0, got {unit_rate!r}")
         self.devices = list(devices)
         self.dtype = dtype
         self.memory_bound_kinds = frozenset(memory_bound_kinds)

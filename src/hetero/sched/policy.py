@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from hetero.errors import NoCapableDevice
+from hetero.errors import NoCapableDevice, Rejected
 from hetero.sched.item import WorkItem
 from hetero.sched.view import FleetView
 
@@ -43,10 +43,6 @@ class Completed:
 
 
 Event = Completed
-
-
-class Rejected(NoCapableDevice):
-    """Raised by ``pick`` when an item can never be placed; the dispatcher fails it with this."""
 
 
 def masked_argmin(score: FloatArray, allowed: BoolArray | None) -> int | None:

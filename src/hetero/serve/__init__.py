@@ -9,13 +9,8 @@ from typing import TYPE_CHECKING
 
 from hetero._lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from hetero.serve.app import ServeOptions, Server
-    from hetero.serve.mock import MockConfig, MockReplica
-    from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
-    from hetero.serve.router import NoReplica, Router, RouterOptions, Ticket, UnknownModel
-
-_EXPORTS = {
+#: Each public name and the module that defines it (imported on first use).
+_EXPORTS: dict[str, str] = {
     "ServeOptions": "hetero.serve.app",
     "Server": "hetero.serve.app",
     "MockConfig": "hetero.serve.mock",
@@ -29,19 +24,22 @@ _EXPORTS = {
     "Ticket": "hetero.serve.router",
     "UnknownModel": "hetero.serve.router",
 }
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = [
-    "MockConfig",
-    "MockReplica",
-    "NoReplica",
-    "Replica",
-    "Router",
-    "RouterOptions",
-    "ServeOptions",
-    "Server",
-    "Ticket",
-    "UnknownModel",
-    "parse_replica_flag",
-    "replica_from_config",
-]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
+    # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.serve.app import ServeOptions as ServeOptions
+    from hetero.serve.app import Server as Server
+    from hetero.serve.mock import MockConfig as MockConfig
+    from hetero.serve.mock import MockReplica as MockReplica
+    from hetero.serve.replicas import Replica as Replica
+    from hetero.serve.replicas import parse_replica_flag as parse_replica_flag
+    from hetero.serve.replicas import replica_from_config as replica_from_config
+    from hetero.serve.router import NoReplica as NoReplica
+    from hetero.serve.router import Router as Router
+    from hetero.serve.router import RouterOptions as RouterOptions
+    from hetero.serve.router import Ticket as Ticket
+    from hetero.serve.router import UnknownModel as UnknownModel

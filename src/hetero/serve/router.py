@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from hetero.errors import ConfigError, HeteroError
+from hetero.config import DEFAULT_MAX_QUEUE_SIZE
+from hetero.errors import ConfigError, NoReplica, UnknownModel
 from hetero.sched import (
     Cause,
     CostModel,
@@ -53,22 +54,13 @@ log = logging.getLogger("hetero.serve")
 DEFAULT_STRATEGY = "shortest_expected_delay"
 
 
-class UnknownModel(HeteroError):
-    """No replica serves the requested model (HTTP 404)."""
-
-
-class NoReplica(HeteroError):
-    """Replicas serve the model (or may: an unreachable one's model list was never read), but
-    none of them is healthy now (HTTP 503)."""
-
-
 @dataclass(frozen=True, slots=True)
 class RouterOptions:
     """How the router routes; every field has a ``hetero serve`` flag of the same name."""
 
     strategy: str = DEFAULT_STRATEGY
     strategy_options: dict[str, Any] = field(default_factory=dict)
-    queue_size: int = 1000
+    queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     timeout: float | None = 600.0
     max_retries: int = 2
     default_max_tokens: int = 256

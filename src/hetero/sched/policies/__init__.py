@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hetero.sched.policies.adaptive import Adaptive
 from hetero.sched.policies.budget import TailBudget
-from hetero.sched.policies.composed import Affinity, CapacityAware, Tiered
+from hetero.sched.policies.composed import AffinityPolicy, CapacityAware, Tiered
 from hetero.sched.policies.filters import AffinityFilter, CapacityFilter
 from hetero.sched.policies.load import (
     LeastConnections,
@@ -18,8 +18,8 @@ from hetero.sched.policies.weighted import Weighted
 
 __all__ = [
     "Adaptive",
-    "Affinity",
     "AffinityFilter",
+    "AffinityPolicy",
     "CapacityAware",
     "CapacityFilter",
     "LeastConnections",

@@ -7,6 +7,7 @@ from collections import deque
 import numpy as np
 import numpy.typing as npt
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.load import check_overtake_weight
 from hetero.sched.policy import BoolArray, Completed, Policy, masked_argmin
@@ -39,11 +40,11 @@ class Adaptive(Policy):
         overtake_weight: float = 2.0,
     ) -> None:
         if every_completions < 1:
-            raise ValueError(f"option every_completions={every_completions!r}; allowed: >= 1")
+            raise ConfigError(f"option every_completions={every_completions!r}; allowed: >= 1")
         if not every_seconds > 0:
-            raise ValueError(f"option every_seconds={every_seconds!r}; allowed: > 0")
+            raise ConfigError(f"option every_seconds={every_seconds!r}; allowed: > 0")
         if window < 1:
-            raise ValueError(f"option window={window!r}; allowed: >= 1")
+            raise ConfigError(f"option window={window!r}; allowed: >= 1")
         check_overtake_weight(overtake_weight)
         self.overtake_weight = overtake_weight
         self.every_completions = every_completions

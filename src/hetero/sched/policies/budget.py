@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.load import check_overtake_weight
 from hetero.sched.policy import BoolArray, Policy, masked_argmin
@@ -22,7 +23,7 @@ _WARMUP = 64
 
 def _check_quantile(name: str, value: float) -> None:
     if not 0 < value < 1:
-        raise ValueError(f"option {name}={value!r}; allowed: a number between 0 and 1")
+        raise ConfigError(f"option {name}={value!r}; allowed: a number between 0 and 1")
 
 
 @register
@@ -71,13 +72,13 @@ class TailBudget(Policy):
     ) -> None:
         check_overtake_weight(overtake_weight)
         if budget is not None and not 0 < budget < math.inf:
-            raise ValueError(f"option budget={budget!r}; allowed: seconds > 0, or None")
+            raise ConfigError(f"option budget={budget!r}; allowed: seconds > 0, or None")
         if not 0 < budget_factor < math.inf:
-            raise ValueError(f"option budget_factor={budget_factor!r}; allowed: a number > 0")
+            raise ConfigError(f"option budget_factor={budget_factor!r}; allowed: a number > 0")
         _check_quantile("tail_quantile", tail_quantile)
         _check_quantile("split_quantile", split_quantile)
         if window < _WARMUP:
-            raise ValueError(f"option window={window!r}; allowed: an integer >= {_WARMUP}")
+            raise ConfigError(f"option window={window!r}; allowed: an integer >= {_WARMUP}")
         self.overtake_weight = overtake_weight
         self.budget = budget
         self.budget_factor = budget_factor

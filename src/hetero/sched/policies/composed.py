@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.filters import AffinityFilter, CapacityFilter
 from hetero.sched.policies.selectors import select
@@ -16,7 +17,7 @@ from hetero.sched.policy import BoolArray, Composite, Policy, masked_argmin
 from hetero.sched.registry import make_policy, register
 from hetero.sched.view import FleetView
 
-__all__ = ["Affinity", "CapacityAware", "Tiered"]
+__all__ = ["AffinityPolicy", "CapacityAware", "Tiered"]
 
 
 def _ranker(name: str) -> Policy:
@@ -36,7 +37,7 @@ class CapacityAware(Composite):
 
 
 @register
-class Affinity(Composite):
+class AffinityPolicy(Composite):
     """Kinds of work bound to device sets by tag (``rules: {vision: [A100-80GB], small: [T4]}``),
     ranked by ``ranker`` inside the set. Use to keep a model on the devices that hold its weights
     or to reserve big devices for big work; ``fallback`` decides whether bound work may spill."""
@@ -72,14 +73,14 @@ class Tiered(Policy):
     ) -> None:
         thresholds = [float(t) for t in thresholds]
         if any(b <= a for a, b in itertools.pairwise(thresholds)):
-            raise ValueError(f"option thresholds={thresholds!r}; allowed: strictly increasing")
+            raise ConfigError(f"option thresholds={thresholds!r}; allowed: strictly increasing")
         if len(tiers) != len(thresholds) + 1:
-            raise ValueError(
+            raise ConfigError(
                 f"option tiers has {len(tiers)} tiers; allowed: len(thresholds) + 1 = "
                 f"{len(thresholds) + 1}"
             )
         if not saturation > 0:
-            raise ValueError(f"option saturation={saturation!r}; allowed: > 0")
+            raise ConfigError(f"option saturation={saturation!r}; allowed: > 0")
         self.thresholds = thresholds
         self.tiers = [list(t) for t in tiers]
         self.saturation = saturation

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.selectors import select
 from hetero.sched.policy import BoolArray, Filter, Rejected
@@ -27,7 +28,7 @@ class CapacityFilter(Filter):
 
     def __init__(self, on_no_fit: str = "wait") -> None:
         if on_no_fit not in _ON_NO_FIT:
-            raise ValueError(f"option on_no_fit={on_no_fit!r}; allowed: {', '.join(_ON_NO_FIT)}")
+            raise ConfigError(f"option on_no_fit={on_no_fit!r}; allowed: {', '.join(_ON_NO_FIT)}")
         self.on_no_fit = on_no_fit
 
     def allow(self, item: WorkItem, view: FleetView, allowed: BoolArray) -> BoolArray | None:
@@ -63,10 +64,10 @@ class AffinityFilter(Filter):
 
     def __init__(self, rules: Mapping[str, Sequence[str]], fallback: bool = True) -> None:
         if not isinstance(rules, Mapping) or not rules:
-            raise ValueError(f"option rules={rules!r}; allowed: a mapping of tag -> [selectors]")
+            raise ConfigError(f"option rules={rules!r}; allowed: a mapping of tag -> [selectors]")
         for tag, selectors in rules.items():
             if isinstance(selectors, str) or not isinstance(selectors, Sequence) or not selectors:
-                raise ValueError(
+                raise ConfigError(
                     f"option rules[{tag!r}]={selectors!r}; allowed: a non-empty list of selectors"
                 )
         self.rules = {str(tag): list(selectors) for tag, selectors in rules.items()}

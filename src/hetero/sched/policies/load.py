@@ -6,6 +6,7 @@ import bisect
 
 import numpy as np
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policy import BoolArray, Policy, masked_argmin
 from hetero.sched.registry import register
@@ -57,7 +58,7 @@ class LeastWork(Policy):
 
 def check_overtake_weight(overtake_weight: float) -> None:
     if not 0 <= overtake_weight < float("inf"):
-        raise ValueError(f"option overtake_weight={overtake_weight!r}; allowed: a number >= 0")
+        raise ConfigError(f"option overtake_weight={overtake_weight!r}; allowed: a number >= 0")
 
 
 @register

@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
+from hetero.errors import ConfigError
 from hetero.sched.view import FleetView
 
 __all__ = ["select"]
@@ -35,7 +36,7 @@ def select(selectors: Iterable[str], view: FleetView, option: str) -> npt.NDArra
         else:
             hit = np.zeros(view.n, dtype=bool)
         if not hit.any():
-            raise ValueError(
+            raise ConfigError(
                 f"{option}: selector {selector!r} matches no device; use a device id "
                 f"({', '.join(view.ids[:4])}{', …' if view.n > 4 else ''}), a catalog model, "
                 "a kind (cpu, gpu, tpu, npu, fpga, asic) or tag:NAME"

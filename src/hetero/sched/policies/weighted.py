@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policy import BoolArray, Policy
 from hetero.sched.registry import register
@@ -32,9 +33,9 @@ class Weighted(Policy):
         self, *, by: str = "speed", variant: str = "smooth", seed: int | None = None
     ) -> None:
         if by not in _BY:
-            raise ValueError(f"option by={by!r}; allowed: {', '.join(_BY)}")
+            raise ConfigError(f"option by={by!r}; allowed: {', '.join(_BY)}")
         if variant not in _VARIANTS:
-            raise ValueError(f"option variant={variant!r}; allowed: {', '.join(_VARIANTS)}")
+            raise ConfigError(f"option variant={variant!r}; allowed: {', '.join(_VARIANTS)}")
         self.by = by
         self.variant = variant
         self._rng = np.random.default_rng(seed)

@@ -1,0 +1,47 @@
+"""Test doubles: an emulated inference replica and fake NVML boxes, for tests, demos and
+benchmarks on machines without accelerators.
+
+- ``MockReplica`` / ``MockConfig``: a real OpenAI-compatible HTTP server that takes as long as a
+  replica of a given speed would, and speaks the load endpoints of vLLM or SGLang
+  (``hetero.serve.mock``; ``hetero mock-replica`` runs one from the command line).
+- ``FakeNVML`` and the built-in boxes ``mixed_box()``, ``nvswitch_box()``, ``pcie_box()``: a box
+  of GPUs described without one, to pass to ``get_device_list(nvml=...)`` or
+  ``read_topology(nvml=...)`` (``hetero.devices.fake_nvml``).
+
+Emulated devices themselves need no double: a fleet config entry with ``emulate: true`` (see
+docs/config.md) builds them. Names load on first use, so ``import hetero.testing`` does not import
+aiohttp.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from hetero._lazy import lazy_exports
+
+#: Each name and the module that defines it (imported on first use).
+_EXPORTS: dict[str, str] = {
+    "FakeGPU": "hetero.devices.fake_nvml",
+    "FakeNVML": "hetero.devices.fake_nvml",
+    "FakeTopology": "hetero.devices.fake_nvml",
+    "mixed_box": "hetero.devices.fake_nvml",
+    "nvswitch_box": "hetero.devices.fake_nvml",
+    "pcie_box": "hetero.devices.fake_nvml",
+    "MockConfig": "hetero.serve.mock",
+    "MockReplica": "hetero.serve.mock",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)
+
+if _TYPE_CHECKING:
+    # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
+    # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.devices.fake_nvml import FakeGPU as FakeGPU
+    from hetero.devices.fake_nvml import FakeNVML as FakeNVML
+    from hetero.devices.fake_nvml import FakeTopology as FakeTopology
+    from hetero.devices.fake_nvml import mixed_box as mixed_box
+    from hetero.devices.fake_nvml import nvswitch_box as nvswitch_box
+    from hetero.devices.fake_nvml import pcie_box as pcie_box
+    from hetero.serve.mock import MockConfig as MockConfig
+    from hetero.serve.mock import MockReplica as MockReplica
