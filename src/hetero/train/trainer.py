@@ -7,12 +7,14 @@ Its summed loss is scaled by ``world_size / B``: DDP divides the all-reduced sum
 ``world_size``, so the result is ``(1/B) Σ ∇loss_sample`` over all B samples — the gradient of
 the mean loss of the whole global batch on one device, ``Σ_i (b_i/B)·ḡ_i``.
 
-After its micro-batches a rank waits at a barrier (its idle time), then every rank runs one
-synchronised pass on an empty batch whose backward all-reduces the accumulated gradients (the
-communication time), and the optimizer steps. The empty pass makes a rank with share 0 take part
-in the same collectives as the others without touching its gradients, and keeps waiting apart
-from communicating in the report. The price is that the all-reduce no longer overlaps the last
-micro-batch's backward.
+Every micro-batch but the last runs under ``no_sync``; the last one's backward triggers DDP's
+bucketed all-reduce, so the communication of the first buckets hides under the rest of that
+backward, as in plain DDP. A rank with share 0 runs one empty micro-batch, which takes part in
+the same collectives without touching the gradients. An emulated rank waits out its last
+micro-batch's emulated time before that backward, so its all-reduce starts when the device it
+emulates would reach it. The step report splits each rank's time into compute (to the end of
+its last backward's own work), idle (waiting for the slowest rank's compute to end) and
+exposed communication (the rest of the all-reduce, the part the backward did not hide).
 
 Shares come from ``PerfModel.batch_sizes`` over each rank's throughput (samples/s): measured at
 start on ``profile_steps`` equal micro-batches, then every ``rebalance_every`` steps from the
@@ -225,8 +227,8 @@ class RankReport:
     samples: int
     micro_batches: int
     compute_seconds: float  # its micro-batches: data, forward, backward (and emulated pacing)
-    idle_seconds: float  # waiting at the barrier for slower ranks
-    comm_seconds: float  # the synchronised pass: the all-reduce of the gradients
+    idle_seconds: float  # waiting for the slowest rank's compute to end
+    comm_seconds: float  # the all-reduce left after that: what the last backward did not hide
     step_seconds: float  # the whole step, optimizer included
 
     @property
@@ -536,15 +538,14 @@ class Trainer:
 
         self._paced_until = -1.0  # the device idled through the last step's communication
         started = time.perf_counter()
+        # Wall-clock instants, to compare with other ranks' (perf_counter's origin is per
+        # process); taken once, so the step's own timings stay monotonic.
+        wall = time.time() - started
+        *accumulated, last = chunks or [[]]  # share 0: one empty micro-batch, in the collectives
         with self._ddp.no_sync():
-            # A rank with no samples still runs one (empty) pass here: the first forward of a
-            # step is where DDP broadcasts buffers and, once, rebuilds its buckets, collectives
-            # that every rank must reach on the same side of the barrier.
-            for chunk in chunks or [[]]:
-                computed = self._micro_batch(chunk, scale)
-        comm.barrier()
-        waited = time.perf_counter()
-        self._backward(self._empty, scale)  # all-reduces the accumulated gradients
+            for chunk in accumulated:
+                self._micro_batch(chunk, scale)
+        computed = self._last_micro_batch(last, scale)  # all-reduces under its backward
         self._sync_device()
         synced = time.perf_counter()
         if self._scaler is not None:
@@ -563,12 +564,18 @@ class Trainer:
         ):
             self.save_checkpoint()
 
-        mine = [len(indices), len(chunks), computed - started, waited - computed]
-        mine += [synced - waited, ended - started]
-        ranks = tuple(
-            RankReport(i, int(row[0]), int(row[1]), *row[2:])
-            for i, row in enumerate(self._gather(mine))
-        )
+        mine = [len(indices), len(chunks), computed - started, synced - computed]
+        mine += [ended - started, computed + wall]
+        rows = self._gather(mine)
+        slowest = max(row[5] for row in rows)  # when the last rank's compute ended
+        reports = []
+        for i, (samples, micro, compute, tail, whole, end) in enumerate(rows):
+            # What came after its compute: waiting for the slowest rank, then the all-reduce.
+            idle = min(max(slowest - end, 0.0), tail)
+            reports.append(
+                RankReport(i, int(samples), int(micro), compute, idle, tail - idle, whole)
+            )
+        ranks = tuple(reports)
         report = StepReport(self.steps, epoch, shares, tuple(self.throughputs), ranks)
         report = self._rebalance(report)
         self.reports.append(report)
@@ -632,39 +639,66 @@ class Trainer:
         """Forward and backward of one micro-batch, paced when this rank emulates a speed;
         returns when it finished."""
         started = time.perf_counter()
-        if indices:
-            batch = _to(self._collate([self._dataset[i] for i in indices]), self._device)
-        else:
-            batch = self._empty
-        self._backward(batch, scale)
+        torch.autograd.backward(self._forward(self._batch(indices), scale))
         self._sync_device()
         return self._pace(started, len(indices))
 
-    def _backward(self, batch: Any, scale: float) -> None:
+    def _last_micro_batch(self, indices: list[int], scale: float) -> float:
+        """The step's last micro-batch, outside ``no_sync``: its backward all-reduces DDP's
+        buckets as they fill. Returns when its compute ended. An emulated rank waits out the
+        micro-batch's emulated time before the backward (less the backward's own estimated
+        time), so the all-reduce starts when the emulated device would reach it, and its
+        compute ends at the paced end. Otherwise the end is estimated as the backward's start
+        plus twice the forward's time (a backward costs about two forwards); what the backward
+        takes beyond that is the all-reduce it could not hide."""
+        started = time.perf_counter()
+        loss = self._forward(self._batch(indices), scale)
+        self._sync_device()
+        forwarded = time.perf_counter()
+        backward = 2 * (forwarded - started)
+        paced = self._pace(started, len(indices), backward)
+        torch.autograd.backward(loss)
+        if not self._emulated:
+            return forwarded + backward
+        self._sync_device()
+        # The backward (and its all-reduce) took less than estimated: the emulated device is
+        # still computing.
+        time.sleep(max(0.0, paced - time.perf_counter()))
+        return paced
+
+    def _batch(self, indices: list[int]) -> Any:
+        if not indices:
+            return self._empty
+        return _to(self._collate([self._dataset[i] for i in indices]), self._device)
+
+    def _forward(self, batch: Any, scale: float) -> torch.Tensor:
         inputs, target = batch
         with self._autocast:
             loss = self._loss_fn(self._ddp(inputs), target)
         loss = loss.float() * scale
-        if self._scaler is not None:
-            loss = self._scaler.scale(loss)
-        torch.autograd.backward(loss)
+        return self._scaler.scale(loss) if self._scaler is not None else loss
 
-    def _pace(self, started: float, samples: int) -> float:
-        """Hold this rank until the emulated device would have finished the micro-batch, and
-        return when that was: the sleep's overshoot is the host's delay, not the device's."""
+    @property
+    def _emulated(self) -> bool:
+        return self.options.speed is not None or self.options.emulate_sample_time is not None
+
+    def _pace(self, started: float, samples: int, remaining: float = 0.0) -> float:
+        """Hold this rank until the emulated device would have finished the micro-batch, less
+        ``remaining`` seconds of real work still to run, and return when the emulated device
+        finishes it: the sleep's overshoot is the host's delay, not the device's."""
         o = self.options
         now = time.perf_counter()
-        if o.speed is None and o.emulate_sample_time is None:
+        if not self._emulated:
             return now
         speed = o.speed or 1.0
         if o.emulate_sample_time is not None:
             target = samples * o.emulate_sample_time / speed  # the real compute counts toward it
         else:
-            target = (now - started) / speed
+            target = (now - started + remaining) / speed
         base = self._paced_until if 0 <= started - self._paced_until < _PACE_SLACK else started
         self._paced_until = base + target
-        if self._paced_until > now:
-            time.sleep(self._paced_until - now)
+        if self._paced_until - remaining > now:
+            time.sleep(self._paced_until - remaining - now)
         return max(self._paced_until, now)
 
     def _sync_device(self) -> None:
