@@ -285,7 +285,8 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
     current.enter(device, order.task_id, order.attempt, order.checkpoint_dir)
     # Host-timed pacing (an emulated device, no declared cost) leaves out the time the task
     # waited for a CPU: that is this host's contention, not the device's speed.
-    queued0 = _runqueue_seconds() if device.emulated and not order.declared_cost else 0.0
+    host_timed = device.emulated and not order.declared_cost
+    queued0 = _runqueue_seconds() if host_timed else 0.0
     started = time.monotonic()
     cpu0 = time.thread_time()
     try:
@@ -302,7 +303,7 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
         del args, kwargs
     reply.cpu_seconds = time.thread_time() - cpu0
     if device.emulated:
-        queued = _runqueue_seconds() - queued0 if not order.declared_cost else 0.0
+        queued = _runqueue_seconds() - queued0 if host_timed else 0.0
         reply.started, reply.ended = _pace(state, order, started, reply.cpu_seconds, queued)
     else:
         reply.started, reply.ended = started, time.monotonic()

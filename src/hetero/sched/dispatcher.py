@@ -648,11 +648,6 @@ class Dispatcher:
             out.append(WakeAt(following))
         return out
 
-    @property
-    def has_deadlines(self) -> bool:
-        """Whether any waiting or running item has a deadline (then call ``next_deadline``)."""
-        return bool(self._deadlines)
-
     def next_deadline(self) -> float | None:
         """When ``expire`` next has work to do, or ``None``."""
         heap = self._deadlines
