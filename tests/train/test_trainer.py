@@ -370,7 +370,7 @@ def test_a_trainer_needs_a_process_group() -> None:
 
 
 def test_step_report_derives_ideal_time_and_efficiency() -> None:
-    from hetero.train.trainer import RankReport
+    from hetero.train.report import RankReport
 
     ranks = (RankReport(0, 6, 1, 0.3, 0.0, 0.01, 0.4), RankReport(1, 2, 1, 0.2, 0.1, 0.01, 0.5))
     report = StepReport(1, 0, (6, 2), (20.0, 10.0), ranks)

@@ -13,10 +13,10 @@ from hetero._lazy import lazy_exports
 #: Each public name and the module that defines it (imported on first use).
 _EXPORTS: dict[str, str] = {
     "HeteroSampler": "hetero.train.sampler",
-    "RankReport": "hetero.train.trainer",
-    "StepReport": "hetero.train.trainer",
+    "RankReport": "hetero.train.report",
+    "StepReport": "hetero.train.report",
     "Trainer": "hetero.train.trainer",
-    "TrainerOptions": "hetero.train.trainer",
+    "TrainerOptions": "hetero.train.options",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -25,8 +25,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.train.options import TrainerOptions as TrainerOptions
+    from hetero.train.report import RankReport as RankReport
+    from hetero.train.report import StepReport as StepReport
     from hetero.train.sampler import HeteroSampler as HeteroSampler
-    from hetero.train.trainer import RankReport as RankReport
-    from hetero.train.trainer import StepReport as StepReport
     from hetero.train.trainer import Trainer as Trainer
-    from hetero.train.trainer import TrainerOptions as TrainerOptions

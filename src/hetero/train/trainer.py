@@ -23,18 +23,13 @@ compute time of the steps since the last rebalance.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import pickle
-import re
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence, Sized
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hetero._torch import torch_missing
 
@@ -48,257 +43,31 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, default_collate
 
 from hetero import comm
-from hetero.config import MAX_SPEED, MIN_SPEED
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
+from hetero.train.checkpoint import read_checkpoint, write_checkpoint
+from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
+from hetero.train.report import ProgressView, RankReport, StepReport, rank_timings, step_report
 from hetero.train.sampler import HeteroSampler
+from hetero.train.tensors import take_none, to_device
 
+# RankReport, StepReport and TrainerOptions moved to their own modules; this one still exports
+# them, so imports from hetero.train.trainer keep working.
 __all__ = ["RankReport", "StepReport", "Trainer", "TrainerOptions"]
 
-Compression = Literal["none", "fp16", "powersgd"]
-MixedPrecision = Literal["no", "bf16", "fp16"]
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
-_COMPRESSIONS = ("none", "fp16", "powersgd")
-_PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Back-to-back micro-batches are paced from where the previous one was due to end, so the
 # overshoot of each sleep is made up (as hetero's emulated workers do).
 _PACE_SLACK = 0.002
-# The longest emulated time per sample: longer ones are no device's, and overflow a sleep.
-_MAX_SAMPLE_SECONDS = 3600
-# What a checkpoint holds beside the optional "scaler".
-_CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
 # Step reports kept in ``Trainer.reports``; the whole run is in ``report_path``.
 _KEEP_REPORTS = 10_000
 # Ranks become devices of this spec for PerfModel, their speed the measured throughput.
 _RANK_SPEC = DeviceSpec(
     model="rank", kind=DeviceKind.CPU, vendor="", tflops={}, memory_bytes=0, memory_bandwidth_gbs=0
 )
-# Options every rank must share (the others, like speed or micro_batch, are per rank).
-_SHARED_OPTIONS = (
-    "global_batch",
-    "rebalance_every",
-    "profile_steps",
-    "seed",
-    "shuffle",
-    "drop_last",
-    "shares",
-    "bucket_cap_mb",
-    "compression",
-    "mixed_precision",
-)
-
-
-@dataclass(frozen=True)
-class TrainerOptions:
-    """How a ``Trainer`` splits, runs and reports the work. Built on every rank: ``micro_batch``,
-    ``speed``, ``emulate_sample_time``, ``report_path`` and ``report_every`` may differ per rank,
-    the others must be equal on all of them.
-
-    - ``global_batch``: samples per optimizer step over all ranks (``B``).
-    - ``micro_batch``: most samples one forward/backward on this rank holds (its memory); a
-      larger share is accumulated over several. ``None``: no cap.
-    - ``rebalance_every``: steps between rebalancing from measured speeds (0: never).
-    - ``profile_steps``: timed micro-batches per rank at start that set the first shares.
-    - ``shares``: fixed shares per rank (summing to ``global_batch``): no rebalancing.
-    - ``speed``, ``emulate_sample_time``: emulate a device of relative ``speed`` on this rank
-      (see ``docs/training.md``): each micro-batch takes ``samples × emulate_sample_time /
-      speed`` seconds, or without a sample time its real compute time over ``speed``.
-    - ``bucket_cap_mb``, ``compression``, ``mixed_precision``: DDP's bucket size, a DDP
-      communication hook (``fp16_compress_hook``, PowerSGD with torch's defaults) and
-      ``torch.autocast`` (with a ``GradScaler`` for fp16). Compression makes the gradients
-      inexact.
-    - ``report_path``: JSON lines, one step report each, written by rank 0.
-    - ``checkpoint_dir``, ``checkpoint_every``: rank 0 saves the model, the optimizer, the
-      sampler's position and the step count there every ``checkpoint_every`` steps (a directory
-      every rank can read); a ``Trainer`` built where a checkpoint exists resumes from it,
-      profiling the ranks afresh (``hetero launch`` restarts them after a failure).
-    """
-
-    global_batch: int
-    micro_batch: int | None = None
-    rebalance_every: int = 50
-    profile_steps: int = 3
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = False
-    shares: tuple[int, ...] | None = None
-    speed: float | None = None
-    emulate_sample_time: float | None = None
-    bucket_cap_mb: float = 25.0
-    compression: Compression = "none"
-    mixed_precision: MixedPrecision = "no"
-    report_path: str | None = None
-    report_every: int = 10
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 50
-
-    def __post_init__(self) -> None:
-        if self.shares is not None and not isinstance(self.shares, (str, bytes)):
-            with contextlib.suppress(TypeError):
-                object.__setattr__(self, "shares", tuple(self.shares))
-        problems = _check_options(self)
-        if problems:
-            raise ConfigError(problems)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_positive(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
-def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-
-    def at_least(name: str, minimum: int, why: str = "") -> None:
-        value = getattr(o, name)
-        if not _is_int(value) or value < minimum:
-            problems.append((name, f"must be an integer >= {minimum}{why}, got {value!r}"))
-
-    at_least("global_batch", 1)
-    if o.micro_batch is not None:
-        at_least(
-            "micro_batch",
-            1,
-            " (the most samples one forward/backward on this rank holds; None for no cap): a"
-            " rank that cannot hold one sample cannot train",
-        )
-    at_least("rebalance_every", 0, " (0: never)")
-    at_least("profile_steps", 1)
-    at_least("seed", 0)
-    at_least("report_every", 1)
-    at_least("checkpoint_every", 1)
-    if o.speed is not None and not (_is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
-        problems.append(
-            (
-                "speed",
-                f"must be a number from {MIN_SPEED:g} to {MAX_SPEED:g} or None, got {o.speed!r}",
-            )
-        )
-    sample_time = o.emulate_sample_time
-    if sample_time is not None and not (
-        _is_positive(sample_time) and sample_time <= _MAX_SAMPLE_SECONDS
-    ):
-        problems.append(
-            (
-                "emulate_sample_time",
-                f"must be a number of seconds > 0 and at most {_MAX_SAMPLE_SECONDS} or None, "
-                f"got {sample_time!r}",
-            )
-        )
-    if not _is_positive(o.bucket_cap_mb):
-        problems.append(("bucket_cap_mb", f"must be a finite number > 0, got {o.bucket_cap_mb!r}"))
-    if o.compression not in _COMPRESSIONS:
-        allowed = ", ".join(_COMPRESSIONS)
-        problems.append(("compression", f"must be one of {allowed}, got {o.compression!r}"))
-    if o.mixed_precision not in _PRECISIONS:
-        allowed = ", ".join(_PRECISIONS)
-        problems.append(("mixed_precision", f"must be one of {allowed}, got {o.mixed_precision!r}"))
-    if o.shares is not None:
-        shares = o.shares
-        if not isinstance(shares, tuple) or not all(_is_int(s) and s >= 0 for s in shares):
-            problems.append(("shares", f"must be a list of integers >= 0, got {shares!r}"))
-        elif _is_int(o.global_batch) and sum(shares) != o.global_batch:
-            problems.append(
-                (
-                    "shares",
-                    f"must sum to global_batch={o.global_batch}, got {list(shares)} "
-                    f"(sum {sum(shares)})",
-                )
-            )
-    return problems
-
-
-@dataclass(frozen=True, slots=True)
-class RankReport:
-    """One rank's part of one step (seconds of wall time)."""
-
-    rank: int
-    samples: int
-    micro_batches: int
-    compute_seconds: float  # its micro-batches: data, forward, backward (and emulated pacing)
-    idle_seconds: float  # waiting for the slowest rank's compute to end
-    comm_seconds: float  # the all-reduce left after that: what the last backward did not hide
-    step_seconds: float  # the whole step, optimizer included
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.compute_seconds if self.compute_seconds > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    """One synchronised step on every rank, the same on all of them.
-
-    ``throughputs`` are the per-rank samples/s the trainer works from (profiled, then measured
-    over each rebalance window); the ideal step time is ``global_batch / Σ throughputs``, what a
-    perfect split with no communication would take, and ``efficiency`` is ideal / actual.
-    """
-
-    step: int  # steps done, this one included
-    epoch: int
-    shares: tuple[int, ...]  # of this step's global batch
-    throughputs: tuple[float, ...]
-    ranks: tuple[RankReport, ...]
-    rebalanced: bool = False  # the shares change from the next step
-    next_shares: tuple[int, ...] = field(default=())
-
-    @property
-    def global_batch(self) -> int:
-        return sum(r.samples for r in self.ranks)
-
-    @property
-    def step_seconds(self) -> float:
-        return max(r.step_seconds for r in self.ranks)
-
-    @property
-    def ideal_seconds(self) -> float:
-        return self.global_batch / sum(self.throughputs)
-
-    @property
-    def efficiency(self) -> float:
-        return self.ideal_seconds / self.step_seconds
-
-    def to_dict(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["ranks"] = [
-            {**asdict(r), "samples_per_second": r.samples_per_second} for r in self.ranks
-        ]
-        doc.update(
-            shares=list(self.shares),
-            throughputs=list(self.throughputs),
-            next_shares=list(self.next_shares),
-            global_batch=self.global_batch,
-            step_seconds=self.step_seconds,
-            ideal_seconds=self.ideal_seconds,
-            efficiency=self.efficiency,
-        )
-        return doc
-
-    def summary(self) -> str:
-        """One line: step time against the ideal, shares, and each rank's time split."""
-        ms = 1e3
-        ranks = "; ".join(
-            f"r{r.rank} {r.compute_seconds * ms:.0f}/{r.comm_seconds * ms:.0f}/"
-            f"{r.idle_seconds * ms:.0f}"
-            for r in self.ranks
-        )
-        return (
-            f"step {self.step}: {self.step_seconds * ms:.1f} ms, ideal "
-            f"{self.ideal_seconds * ms:.1f} ms ({self.efficiency:.0%}), shares "
-            f"{'/'.join(map(str, self.shares))}, compute/comm/idle ms {ranks}"
-            + (f"; rebalanced to {'/'.join(map(str, self.next_shares))}" if self.rebalanced else "")
-        )
 
 
 class Trainer:
@@ -348,12 +117,12 @@ class Trainer:
             if isinstance(optimizer, torch.optim.Optimizer)
             else optimizer(model.parameters())
         )
-        dtype = _PRECISIONS[options.mixed_precision]
+        dtype = PRECISIONS[options.mixed_precision]
         self._autocast = torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
         self._scaler = (
             torch.amp.GradScaler(self._device.type) if options.mixed_precision == "fp16" else None
         )
-        self._empty = _to(_take_none(collate_fn([dataset[0]])), self._device)
+        self._empty = to_device(take_none(collate_fn([dataset[0]])), self._device)
         self._paced_until = -1.0
         self.steps = 0
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
@@ -387,7 +156,6 @@ class Trainer:
         path = self.checkpoint_path
         if path is None or self.rank != 0:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "steps": self.steps,
             "model": self.model.state_dict(),
@@ -395,9 +163,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
         }
-        partial = path.with_suffix(".partial")
-        torch.save(state, partial)
-        partial.replace(path)
+        write_checkpoint(path, state)
 
     def _resume(self) -> int | None:
         """Load the checkpoint, if there is one: the step it was taken at, else None. The
@@ -407,7 +173,7 @@ class Trainer:
             return None
         parameters = {name for name, _ in self.model.named_parameters()}
         try:
-            state = _read_checkpoint(path, self._device, parameters)
+            state = read_checkpoint(path, self._device, parameters)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.sampler.load_state_dict(state["sampler"])
@@ -426,62 +192,8 @@ class Trainer:
         size, raising the same ``ConfigError`` on all of them otherwise; returns the
         micro-batch size every rank profiles with."""
         o = self.options
-        mine = {
-            "model": [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(model)],
-            "options": {name: getattr(o, name) for name in _SHARED_OPTIONS},
-            "dataset_size": dataset_size,
-            "micro_batch": o.micro_batch,
-        }
-        ranks = comm.all_gather_object(mine)
-        problems: list[tuple[str, str]] = []
-        if o.global_batch < self.world_size:
-            problems.append(
-                (
-                    "global_batch",
-                    f"a global batch smaller than the number of ranks: global_batch="
-                    f"{o.global_batch} with {self.world_size} ranks; use at least "
-                    f"{self.world_size} (or fewer ranks)",
-                )
-            )
-        if o.shares is not None and len(o.shares) != self.world_size:
-            problems.append(
-                (
-                    "shares",
-                    f"has {len(o.shares)} entries for {self.world_size} ranks: give one each",
-                )
-            )
-        if dataset_size < o.global_batch and o.drop_last:
-            problems.append(
-                (
-                    "dataset",
-                    f"has {dataset_size} samples, fewer than one global batch of "
-                    f"{o.global_batch}, and drop_last is set: no step would run",
-                )
-            )
-        first = ranks[0]
-        for rank, theirs in enumerate(ranks[1:], start=1):
-            if theirs["model"] != first["model"]:
-                diff = _model_difference(first["model"], theirs["model"], rank)
-                problems.append(
-                    (f"rank {rank}", f"rank {rank}'s model differs from rank 0's: {diff}")
-                )
-            for name, value in theirs["options"].items():
-                if value != first["options"][name]:
-                    problems.append(
-                        (
-                            f"rank {rank}",
-                            f"option {name}={value!r} differs from rank 0's "
-                            f"{first['options'][name]!r}: it must be the same on every rank",
-                        )
-                    )
-            if theirs["dataset_size"] != dataset_size:
-                problems.append(
-                    (
-                        f"rank {rank}",
-                        f"its dataset has {theirs['dataset_size']} samples, rank 0's "
-                        f"{dataset_size}: every rank indexes the same dataset",
-                    )
-                )
+        ranks = comm.all_gather_object(rank_setup(o, model, dataset_size))
+        problems = setup_problems(o, ranks, self.world_size, dataset_size)
         if problems:
             raise ConfigError(problems)
         caps = [r["micro_batch"] for r in ranks if r["micro_batch"] is not None]
@@ -564,19 +276,8 @@ class Trainer:
         ):
             self.save_checkpoint()
 
-        mine = [len(indices), len(chunks), computed - started, synced - computed]
-        mine += [ended - started, computed + wall]
-        rows = self._gather(mine)
-        slowest = max(row[5] for row in rows)  # when the last rank's compute ended
-        reports = []
-        for i, (samples, micro, compute, tail, whole, end) in enumerate(rows):
-            # What came after its compute: waiting for the slowest rank, then the all-reduce.
-            idle = min(max(slowest - end, 0.0), tail)
-            reports.append(
-                RankReport(i, int(samples), int(micro), compute, idle, tail - idle, whole)
-            )
-        ranks = tuple(reports)
-        report = StepReport(self.steps, epoch, shares, tuple(self.throughputs), ranks)
+        mine = rank_timings(len(indices), len(chunks), started, computed, synced, ended, wall)
+        report = step_report(self.steps, epoch, shares, self.throughputs, self._gather(mine))
         report = self._rebalance(report)
         self.reports.append(report)
         if self.rank == 0 and o.report_path:
@@ -587,9 +288,11 @@ class Trainer:
     def train(self, steps: int, progress: bool = True) -> list[StepReport]:
         """Run ``steps`` steps; with ``progress``, rank 0 shows them live on stderr (a progress
         bar on a terminal, else a line every ``report_every`` steps)."""
-        if not _is_int(steps) or steps < 0:
+        if not is_int(steps) or steps < 0:
             raise ConfigError([("steps", f"must be an integer >= 0, got {steps!r}")])
-        view = _Progress(steps, self.options.report_every) if progress and self.rank == 0 else None
+        view = (
+            ProgressView(steps, self.options.report_every) if progress and self.rank == 0 else None
+        )
         done: list[StepReport] = []
         try:
             for _ in range(steps):
@@ -669,7 +372,7 @@ class Trainer:
     def _batch(self, indices: list[int]) -> Any:
         if not indices:
             return self._empty
-        return _to(self._collate([self._dataset[i] for i in indices]), self._device)
+        return to_device(self._collate([self._dataset[i] for i in indices]), self._device)
 
     def _forward(self, batch: Any, scale: float) -> torch.Tensor:
         inputs, target = batch
@@ -727,128 +430,3 @@ def _chunks(indices: list[int], cap: int | None) -> list[list[int]]:
         out.append(indices[start:end])
         start = end
     return out
-
-
-def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from model.named_parameters()
-    yield from model.named_buffers()
-
-
-def _model_difference(
-    first: list[tuple[str, tuple[int, ...], str]],
-    theirs: list[tuple[str, tuple[int, ...], str]],
-    rank: int,
-) -> str:
-    """The first parameter or buffer where rank ``rank``'s model and rank 0's part ways."""
-    for a, b in zip(first, theirs, strict=False):
-        if a[0] != b[0]:
-            return f"it has {b[0]!r} where rank 0 has {a[0]!r}"
-        if a[1:] != b[1:]:
-            return f"{a[0]!r} is {list(b[1])} {b[2]} on rank {rank}, {list(a[1])} {a[2]} on rank 0"
-    return f"it has {len(theirs)} parameters and buffers, rank 0 has {len(first)}"
-
-
-def _read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> dict[str, Any]:
-    """The training state saved at ``path``, loaded as tensors and plain values only (to
-    unpickle anything else could run any code: the file may come from a shared filesystem).
-    ``ValueError`` saying what is wrong when it is no training state, lacks a key, or a
-    parameter or the optimizer's state holds NaN or infinity. Buffers are not checked: they may
-    hold infinities on purpose (attention masks)."""
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        if found is None:
-            raise ValueError("it is not a file of tensors and plain values torch can read") from exc
-        raise ValueError(
-            "it holds an object other than tensors and plain values, which hetero does not load "
-            f"(loading it could run any code): {found.group(1)}"
-        ) from exc
-    except EOFError as exc:
-        raise ValueError("the file is empty or cut short") from exc
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"it holds a {type(state).__name__}, not a training state (a mapping of "
-            f"{', '.join(_CHECKPOINT_KEYS)})"
-        )
-    for key in _CHECKPOINT_KEYS:
-        if key not in state:
-            raise ValueError(f"it has no {key!r}; it holds: {', '.join(map(str, state))}")
-    if not _is_int(state["steps"]) or state["steps"] < 0:
-        raise ValueError(f"its 'steps' is {state['steps']!r}, not a step count (an integer >= 0)")
-    weights = [(f"model {n}", t) for n, t in _named_tensors(state["model"]) if n in parameters]
-    weights += [(f"optimizer {n}", t) for n, t in _named_tensors(state["optimizer"])]
-    for where, tensor in weights:
-        if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.isfinite().all():
-            continue
-        counts = ((int(tensor.isnan().sum()), "NaN"), (int(tensor.isinf().sum()), "infinite"))
-        bad = " and ".join(f"{n} {what}" for n, what in counts if n)
-        raise ValueError(
-            f"{where} holds {bad} of {tensor.numel()} values; a run resumed from it would "
-            "train on nothing but NaN"
-        )
-    return state
-
-
-def _named_tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in ``obj`` (nested mappings and sequences), named by its dotted path."""
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _named_tensors(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            yield from _named_tensors(value, f"{prefix}.{i}" if prefix else str(i))
-
-
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``obj`` (a collated batch) with ``fn`` applied to every tensor in it."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(x, fn) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    return obj
-
-
-def _to(obj: Any, device: torch.device) -> Any:
-    return _map_tensors(obj, lambda t: t.to(device, non_blocking=True))
-
-
-def _take_none(obj: Any) -> Any:
-    """A batch of no samples shaped like ``obj`` (a collated batch)."""
-    return _map_tensors(obj, lambda t: t[:0])
-
-
-class _Progress:
-    """Rank 0's live view: a rich progress bar when stderr is a terminal, else a line every
-    ``every`` steps."""
-
-    def __init__(self, total: int, every: int) -> None:
-        self._every = every
-        self._bar: Any = None
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self._bar = Progress(
-                TextColumn("[bold]train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.description}"),
-                console=Console(stderr=True),
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("", total=total)
-
-    def update(self, report: StepReport) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1, description=report.summary())
-        elif report.step % self._every == 0 or report.rebalanced:
-            print(report.summary(), file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()

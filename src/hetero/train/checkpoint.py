@@ -1,0 +1,74 @@
+"""Checkpoints of a training run: the state rank 0 writes (atomically) and every rank reads
+back on resuming, loaded as tensors and plain values only and checked before use."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
+
+from hetero.train.options import is_int
+from hetero.train.tensors import named_tensors
+
+__all__ = ["read_checkpoint", "write_checkpoint"]
+
+# What a checkpoint holds beside the optional "scaler".
+_CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
+
+
+def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Save ``state`` at ``path`` atomically: a crash mid-write keeps the last checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save(state, partial)
+    partial.replace(path)
+
+
+def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> dict[str, Any]:
+    """The training state saved at ``path``, loaded as tensors and plain values only (to
+    unpickle anything else could run any code: the file may come from a shared filesystem).
+    ``ValueError`` saying what is wrong when it is no training state, lacks a key, or a
+    parameter or the optimizer's state holds NaN or infinity. Buffers are not checked: they may
+    hold infinities on purpose (attention masks)."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        if found is None:
+            raise ValueError("it is not a file of tensors and plain values torch can read") from exc
+        raise ValueError(
+            "it holds an object other than tensors and plain values, which hetero does not load "
+            f"(loading it could run any code): {found.group(1)}"
+        ) from exc
+    except EOFError as exc:
+        raise ValueError("the file is empty or cut short") from exc
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"it holds a {type(state).__name__}, not a training state (a mapping of "
+            f"{', '.join(_CHECKPOINT_KEYS)})"
+        )
+    for key in _CHECKPOINT_KEYS:
+        if key not in state:
+            raise ValueError(f"it has no {key!r}; it holds: {', '.join(map(str, state))}")
+    if not is_int(state["steps"]) or state["steps"] < 0:
+        raise ValueError(f"its 'steps' is {state['steps']!r}, not a step count (an integer >= 0)")
+    weights = [(f"model {n}", t) for n, t in named_tensors(state["model"]) if n in parameters]
+    weights += [(f"optimizer {n}", t) for n, t in named_tensors(state["optimizer"])]
+    for where, tensor in weights:
+        if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.isfinite().all():
+            continue
+        counts = ((int(tensor.isnan().sum()), "NaN"), (int(tensor.isinf().sum()), "infinite"))
+        bad = " and ".join(f"{n} {what}" for n, what in counts if n)
+        raise ValueError(
+            f"{where} holds {bad} of {tensor.numel()} values; a run resumed from it would "
+            "train on nothing but NaN"
+        )
+    return state

@@ -1,0 +1,266 @@
+"""``TrainerOptions``: how a ``Trainer`` splits, runs and reports the work, and its validation:
+each option's own checks when the options are built, then that the ranks agree on the model,
+the shared options and the dataset when a ``Trainer`` starts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
+from torch import nn
+
+from hetero.config import MAX_SPEED, MIN_SPEED
+from hetero.errors import ConfigError
+
+__all__ = [
+    "PRECISIONS",
+    "Compression",
+    "MixedPrecision",
+    "TrainerOptions",
+    "is_int",
+    "rank_setup",
+    "setup_problems",
+]
+
+Compression = Literal["none", "fp16", "powersgd"]
+MixedPrecision = Literal["no", "bf16", "fp16"]
+
+_COMPRESSIONS = ("none", "fp16", "powersgd")
+PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The longest emulated time per sample: longer ones are no device's, and overflow a sleep.
+_MAX_SAMPLE_SECONDS = 3600
+# Options every rank must share (the others, like speed or micro_batch, are per rank).
+_SHARED_OPTIONS = (
+    "global_batch",
+    "rebalance_every",
+    "profile_steps",
+    "seed",
+    "shuffle",
+    "drop_last",
+    "shares",
+    "bucket_cap_mb",
+    "compression",
+    "mixed_precision",
+)
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """How a ``Trainer`` splits, runs and reports the work. Built on every rank: ``micro_batch``,
+    ``speed``, ``emulate_sample_time``, ``report_path`` and ``report_every`` may differ per rank,
+    the others must be equal on all of them.
+
+    - ``global_batch``: samples per optimizer step over all ranks (``B``).
+    - ``micro_batch``: most samples one forward/backward on this rank holds (its memory); a
+      larger share is accumulated over several. ``None``: no cap.
+    - ``rebalance_every``: steps between rebalancing from measured speeds (0: never).
+    - ``profile_steps``: timed micro-batches per rank at start that set the first shares.
+    - ``shares``: fixed shares per rank (summing to ``global_batch``): no rebalancing.
+    - ``speed``, ``emulate_sample_time``: emulate a device of relative ``speed`` on this rank
+      (see ``docs/training.md``): each micro-batch takes ``samples × emulate_sample_time /
+      speed`` seconds, or without a sample time its real compute time over ``speed``.
+    - ``bucket_cap_mb``, ``compression``, ``mixed_precision``: DDP's bucket size, a DDP
+      communication hook (``fp16_compress_hook``, PowerSGD with torch's defaults) and
+      ``torch.autocast`` (with a ``GradScaler`` for fp16). Compression makes the gradients
+      inexact.
+    - ``report_path``: JSON lines, one step report each, written by rank 0.
+    - ``checkpoint_dir``, ``checkpoint_every``: rank 0 saves the model, the optimizer, the
+      sampler's position and the step count there every ``checkpoint_every`` steps (a directory
+      every rank can read); a ``Trainer`` built where a checkpoint exists resumes from it,
+      profiling the ranks afresh (``hetero launch`` restarts them after a failure).
+    """
+
+    global_batch: int
+    micro_batch: int | None = None
+    rebalance_every: int = 50
+    profile_steps: int = 3
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    shares: tuple[int, ...] | None = None
+    speed: float | None = None
+    emulate_sample_time: float | None = None
+    bucket_cap_mb: float = 25.0
+    compression: Compression = "none"
+    mixed_precision: MixedPrecision = "no"
+    report_path: str | None = None
+    report_every: int = 10
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.shares is not None and not isinstance(self.shares, (str, bytes)):
+            with contextlib.suppress(TypeError):
+                object.__setattr__(self, "shares", tuple(self.shares))
+        problems = _check_options(self)
+        if problems:
+            raise ConfigError(problems)
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+
+    def at_least(name: str, minimum: int, why: str = "") -> None:
+        value = getattr(o, name)
+        if not is_int(value) or value < minimum:
+            problems.append((name, f"must be an integer >= {minimum}{why}, got {value!r}"))
+
+    at_least("global_batch", 1)
+    if o.micro_batch is not None:
+        at_least(
+            "micro_batch",
+            1,
+            " (the most samples one forward/backward on this rank holds; None for no cap): a"
+            " rank that cannot hold one sample cannot train",
+        )
+    at_least("rebalance_every", 0, " (0: never)")
+    at_least("profile_steps", 1)
+    at_least("seed", 0)
+    at_least("report_every", 1)
+    at_least("checkpoint_every", 1)
+    if o.speed is not None and not (_is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
+        problems.append(
+            (
+                "speed",
+                f"must be a number from {MIN_SPEED:g} to {MAX_SPEED:g} or None, got {o.speed!r}",
+            )
+        )
+    sample_time = o.emulate_sample_time
+    if sample_time is not None and not (
+        _is_positive(sample_time) and sample_time <= _MAX_SAMPLE_SECONDS
+    ):
+        problems.append(
+            (
+                "emulate_sample_time",
+                f"must be a number of seconds > 0 and at most {_MAX_SAMPLE_SECONDS} or None, "
+                f"got {sample_time!r}",
+            )
+        )
+    if not _is_positive(o.bucket_cap_mb):
+        problems.append(("bucket_cap_mb", f"must be a finite number > 0, got {o.bucket_cap_mb!r}"))
+    if o.compression not in _COMPRESSIONS:
+        allowed = ", ".join(_COMPRESSIONS)
+        problems.append(("compression", f"must be one of {allowed}, got {o.compression!r}"))
+    if o.mixed_precision not in PRECISIONS:
+        allowed = ", ".join(PRECISIONS)
+        problems.append(("mixed_precision", f"must be one of {allowed}, got {o.mixed_precision!r}"))
+    if o.shares is not None:
+        shares = o.shares
+        if not isinstance(shares, tuple) or not all(is_int(s) and s >= 0 for s in shares):
+            problems.append(("shares", f"must be a list of integers >= 0, got {shares!r}"))
+        elif is_int(o.global_batch) and sum(shares) != o.global_batch:
+            problems.append(
+                (
+                    "shares",
+                    f"must sum to global_batch={o.global_batch}, got {list(shares)} "
+                    f"(sum {sum(shares)})",
+                )
+            )
+    return problems
+
+
+def rank_setup(o: TrainerOptions, model: nn.Module, dataset_size: int) -> dict[str, Any]:
+    """What this rank tells the others at start, for ``setup_problems`` to compare."""
+    return {
+        "model": [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(model)],
+        "options": {name: getattr(o, name) for name in _SHARED_OPTIONS},
+        "dataset_size": dataset_size,
+        "micro_batch": o.micro_batch,
+    }
+
+
+def setup_problems(
+    o: TrainerOptions, ranks: list[dict[str, Any]], world_size: int, dataset_size: int
+) -> list[tuple[str, str]]:
+    """What keeps the ranks from training together: options that do not fit ``world_size`` ranks
+    or a dataset of ``dataset_size`` samples, and any rank whose ``rank_setup`` (``ranks``, in
+    rank order) differs from rank 0's in its model, its shared options or its dataset's size."""
+    problems: list[tuple[str, str]] = []
+    if o.global_batch < world_size:
+        problems.append(
+            (
+                "global_batch",
+                f"a global batch smaller than the number of ranks: global_batch="
+                f"{o.global_batch} with {world_size} ranks; use at least "
+                f"{world_size} (or fewer ranks)",
+            )
+        )
+    if o.shares is not None and len(o.shares) != world_size:
+        problems.append(
+            (
+                "shares",
+                f"has {len(o.shares)} entries for {world_size} ranks: give one each",
+            )
+        )
+    if dataset_size < o.global_batch and o.drop_last:
+        problems.append(
+            (
+                "dataset",
+                f"has {dataset_size} samples, fewer than one global batch of "
+                f"{o.global_batch}, and drop_last is set: no step would run",
+            )
+        )
+    first = ranks[0]
+    for rank, theirs in enumerate(ranks[1:], start=1):
+        if theirs["model"] != first["model"]:
+            diff = _model_difference(first["model"], theirs["model"], rank)
+            problems.append((f"rank {rank}", f"rank {rank}'s model differs from rank 0's: {diff}"))
+        for name, value in theirs["options"].items():
+            if value != first["options"][name]:
+                problems.append(
+                    (
+                        f"rank {rank}",
+                        f"option {name}={value!r} differs from rank 0's "
+                        f"{first['options'][name]!r}: it must be the same on every rank",
+                    )
+                )
+        if theirs["dataset_size"] != dataset_size:
+            problems.append(
+                (
+                    f"rank {rank}",
+                    f"its dataset has {theirs['dataset_size']} samples, rank 0's "
+                    f"{dataset_size}: every rank indexes the same dataset",
+                )
+            )
+    return problems
+
+
+def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def _model_difference(
+    first: list[tuple[str, tuple[int, ...], str]],
+    theirs: list[tuple[str, tuple[int, ...], str]],
+    rank: int,
+) -> str:
+    """The first parameter or buffer where rank ``rank``'s model and rank 0's part ways."""
+    for a, b in zip(first, theirs, strict=False):
+        if a[0] != b[0]:
+            return f"it has {b[0]!r} where rank 0 has {a[0]!r}"
+        if a[1:] != b[1:]:
+            return f"{a[0]!r} is {list(b[1])} {b[2]} on rank {rank}, {list(a[1])} {a[2]} on rank 0"
+    return f"it has {len(theirs)} parameters and buffers, rank 0 has {len(first)}"
