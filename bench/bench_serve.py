@@ -223,7 +223,7 @@ def prompts(w: Goodput, n: int) -> tuple[list[str], list[int]]:
 def expected_output_tokens(w: Goodput, draws: int = 400_000) -> float:
     """E[completion tokens]: the mock's own draw, capped by ``max_tokens``, averaged."""
     # The mock's own sampler, so the capacity follows the mock if its distribution changes.
-    from hetero.serve.mock import draw_output_length
+    from hetero.serve.mock_config import draw_output_length
 
     rng = random.Random(12345)
     total = sum(

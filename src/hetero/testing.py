@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "mixed_box": "hetero.devices.fake_nvml",
     "nvswitch_box": "hetero.devices.fake_nvml",
     "pcie_box": "hetero.devices.fake_nvml",
-    "MockConfig": "hetero.serve.mock",
+    "MockConfig": "hetero.serve.mock_config",
     "MockReplica": "hetero.serve.mock",
 }
 
@@ -43,5 +43,5 @@ if _TYPE_CHECKING:
     from hetero.devices.fake_nvml import mixed_box as mixed_box
     from hetero.devices.fake_nvml import nvswitch_box as nvswitch_box
     from hetero.devices.fake_nvml import pcie_box as pcie_box
-    from hetero.serve.mock import MockConfig as MockConfig
     from hetero.serve.mock import MockReplica as MockReplica
+    from hetero.serve.mock_config import MockConfig as MockConfig

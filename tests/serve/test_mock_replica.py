@@ -31,9 +31,9 @@ from hetero.serve.mock import (
     OUTPUT_DISTS,
     MockConfig,
     MockReplica,
-    _Slots,
     draw_output_length,
 )
+from hetero.serve.mock_state import _Slots
 from tests.serve.conftest import openai_stream
 
 Start = Callable[..., Awaitable[tuple[MockReplica, str]]]

@@ -13,7 +13,7 @@ from hetero._cli_util import fail, print_problems
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:  # the server (and aiohttp) is imported when the command runs, not for --help
-    from hetero.serve.mock import Engine, LoadFault, MockConfig, OutputDist
+    from hetero.serve.mock_config import Engine, LoadFault, MockConfig, OutputDist
 
 __all__ = ["register"]
 
@@ -140,7 +140,7 @@ def mock_replica(
 
     Example: `hetero mock-replica --model llama-8b --speed 2.5 --slots 16 --port 8001`.
     """
-    from hetero.serve.mock import MockConfig
+    from hetero.serve.mock_config import MockConfig
 
     try:
         config = MockConfig(
