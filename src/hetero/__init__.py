@@ -85,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "task": "hetero.runtime",
     "CostModel": "hetero.sched",
     "Dispatcher": "hetero.sched",
+    "DispatchOptions": "hetero.sched",
     "FleetView": "hetero.sched",
     "ItemState": "hetero.sched",
     "ManualClock": "hetero.sched",
@@ -185,6 +186,7 @@ if _TYPE_CHECKING:
     from hetero.runtime import task as task
     from hetero.sched import CostModel as CostModel
     from hetero.sched import Dispatcher as Dispatcher
+    from hetero.sched import DispatchOptions as DispatchOptions
     from hetero.sched import FleetView as FleetView
     from hetero.sched import ItemState as ItemState
     from hetero.sched import ManualClock as ManualClock

@@ -30,6 +30,8 @@ from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 from hetero.log import config_log_level
+from hetero.sched.options import DEFAULT_MAX_QUEUE_SIZE as DEFAULT_MAX_QUEUE_SIZE
+from hetero.sched.options import DispatchOptions, QueueOrder
 from hetero.units import format_size, parse_size
 
 __all__ = [
@@ -120,32 +122,42 @@ class DeviceConfig(_Strict):
         return value
 
 
-#: Items a dispatcher holds waiting (pending and queued) before it refuses more: one default
-#: for the config, the ``Dispatcher`` and the router (the simulator admits everything).
-DEFAULT_MAX_QUEUE_SIZE = 1000
+#: The dispatcher's defaults (``DispatchOptions`` holds each one), so each is written once.
+_DISPATCH = DispatchOptions()
 
 
 class SchedulerConfig(_Strict):
+    """The ``scheduler`` section: the strategy and its options, the batch table, the monitoring
+    interval and the ``DispatchOptions`` settings (defaults from there; the constraints here
+    give config-file errors). ``Dispatcher.from_config`` turns it into a dispatcher."""
+
     strategy: str = "tail_budget"
-    max_queue_size: int = Field(default=DEFAULT_MAX_QUEUE_SIZE, ge=1)
+    max_queue_size: int = Field(default=_DISPATCH.max_queue_size, ge=1)
     timeout: float | None = Field(
-        default=None, gt=0, le=_YEAR, allow_inf_nan=False, description="seconds per work item"
+        default=_DISPATCH.timeout,
+        gt=0,
+        le=_YEAR,
+        allow_inf_nan=False,
+        description="seconds per work item",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments")
-    max_retries: int = Field(default=2, ge=0, description="failed attempts retried elsewhere")
-    preemption: bool = False
-    stealing: bool = True
-    queue_order: Literal["size", "fifo"] = Field(
-        default="size", description="within a priority: small items first (with aging), or FIFO"
+    max_retries: int = Field(
+        default=_DISPATCH.max_retries, ge=0, description="failed attempts retried elsewhere"
+    )
+    preemption: bool = _DISPATCH.preemption
+    stealing: bool = _DISPATCH.stealing
+    queue_order: QueueOrder = Field(
+        default=_DISPATCH.queue_order,
+        description="within a priority: small items first (with aging), or FIFO",
     )
     aging: float = Field(
-        default=10.0,
+        default=_DISPATCH.aging,
         ge=0,
         allow_inf_nan=False,
         description="an item is passed over only by items arriving within aging × its service time",
     )
     max_bypass: float | None = Field(
-        default=None,
+        default=_DISPATCH.max_bypass,
         gt=0,
         le=_YEAR,
         allow_inf_nan=False,

@@ -14,6 +14,7 @@ from hetero.sched.item import (
     WorkItem,
 )
 from hetero.sched.metrics import DeviceMetrics, FleetMetrics, Metrics
+from hetero.sched.options import DispatchOptions
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Composite, Filter, Policy, Rejected
 from hetero.sched.registry import make_policy, policy_names, register
@@ -28,6 +29,7 @@ __all__ = [
     "Composite",
     "CostModel",
     "DeviceMetrics",
+    "DispatchOptions",
     "Dispatcher",
     "Filter",
     "Finish",

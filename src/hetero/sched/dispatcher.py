@@ -35,7 +35,6 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero._format import count
-from hetero.config import DEFAULT_MAX_QUEUE_SIZE
 from hetero.devices.spec import Device
 from hetero.errors import (
     ConfigError,
@@ -49,15 +48,13 @@ from hetero.errors import (
 from hetero.sched.clock import Clock
 from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, WorkItem
 from hetero.sched.metrics import Metrics
+from hetero.sched.options import QUEUE_ORDERS, DispatchOptions
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Policy
 from hetero.sched.view import FleetView
 from hetero.units import format_size
 
 __all__ = ["QUEUE_ORDERS", "Dispatcher", "Finish", "Instruction", "Run", "Stop", "WakeAt"]
-
-#: How a device queue orders items of one priority: aged size (small first) or arrival.
-QUEUE_ORDERS = ("size", "fifo")
 
 PENDING, QUEUED, RUNNING = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
 DONE, FAILED, CANCELLED = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
@@ -122,24 +119,15 @@ class Dispatcher:
         slots: items each device runs at once (default 1 each).
         parallel: of those, how many it really works on together, each at speed / parallel
             (default: all its slots; 1 for a worker whose other slots hold prefetched items).
-        max_queue_size: items waiting (pending + queued) before ``submit`` raises ``QueueFull``.
-        timeout: seconds from submit after which an unfinished item fails (``None``: never);
-            an item's own ``deadline`` wins.
-        max_retries: failed attempts retried on another device before the item fails.
-        preemption: let a higher-priority item stop the lowest-priority running item when no
-            slot is free; the stopped item is re-queued, never lost.
-        stealing: let an idle device take queued work from the most-loaded device when it would
-            finish it sooner.
-        queue_order: ``"size"`` (small items first within a priority, with aging) or ``"fifo"``.
-        aging: with size order, an item can be passed over only by items that arrive within
-            ``aging`` × its service time on the fastest usable device after it (its key is
-            arrival time plus that window); 0 is FIFO, large values approach shortest-first.
-            Timed on the fastest device, not its own, so that an item placed on a slow device
-            to spare the fast ones is not passed over for longer than it would be there.
-        max_bypass: seconds that cap the window for every item (``None``: no cap), bounding how
-            long even the largest item can be passed over.
-        keep_finished: keep records of finished items (for inspection and ``validate_state``);
-            long simulations turn this off to bound memory.
+        options: the settings (queue bound, timeout, retries, preemption, stealing, queue
+            order, aging, bypass cap, finished records): see ``DispatchOptions``, which holds
+            each one's default; default: ``DispatchOptions()``.
+        **settings: the same settings as keywords (``max_queue_size=5, timeout=2.0``), each
+            replacing that field of ``options``; a name that is no setting is a
+            ``ConfigError``.
+
+    The settings are also plain attributes (``max_queue_size``, ``timeout``, ...), read from
+    ``options`` once.
     """
 
     def __init__(
@@ -151,51 +139,25 @@ class Dispatcher:
         perf: PerfModel | None = None,
         slots: Sequence[int] | None = None,
         parallel: Sequence[int] | None = None,
-        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
-        timeout: float | None = None,
-        max_retries: int = 2,
-        preemption: bool = False,
-        stealing: bool = True,
-        keep_finished: bool = True,
-        queue_order: str = "size",
-        aging: float = 10.0,
-        max_bypass: float | None = None,
+        options: DispatchOptions | None = None,
+        **settings: Any,
     ) -> None:
-        problems = []
-        if max_queue_size < 1:
-            problems.append(("max_queue_size", f"must be >= 1, got {max_queue_size}"))
-        if timeout is not None and not 0 < timeout < math.inf:
-            # An infinite timeout is None: a timer cannot wait that long (OverflowError).
-            problems.append(("timeout", f"must be finite seconds > 0 or None, got {timeout!r}"))
-        if max_retries < 0:
-            problems.append(("max_retries", f"must be >= 0, got {max_retries}"))
-        if queue_order not in QUEUE_ORDERS:
-            problems.append(
-                (
-                    "queue_order",
-                    f"unknown order {queue_order!r}; allowed: {', '.join(QUEUE_ORDERS)}",
-                )
-            )
-        if not 0 <= aging < float("inf"):
-            problems.append(("aging", f"must be a finite number >= 0, got {aging!r}"))
-        if max_bypass is not None and not 0 < max_bypass < float("inf"):
-            problems.append(("max_bypass", f"must be > 0 seconds or None, got {max_bypass!r}"))
-        if problems:
-            raise ConfigError(problems)
+        self.options = opts = DispatchOptions.build(options, **settings)
         self.clock = clock
         self.perf = perf if perf is not None else PerfModel(devices)
         self.view = FleetView(devices, self.perf, clock, slots, parallel)
         self.policy = policy
-        self.max_queue_size = max_queue_size
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.preemption = preemption
-        self.stealing = stealing
-        self.keep_finished = keep_finished
-        self.queue_order = queue_order
-        self.aging = aging
-        self.max_bypass = max_bypass
-        self._size_order = queue_order == "size"
+        # Plain attributes, not properties: the hot paths read them.
+        self.max_queue_size = opts.max_queue_size
+        self.timeout = opts.timeout
+        self.max_retries = opts.max_retries
+        self.preemption = opts.preemption
+        self.stealing = opts.stealing
+        self.keep_finished = opts.keep_finished
+        self.queue_order = opts.queue_order
+        self.aging = opts.aging
+        self.max_bypass = opts.max_bypass
+        self._size_order = opts.queue_order == "size"
         self.view.size_order = self._size_order
         self._largest_memory = int(self.view.mem_total.max())
         self.metrics = Metrics(self.view.n, clock.now())
@@ -225,7 +187,7 @@ class Dispatcher:
         self._lowered = False  # set_slots has lowered some device's slots (see _release)
         self._only_masks: dict[tuple[str, ...], BoolArray] = {}  # submit's only= sets
         self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
-        self._steal_on_place = stealing and not policy.places_by_delay
+        self._steal_on_place = opts.stealing and not policy.places_by_delay
         # Only build completion events for policies that learn from them.
         self._policy_learns = type(policy).observe is not Policy.observe
         policy.bind(self.view)
@@ -239,28 +201,27 @@ class Dispatcher:
         **overrides: Any,
     ) -> Dispatcher:
         """A dispatcher for a fleet config: its devices (built if not given), its strategy with
-        options, queue bound, timeout, retries, preemption, stealing, queue order and batch
-        table."""
+        options, its batch table and every ``DispatchOptions`` setting of its ``scheduler``
+        section (queue bound, timeout, retries, preemption, stealing, queue order, aging, bypass
+        cap). ``overrides`` are ``Dispatcher`` keywords (``perf``, ``slots``, a setting...)."""
         from hetero.devices.fleet import build_fleet
         from hetero.sched.clock import MonotonicClock
         from hetero.sched.registry import make_policy
 
         sched = config.scheduler
         fleet = list(devices) if devices is not None else build_fleet(config)
-        options: dict[str, Any] = {
+        # Every setting the config has (it has no keep_finished: that stays the default).
+        in_config = type(sched).model_fields
+        options = DispatchOptions(
+            **{name: getattr(sched, name) for name in DispatchOptions.names() if name in in_config}
+        )
+        keywords: dict[str, Any] = {
             "perf": PerfModel(fleet, batch_table=sched.batch_sizes),
-            "max_queue_size": sched.max_queue_size,
-            "timeout": sched.timeout,
-            "max_retries": sched.max_retries,
-            "preemption": sched.preemption,
-            "stealing": sched.stealing,
-            "queue_order": sched.queue_order,
-            "aging": sched.aging,
-            "max_bypass": sched.max_bypass,
+            "options": options,
             **overrides,
         }
         policy = make_policy(sched.strategy, sched.options)
-        return cls(fleet, policy, clock if clock is not None else MonotonicClock(), **options)
+        return cls(fleet, policy, clock if clock is not None else MonotonicClock(), **keywords)
 
     # ----------------------------------------------------------------------------- events in
 
@@ -583,6 +544,29 @@ class Dispatcher:
         self._removed.add(i)
         return out
 
+    def abandon_stranded(self, reason: str, *, down_is_final: bool = False) -> list[Instruction]:
+        """End as failed (``Cause.ABANDONED``, with ``reason``) every active item that no
+        device may run again: each device it may use has left the fleet or, with
+        ``down_is_final``, is down too and will not come back (the executor knows: a
+        simulation with no events left, an engine that gave up on its devices). A draining
+        device still counts: it takes work again once it is done draining."""
+        if down_is_final:
+            alive = self.view.usable.copy()
+            alive[list(self._draining - self._removed)] = True
+        else:
+            alive = np.ones(self.view.n, dtype=bool)
+            alive[list(self._removed)] = False
+        stranded = [
+            rec.item.id
+            for rec in self.records.values()
+            if rec.state not in TERMINAL
+            and not (alive.any() if rec.only is None else (alive & rec.only).any())
+        ]
+        out: list[Instruction] = []
+        for item_id in stranded:
+            out += self.abandon(item_id, reason)
+        return out
+
     @property
     def members(self) -> list[str]:
         """The ids of the devices in the fleet now (not removed)."""
@@ -706,7 +690,9 @@ class Dispatcher:
     def _place(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """Ask the policy for a device; queue the item there, or keep it pending."""
         view = self.view
-        allowed = self._allowed(rec)
+        # Any usable device (None) in the common case, without the call.
+        restricted = rec.excluded or rec.item.memory or rec.only is not None
+        allowed = self._allowed(rec) if restricted else None
         i = None if allowed is not None and not allowed.any() else self._try_pick(rec, out, allowed)
         if i is not None and i < 0:
             return
@@ -717,11 +703,12 @@ class Dispatcher:
             rec.seq = seq = next(self._seq)
             heapq.heappush(self._pending, (-rec.item.priority, self._key(rec), seq, rec))
             return
-        if view.starts_now(i):
-            self._run_now(rec, i, out)  # a free slot and nothing queued
+        running = view.running_at[i]
+        if running < self._slots[i] and view.in_flight_at[i] == running:
+            self._run_now(rec, i, out)  # a free slot and nothing queued (view.starts_now)
             return
         self._enqueue(rec, i)
-        if view.running[i] < self._slots[i]:
+        if view.running_at[i] < self._slots[i]:
             self._start_ready(i, out)
             return
         if self.preemption:
@@ -769,11 +756,11 @@ class Dispatcher:
                 rec.size_class = view.size_class(item.cost)
             view.note_queued(i, rec.size_class, item.cost, 1)
         self._enqueues += 1
-        view.in_flight[i] += 1
-        view.outstanding[i] += item.cost
+        view.in_flight_at[i] += 1
+        view.outstanding_at[i] += item.cost
         view.queued_work[i] += item.cost
         if item.memory:
-            view.mem_used[i] += item.memory
+            view.mem_used_at[i] += item.memory
         self.queued_total += 1
         self._note_growth(i)
 
@@ -788,15 +775,15 @@ class Dispatcher:
         rec.seq = next(self._seq)
         rec.started = self.clock.now()
         rec.attempts += 1
-        view.in_flight[i] += 1
-        view.running[i] += 1
-        view.outstanding[i] += item.cost
-        view.running_work[i] += item.cost
-        view.running_since[i] += rec.started
+        view.in_flight_at[i] += 1
+        view.running_at[i] += 1
+        view.outstanding_at[i] += item.cost
+        view.running_work_at[i] += item.cost
+        view.running_since_at[i] += rec.started
         if view.prefetching:
-            view.last_start[i] = rec.started
+            view.last_start_at[i] = rec.started
         if item.memory:
-            view.mem_used[i] += item.memory
+            view.mem_used_at[i] += item.memory
         self._free_slots -= 1
         self.waiting -= 1
         self._running[i].add(rec)
@@ -809,7 +796,7 @@ class Dispatcher:
         view = self.view
         queue = self._queues[i]
         slots = self._slots[i]
-        while queue and view.running[i] < slots:
+        while queue and view.running_at[i] < slots:
             _, _, seq, rec = heapq.heappop(queue)
             if rec.seq != seq or rec.state is not QUEUED or rec.device != i:
                 continue  # stale entry: the item moved or ended
@@ -820,12 +807,12 @@ class Dispatcher:
         rec.move(RUNNING)
         rec.started = self.clock.now()
         rec.attempts += 1
-        view.running[i] += 1
+        view.running_at[i] += 1
         view.queued_work[i] -= rec.item.cost
-        view.running_work[i] += rec.item.cost
-        view.running_since[i] += rec.started
+        view.running_work_at[i] += rec.item.cost
+        view.running_since_at[i] += rec.started
         if view.prefetching:
-            view.last_start[i] = rec.started
+            view.last_start_at[i] = rec.started
         if self._size_order:
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
@@ -841,20 +828,20 @@ class Dispatcher:
         view = self.view
         i = rec.device
         item = rec.item
-        view.in_flight[i] -= 1
-        view.outstanding[i] -= item.cost
+        view.in_flight_at[i] -= 1
+        view.outstanding_at[i] -= item.cost
         if item.memory:
-            view.mem_used[i] -= item.memory
+            view.mem_used_at[i] -= item.memory
         if running:
-            view.running[i] -= 1
-            if view.running[i]:
-                view.running_work[i] -= item.cost
-                view.running_since[i] -= rec.started
+            view.running_at[i] -= 1
+            if view.running_at[i]:
+                view.running_work_at[i] -= item.cost
+                view.running_since_at[i] -= rec.started
             else:  # exactly nothing running: drop the float drift
-                view.running_work[i] = 0.0
-                view.running_since[i] = 0.0
+                view.running_work_at[i] = 0.0
+                view.running_since_at[i] = 0.0
             # A device may run more than slots that set_slots lowered: no slot frees up then.
-            if view.usable[i] and (not self._lowered or view.running[i] < self._slots[i]):
+            if view.usable_at[i] and (not self._lowered or view.running_at[i] < self._slots[i]):
                 self._free_slots += 1
             self._running[i].discard(rec)
         else:
@@ -862,12 +849,12 @@ class Dispatcher:
             self.queued_total -= 1
             if self._size_order:
                 view.note_queued(i, rec.size_class, item.cost, -1)
-            if view.in_flight[i] == view.running[i]:
+            if view.in_flight_at[i] == view.running_at[i]:
                 view.queued_work[i] = 0.0  # drop float drift once the queue is empty
                 if self._size_order:
                     view.clear_queue(i)
-        if view.in_flight[i] == 0:
-            view.outstanding[i] = 0.0
+        if view.in_flight_at[i] == 0:
+            view.outstanding_at[i] = 0.0
 
     def _end(
         self,
@@ -912,10 +899,10 @@ class Dispatcher:
     def _refill(self, i: int, out: list[Instruction]) -> None:
         """Device ``i`` freed capacity: start its queue, steal for it, then place pending items."""
         view = self.view
-        if view.usable[i]:
-            if view.in_flight[i] > view.running[i]:
+        if view.usable_at[i]:
+            if view.in_flight_at[i] > view.running_at[i]:
                 self._start_ready(i, out)
-            if self.stealing and self.queued_total and view.running[i] == 0:
+            if self.stealing and self.queued_total and view.running_at[i] == 0:
                 self._steal(i, out)
         if self._pending:
             self._drain_pending(out)
@@ -938,7 +925,7 @@ class Dispatcher:
             if i < 0:
                 continue
             self._enqueue(rec, i)
-            if self.view.running[i] < self.view.slots[i]:
+            if self.view.running_at[i] < self.view.slots[i]:
                 self._start_ready(i, out)
 
     def _try_pick(
@@ -963,7 +950,7 @@ class Dispatcher:
         # worth stealing since the last enqueue, neither will this one.
         if self._steal_miss_at == self._enqueues and thief_speed <= self._steal_miss_speed:
             return
-        while view.running[thief] < self._slots[thief]:
+        while view.running_at[thief] < self._slots[thief]:
             victim = self._most_queued()
             entry = self._last_entry(victim) if victim >= 0 and victim != thief else None
             if entry is None:
@@ -971,13 +958,13 @@ class Dispatcher:
                 return
             rec = entry[3]
             item = rec.item
-            if item.memory > view.mem_total[thief] - view.mem_used[thief] - view.mem_external[
+            if item.memory > view.mem_total[thief] - view.mem_used_at[thief] - view.mem_external[
                 thief
             ] or (rec.only is not None and not rec.only[thief]):
                 return
             inv = self.perf.inv_speed(item.kind)
-            here = (float(view.outstanding[thief]) + item.cost) * float(inv[thief])
-            there = float(view.outstanding[victim]) * float(inv[victim])
+            here = (float(view.outstanding_at[thief]) + item.cost) * float(inv[thief])
+            there = float(view.outstanding_at[victim]) * float(inv[victim])
             if not here < there:
                 self._miss(thief_speed)
                 return
@@ -1152,6 +1139,7 @@ class Dispatcher:
                     "queued_below drifted"
                 )
                 assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
+                assert view.queued == self.queued_total, "the view's queued count drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
         # A device may run more than its slots only after set_slots lowered them.
         free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())
