@@ -2,11 +2,12 @@
 carrying out of its instructions.
 
 Calls become tasks, handed to the dispatcher once their arguments are ready: ``submit`` there,
-``cancel`` when the caller asks, ``expire`` from a timer thread at ``next_deadline()``. Its
-``Run``/``Stop``/``Finish`` instructions are carried out through the ``Backend`` and ``Finish``
-becomes the task's future. What the backend reports comes in through ``BackendSink``
-(``hetero.runtime.events``), the object the backend is given. No balancing logic lives here:
-which device runs what, in which order, stolen by whom, is the dispatcher's answer.
+``cancel`` when the caller asks, ``expire`` from a timer thread at the time the dispatcher's
+``WakeAt`` set. The engine is a ``Driver`` (``hetero.sched.driver``): its ``Run``/``Stop``
+instructions are carried out through the ``Backend`` and ``Finish`` becomes the task's future.
+What the backend reports comes in through ``BackendSink`` (``hetero.runtime.events``), the
+object the backend is given. No balancing logic lives here: which device runs what, in which
+order, stolen by whom, is the dispatcher's answer.
 
 One lock guards the dispatcher and the task table; futures are completed after it is released,
 so callbacks may submit more work.
@@ -18,10 +19,11 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ from hetero.runtime.serialize import Packed
 from hetero.runtime.tasks import TaskFunction, TaskOptions
 from hetero.runtime.worker import TaskOrder, TaskReply
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.driver import Driver
 from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.view import FleetView
 
@@ -81,7 +84,7 @@ class Task:
     item: WorkItem | None = None
 
 
-class Engine:
+class Engine(Driver):
     """Runs tasks on ``devices`` (the engine's own list: devices that join are appended) through
     ``backend``, placed by ``dispatcher``.
 
@@ -106,9 +109,11 @@ class Engine:
         config_path: str | None,
         monitoring_interval: float,
     ) -> None:
+        super().__init__(dispatcher)
         self.devices = devices
-        self.dispatcher = dispatcher
         self.backend = backend
+        # Futures of the tasks that ended, completed by ``settle`` once the lock is released.
+        self.endings: list[Ending] = []
         self._strategy = strategy
         self._cpu_time_scale = cpu_time_scale
         self._checkpoint_base = checkpoint_base
@@ -175,22 +180,21 @@ class Engine:
     def _expire_loop(self) -> None:
         with self.lock:
             while not self.closed:
-                deadline = self.dispatcher.next_deadline()
-                if deadline is None:
-                    self._deadline_cond.wait()
-                    continue
-                delay = deadline - time.monotonic()
+                delay = self.wake_at - time.monotonic()  # inf: no deadline pending
                 if delay > 0:
-                    self._deadline_cond.wait(delay)
+                    self._deadline_cond.wait(None if delay == math.inf else delay)
                     continue
-                endings: list[Ending] = []
-                self.apply(self.dispatcher.expire(), endings)
+                self.expire()
                 self.lock.release()
                 try:
                     self.backend.flush()
-                    self.settle(endings)
+                    self.settle()
                 finally:
                     self.lock.acquire()
+
+    def arm_timer(self, at: float) -> None:
+        """The timer thread reads the new ``wake_at`` (called with the lock held)."""
+        self._deadline_cond.notify()
 
     # --------------------------------------------------------------------------- submit
 
@@ -250,7 +254,6 @@ class Engine:
         return self._definitions.code(spec)
 
     def _parent_done(self, task: Task, parent: Future) -> None:  # type: ignore[type-arg]
-        endings: list[Ending] = []
         with self.lock:
             if task.future.done() or task.id not in self.tasks:
                 return
@@ -267,7 +270,8 @@ class Engine:
                 error.__cause__ = failure
                 del self.tasks[task.id]
                 self.stats["failed"] += 1
-                endings.append(Ending(task.future, error=error))
+                self.endings.append(Ending(task.future, error=error))
+                failed = True
             else:
                 task.waiting_on -= 1
                 if task.waiting_on > 0:
@@ -276,8 +280,9 @@ class Engine:
                 memo: dict[int, Any] = {}
                 task.args = resolve(task.args, memo)
                 task.kwargs = resolve(task.kwargs, memo)
-        if endings:
-            self.settle(endings)
+                failed = False
+        if failed:
+            self.settle()
             return
         try:
             self._admit(task)
@@ -311,7 +316,6 @@ class Engine:
             batch=task.batch,
         )
         task.item = item
-        endings: list[Ending] = []
         with self.lock:
             if self.closed:
                 self.release(task)
@@ -340,9 +344,9 @@ class Engine:
                 if isinstance(exc, NoCapableDevice):
                     raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
                 raise
-            self.apply(out, endings)
+            self.apply(out)
         self.backend.flush()
-        self.settle(endings)
+        self.settle()
 
     def stranded(self, task: Task) -> bool:
         """Whether no usable device may run ``task`` (devices that left never come back)."""
@@ -357,17 +361,16 @@ class Engine:
 
     def cancel(self, task_id: int) -> bool:
         """Cancel a task wherever it is (a running one is stopped); ``False`` if it has ended."""
-        endings: list[Ending] = []
         with self.lock:
             task = self.tasks.get(task_id)
             if task is None:
                 return False
             if task_id not in self.dispatcher.records:
-                self.end_unplaced(task, endings)
+                self.end_unplaced(task)
             else:
-                self.apply(self.dispatcher.cancel(task_id, "cancelled by the caller"), endings)
+                self.apply(self.dispatcher.cancel(task_id, "cancelled by the caller"))
         self.backend.flush()
-        self.settle(endings)
+        self.settle()
         return True
 
     def shutdown(self, wait: bool, timeout: float | None) -> bool:
@@ -379,7 +382,6 @@ class Engine:
             self.closing = True
         if wait:
             self._wait_all(timeout)
-        endings: list[Ending] = []
         with self.lock:
             self.closed = True
             self.backlog.clear()
@@ -387,13 +389,13 @@ class Engine:
             for task_id in list(self.tasks):
                 if task_id in self.dispatcher.records:
                     out += self.dispatcher.cancel(task_id, "context closed")
-            self.apply(out, endings)
+            self.apply(out)
             for task in list(self.tasks.values()):  # waiting on parents, or in the backlog
-                endings.append(Ending(task.future, cancelled=True))
+                self.endings.append(Ending(task.future, cancelled=True))
                 self._forget(task)
             self._deadline_cond.notify_all()
         self.backend.flush()
-        self.settle(endings)
+        self.settle()
         self.monitoring.stop()
         self.backend.close(timeout=2.0)
         self.ledger.close()
@@ -408,27 +410,23 @@ class Engine:
 
     # ------------------------------------------------------------------- instructions out
 
-    def apply(self, out: list[Instruction], endings: list[Ending]) -> None:
-        """Carry out the dispatcher's instructions (called with the lock held)."""
-        more: list[Instruction] = []
-        for ins in out:
-            if type(ins) is Run:
-                if ins.device in self.holding:
-                    more += self._redirect(ins)
-                else:
-                    self._run(ins)
-            elif type(ins) is Finish:
-                self._finish(ins, endings)
-            elif type(ins) is Stop:
-                more += self._stop(ins)
-            else:  # WakeAt: the timer thread reads the new earliest deadline
-                self._deadline_cond.notify()
-        if more:
-            self.apply(more, endings)
-        elif self.backlog:
-            self._drain_backlog(endings)
+    def apply(self, out: Sequence[Instruction]) -> None:
+        """Carry out the dispatcher's instructions (called with the lock held), then admit what
+        the backlog holds while the dispatcher has room."""
+        super().apply(out)
+        if self.backlog:
+            self._drain_backlog()
 
-    def _stop(self, ins: Stop) -> list[Instruction]:
+    def on_run(self, ins: Run) -> list[Instruction] | None:
+        if ins.device in self.holding:
+            return self._redirect(ins)
+        self._run(ins)
+        return None
+
+    def on_finish(self, ins: Finish) -> None:
+        self._finish(ins)
+
+    def on_stop(self, ins: Stop) -> list[Instruction]:
         """Have the worker stop a task: an order not yet started is dropped; to stop the one it
         runs, the worker ends (the backend kills it if it cannot: C code holding the GIL). Until
         it has let go of that task, its device is held (drained: its queue moves on, nothing
@@ -509,7 +507,7 @@ class Engine:
             others or "none",
         )
 
-    def _finish(self, ins: Finish, endings: list[Ending]) -> None:
+    def _finish(self, ins: Finish) -> None:
         task = self.tasks.pop(ins.item.id, None)  # type: ignore[arg-type]
         if task is None:
             return
@@ -518,10 +516,10 @@ class Engine:
         self.release(task)
         if ins.state is ItemState.DONE:
             self.stats["done"] += 1
-            endings.append(Ending(task.future, result=task.result))
+            self.endings.append(Ending(task.future, result=task.result))
         elif ins.state is ItemState.CANCELLED:
             self.stats["cancelled"] += 1
-            endings.append(Ending(task.future, cancelled=True))
+            self.endings.append(Ending(task.future, cancelled=True))
         else:
             self.stats["failed"] += 1
             reply = task.reply
@@ -532,7 +530,7 @@ class Engine:
             if reply is not None and reply.exception is not None:
                 with contextlib.suppress(Exception):
                     error.__cause__ = cloudpickle.loads(reply.exception)
-            endings.append(Ending(task.future, error=error))
+            self.endings.append(Ending(task.future, error=error))
         task.result = None
 
     def release(self, task: Task) -> None:
@@ -548,21 +546,19 @@ class Engine:
         self.tasks.pop(task.id, None)
         self.release(task)
 
-    def end_unplaced(
-        self, task: Task, endings: list[Ending], error: TaskFailed | None = None
-    ) -> None:
+    def end_unplaced(self, task: Task, error: TaskFailed | None = None) -> None:
         """End a task the dispatcher does not hold (waiting on parents, or in the backlog):
         cancelled, or failed with ``error``."""
         self.backlog.remove(task)
         self._forget(task)
         if error is None:
             self.stats["cancelled"] += 1
-            endings.append(Ending(task.future, cancelled=True))
+            self.endings.append(Ending(task.future, cancelled=True))
         else:
             self.stats["failed"] += 1
-            endings.append(Ending(task.future, error=error))
+            self.endings.append(Ending(task.future, error=error))
 
-    def _drain_backlog(self, endings: list[Ending]) -> None:
+    def _drain_backlog(self) -> None:
         while self.backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
             task = self.backlog.pop()
             assert task.item is not None
@@ -572,10 +568,13 @@ class Engine:
                 retries=task.options.retries,
                 timeout=task.options.timeout,
             )
-            self.apply(out, endings)
+            self.apply(out)
 
-    def settle(self, endings: list[Ending]) -> None:
-        """Complete futures (outside the lock), then remove what ended tasks left behind."""
+    def settle(self) -> None:
+        """Complete the ended tasks' futures (outside the lock: their callbacks may submit),
+        then remove what ended tasks left behind."""
+        with self.lock:
+            endings, self.endings = self.endings, []
         settle(endings)
         self.ledger.collect()
 

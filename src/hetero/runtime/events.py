@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from hetero.devices.spec import Device
 from hetero.errors import TaskFailed
-from hetero.runtime.futures import Ending
 from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.worker import TaskReply
 from hetero.sched.dispatcher import Finish, Instruction
@@ -45,16 +44,15 @@ class BackendSink:
     def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         """What the worker of ``device`` reported, handled under one lock acquisition."""
         engine = self._engine
-        endings: list[Ending] = []
         ledger = engine.ledger
         results = [ledger.open_result(m[1].result) if m[0] == "done" else None for m in messages]
         with engine.lock:
             for msg, unpacked in zip(messages, results, strict=True):
                 tag = msg[0]
                 if unpacked is not None:
-                    self._done(device, msg[1], unpacked, endings)
+                    self._done(device, msg[1], unpacked)
                 elif tag == "error":
-                    self._error(device, msg[1], endings)
+                    self._error(device, msg[1])
                 elif tag == "dropped":
                     engine.stops[device] = max(0, engine.stops[device] - 1)
                 elif tag == "released":
@@ -63,11 +61,11 @@ class BackendSink:
                     self._warned.add(msg[1])
                     log.warning("%s", msg[1])
                 if device in engine.holding and tag in _LET_GO:
-                    self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id, endings)
+                    self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id)
         engine.backend.flush()
-        engine.settle(endings)
+        engine.settle()
 
-    def _stopped(self, device: int, task_id: int, endings: list[Ending]) -> None:
+    def _stopped(self, device: int, task_id: int) -> None:
         """The worker of held ``device`` has let go of ``task_id`` (dropped it, or replied);
         once it has let go of every task stopped there, the device takes work again."""
         engine = self._engine
@@ -75,11 +73,9 @@ class BackendSink:
         held.discard(task_id)
         if not held:
             del engine.holding[device]
-            engine.apply(engine.dispatcher.device_up(engine.devices[device].id), endings)
+            engine.apply(engine.dispatcher.device_up(engine.devices[device].id))
 
-    def _done(
-        self, device: int, reply: TaskReply, unpacked: tuple[Any, float], endings: list[Ending]
-    ) -> None:
+    def _done(self, device: int, reply: TaskReply, unpacked: tuple[Any, float]) -> None:
         engine = self._engine
         task = self._current(device, reply)
         if task is None:
@@ -91,9 +87,9 @@ class BackendSink:
         task.future.device = engine.devices[device].id
         engine.profiler.trace(task, reply, "done")
         out = engine.dispatcher.complete(task.id, service_time=reply.ended - reply.started)
-        engine.apply(out, endings)
+        engine.apply(out)
 
-    def _error(self, device: int, reply: TaskReply, endings: list[Ending]) -> None:
+    def _error(self, device: int, reply: TaskReply) -> None:
         engine = self._engine
         task = self._current(device, reply)
         if task is None:
@@ -104,12 +100,11 @@ class BackendSink:
         retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
         out = engine.dispatcher.fail(task.id, reply.error, retryable=retry)
         self._attempt_ended(task, reply, out, reply.error)
-        engine.apply(out, endings)
+        engine.apply(out)
 
     def worker_lost(self, device: int, reason: str) -> None:
         engine = self._engine
         dispatcher = engine.dispatcher
-        endings: list[Ending] = []
         with engine.lock:
             if engine.closed:
                 return
@@ -149,30 +144,28 @@ class BackendSink:
                     out += dispatcher.device_up(dev)
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
-            engine.apply(out, endings)
+            engine.apply(out)
             if losses >= UNHEALTHY_AFTER:
-                self._fail_if_fleetless(f"{dev}: {reason}", endings)
+                self._fail_if_fleetless(f"{dev}: {reason}")
         engine.backend.flush()
-        engine.settle(endings)
+        engine.settle()
 
     def device_added(self, device: Device) -> int:
         """A device joined (its node joined the cluster): it takes work at once."""
         engine = self._engine
-        endings: list[Ending] = []
         with engine.lock:
             index = engine.add_device(device)
             log.info("%s joined the fleet", device.id)
             out = engine.dispatcher.add_device(device, slots=1 + engine.prefetch, parallel=1)
-            engine.apply(out, endings)
+            engine.apply(out)
         engine.backend.flush()
-        engine.settle(endings)
+        engine.settle()
         return index
 
     def device_gone(self, device: int, reason: str) -> None:
         """``device`` left for good: what it ran or held queued is placed elsewhere, without
         being charged an attempt (it did not fail)."""
         engine = self._engine
-        endings: list[Ending] = []
         with engine.lock:
             if engine.closed:
                 return
@@ -182,10 +175,10 @@ class BackendSink:
             engine.holding.pop(device, None)
             out = engine.dispatcher.remove_device(dev.id, reason)
             log.warning("%s left the fleet: %s", dev.id, reason)
-            engine.apply(out, endings)
-            self._fail_if_fleetless(reason, endings)
+            engine.apply(out)
+            self._fail_if_fleetless(reason)
         engine.backend.flush()
-        engine.settle(endings)
+        engine.settle()
 
     def readings(self, samples: Iterable[DeviceSample]) -> list[tuple[int, DeviceSample]]:
         """A monitor round: memory measured beyond what placed tasks declare goes to the
@@ -195,7 +188,6 @@ class BackendSink:
         engine = self._engine
         dispatcher = engine.dispatcher
         out: list[Instruction] = []
-        endings: list[Ending] = []
         with engine.lock:
             view = dispatcher.view
             found = [(view.index[s.device_id], s) for s in samples if s.device_id in view.index]
@@ -207,26 +199,23 @@ class BackendSink:
                 if sample.errors and not device.emulated and device.kind.value == "gpu":
                     engine.holding.pop(i, None)  # down now: it takes no work until device_up
                     out += dispatcher.device_down(device.id, "device reported errors")
-            engine.apply(out, endings)
+            engine.apply(out)
         engine.backend.flush()
-        engine.settle(endings)
+        engine.settle()
         return found
 
-    def _fail_if_fleetless(self, reason: str, endings: list[Ending]) -> None:
+    def _fail_if_fleetless(self, reason: str) -> None:
         """End every task that no device left could run (failed, with the reason) rather than
         let its caller wait for ever: all of them when the fleet is empty."""
         engine = self._engine
         why = f"no device it may use is left (the last: {reason})"
-        out: list[Instruction] = []
+        # The dispatcher's items (its down devices are gone: the engine never brings them
+        # back), then the tasks it does not hold yet (in the backlog, waiting on parents).
+        engine.apply(engine.dispatcher.abandon_stranded(why, down_is_final=True))
         for task in list(engine.tasks.values()):
-            if not engine.stranded(task):
-                continue
-            if task.id in engine.dispatcher.records:
-                out += engine.dispatcher.abandon(task.id, why)
-            else:
+            if task.id not in engine.dispatcher.records and engine.stranded(task):
                 error = TaskFailed(f"task {task.id} ({task.name}) failed: {why}")
-                engine.end_unplaced(task, endings, error)
-        engine.apply(out, endings)
+                engine.end_unplaced(task, error)
 
     def _attempt_ended(
         self,

@@ -27,17 +27,16 @@ from hetero.sched import (
     CostModel,
     Dispatcher,
     Finish,
-    Instruction,
     ItemState,
     MonotonicClock,
     PerfModel,
     Run,
     Stop,
-    WakeAt,
     WorkItem,
     make_policy,
 )
 from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
+from hetero.sched.driver import Driver
 from hetero.serve.cost import OutputLengths
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import Breaker, CircuitState, gray_replicas
@@ -140,7 +139,7 @@ class ReplicaState:
     held_until: float = 0.0  # answered 429: no new requests before then
 
 
-class Router:
+class Router(Driver):
     """Admits requests, places them through the dispatcher, and tracks replica health."""
 
     def __init__(self, replicas: Sequence[Replica], options: RouterOptions | None = None) -> None:
@@ -175,10 +174,12 @@ class Router:
         self.outputs = OutputLengths(
             CostModel(prefill=options.prefill_weight, decode=1.0), options.default_max_tokens
         )
+        super().__init__(self.dispatcher)
         self.tickets: dict[int, Ticket] = {}
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
+        # Replicas that let a request time out before answering anything, while expiring.
+        self._hung: list[tuple[int, str]] = []
         self._model_masks: dict[str, tuple[str, ...]] = {}
         self.started = time.time()
         self.closing = False
@@ -245,7 +246,7 @@ class Router:
         except BaseException:
             del self.tickets[ticket.id]
             raise
-        self._apply(out)
+        self.apply(out)
         return ticket
 
     def _in_service(self, state: ReplicaState) -> bool:
@@ -261,7 +262,7 @@ class Router:
     def _resume(self, state: ReplicaState) -> None:
         """Give the replica new work again if nothing keeps it out of service."""
         if self._in_service(state) and not state.held_until:
-            self._apply(self.dispatcher.device_up(state.replica.name))
+            self.apply(self.dispatcher.device_up(state.replica.name))
 
     def _sole_server(self, state: ReplicaState) -> str | None:
         """A model that no other replica in service serves (then this one must stay in
@@ -308,7 +309,7 @@ class Router:
         if state.breaker.success():
             log.info("replica %s: circuit closed", state.replica.name)
         self._finish(ticket)
-        self._apply(self.dispatcher.complete(ticket.id, work=work))
+        self.apply(self.dispatcher.complete(ticket.id, work=work))
         if state.completed % 16 == 0:
             self._check_gray()
 
@@ -338,7 +339,7 @@ class Router:
     def _sync_slots(self, state: ReplicaState) -> None:
         slots = state.capacity.slots
         if slots != self.dispatcher.view.slots[state.index] and not state.removed:
-            self._apply(self.dispatcher.set_slots(state.replica.name, slots))
+            self.apply(self.dispatcher.set_slots(state.replica.name, slots))
 
     def load_read(self, state: ReplicaState, engine: str, sample: LoadSample) -> None:
         """A good read of the replica's published load (the engine adapters' poller)."""
@@ -378,8 +379,8 @@ class Router:
         if opens:
             # No new work there before this attempt is failed: its slot must not start the
             # request queued behind it.
-            self._apply(self.dispatcher.drain_device(name))
-        self._apply(self.dispatcher.fail(ticket.id, f"{name}: {reason}", retryable))
+            self.apply(self.dispatcher.drain_device(name))
+        self.apply(self.dispatcher.fail(ticket.id, f"{name}: {reason}", retryable))
         if opens:
             self._move_unanswered(state, f"circuit open: {reason}")
 
@@ -391,9 +392,9 @@ class Router:
         # Hold it first, so that the request is not placed straight back on it.
         if state.held_until == 0 and self._in_service(state):
             state.held_until = self.clock.now() + retry_after
-            self._apply(self.dispatcher.drain_device(state.replica.name))
+            self.apply(self.dispatcher.drain_device(state.replica.name))
             asyncio.get_running_loop().call_later(retry_after, self._release_hold, state)
-        self._apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
+        self.apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
 
     def _release_hold(self, state: ReplicaState) -> None:
         state.held_until = 0.0
@@ -406,7 +407,7 @@ class Router:
         if not ticket.ended and ticket.id in self.dispatcher.records:
             # The dispatcher leaves an item that has already ended as it is.
             end = self.dispatcher.abandon if failed else self.dispatcher.cancel
-            self._apply(end(ticket.id, reason))
+            self.apply(end(ticket.id, reason))
         self._finish(ticket)
 
     def _finish(self, ticket: Ticket) -> None:
@@ -423,28 +424,38 @@ class Router:
 
     # ------------------------------------------------------------------ instructions
 
-    def _apply(self, out: list[Instruction]) -> None:
-        for ins in out:
-            if type(ins) is WakeAt:
-                self._arm_timer(ins.at)
-                continue
-            ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type,union-attr]
-            if ticket is None:
-                continue
-            if isinstance(ins, Run):
-                ticket.replica = ins.device
-                ticket.attempts += 1
-                name = ins.device_id
-                self.decisions[name] = self.decisions.get(name, 0) + 1
-                if not ticket.waiter.done():
-                    ticket.waiter.set_result(ins.device)
-            elif isinstance(ins, Stop):
-                self._stop(ticket, ins.reason, ins.cause)
-            elif isinstance(ins, Finish):
-                ticket.ended = True
-                self.tickets.pop(ticket.id, None)
-                if not ticket.waiter.done():
-                    ticket.waiter.set_result(ins)
+    def on_run(self, ins: Run) -> None:
+        ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type]
+        if ticket is None:
+            return
+        ticket.replica = ins.device
+        ticket.attempts += 1
+        name = ins.device_id
+        self.decisions[name] = self.decisions.get(name, 0) + 1
+        if not ticket.waiter.done():
+            ticket.waiter.set_result(ins.device)
+
+    def on_stop(self, ins: Stop) -> None:
+        ticket = self.tickets.get(ins.item.id)  # type: ignore[arg-type]
+        if ticket is None:
+            return
+        if ins.cause is Cause.TIMED_OUT and not ticket.answering:
+            self._hung.append((ins.device, ins.reason))
+        self._stop(ticket, ins.reason, ins.cause)
+
+    def on_finish(self, ins: Finish) -> None:
+        ticket = self.tickets.pop(ins.item.id, None)  # type: ignore[arg-type]
+        if ticket is None:
+            return
+        ticket.ended = True
+        if not ticket.waiter.done():
+            ticket.waiter.set_result(ins)
+
+    def arm_timer(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        # The loop's clock and MonotonicClock are both time.monotonic.
+        self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
 
     def _stop(self, ticket: Ticket, reason: str, cause: Cause) -> None:
         """Its attempt was stopped: the handler talking to the replica is cancelled (unless
@@ -469,33 +480,14 @@ class Router:
                 and not ticket.answering
             ):
                 self._stop(ticket, why, Cause.DEVICE_REMOVED)
-                self._apply(self.dispatcher.requeue(ticket.id, why))
+                self.apply(self.dispatcher.requeue(ticket.id, why))
 
-    def _arm_timer(self, deadline: float) -> None:
-        """The dispatcher's WakeAt: call ``_expire`` then, unless it is called sooner."""
-        if deadline >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timer_at = deadline
-        # The loop's clock and MonotonicClock are both time.monotonic.
-        self._timer = loop.call_at(deadline, self._expire)
-
-    def _expire(self) -> None:
+    def _on_timer(self) -> None:
         self._timer = None
-        self._timer_at = float("inf")
-        out = self.dispatcher.expire()
+        self.expire()
         # A request that timed out before its replica answered anything is that replica's
         # failure (a hung replica still answers its health check); a stream under way is not.
-        hung = [
-            (ins.device, ins.reason)
-            for ins in out
-            if isinstance(ins, Stop)
-            and (ticket := self.tickets.get(ins.item.id)) is not None  # type: ignore[arg-type]
-            and not ticket.answering
-        ]
-        self._apply(out)
+        hung, self._hung = self._hung, []
         for i, reason in hung:
             state = self.replicas[i]
             state.failed += 1
@@ -512,7 +504,7 @@ class Router:
         the circuit, the replica takes no new work and what it has not begun answering moves
         elsewhere."""
         if self._breaker_opens(state, reason):
-            self._apply(self.dispatcher.drain_device(state.replica.name))
+            self.apply(self.dispatcher.drain_device(state.replica.name))
             self._move_unanswered(state, f"circuit open: {reason}")
 
     def _breaker_opens(self, state: ReplicaState, reason: str) -> bool:
@@ -572,7 +564,7 @@ class Router:
                 fraction,
                 options.gray_cooldown,
             )
-            self._apply(self.dispatcher.drain_device(state.replica.name))
+            self.apply(self.dispatcher.drain_device(state.replica.name))
             loop = asyncio.get_running_loop()
             loop.call_later(options.gray_cooldown, self._gray_over, state, since)
 
@@ -600,7 +592,7 @@ class Router:
             raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
         capacity = ConcurrencyLimit(self.options.capacity, replica.slots)
         old = self.by_name.get(replica.name)
-        self._apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
+        self.apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
         if old is not None:  # joined again under its name: the dispatcher kept its position
             old.replica, old.removed, old.draining = replica, False, False
             old.breaker = self._breaker()
@@ -626,7 +618,7 @@ class Router:
     def drain(self, name: str) -> None:
         state = self.state_of(name)
         state.draining = True
-        self._apply(self.dispatcher.drain_device(name))
+        self.apply(self.dispatcher.drain_device(name))
 
     def undrain(self, name: str) -> None:
         state = self.state_of(name)
@@ -638,7 +630,7 @@ class Router:
     def remove(self, name: str) -> None:
         state = self.state_of(name)
         state.removed = True
-        self._apply(self.dispatcher.remove_device(name, "replica removed"))
+        self.apply(self.dispatcher.remove_device(name, "replica removed"))
         self._model_masks.clear()
 
     def set_models(self, state: ReplicaState, models: set[str]) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 from hetero.devices.spec import Device
 from hetero.errors import QueueFull
 from hetero.sched.clock import ManualClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.driver import Driver
 from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Policy
@@ -112,36 +113,26 @@ class Simulator:
         d = self.dispatcher
         clock = self.clock
         view = d.view
-        heap: list[tuple[float, int, int, object]] = []
-        seq = 0
+        events = _Events(d, self._unit_seconds, log)
+        heap = events.heap
         for device_id, down, up in failures:
             if device_id not in view.index:
                 raise ValueError(f"failure names unknown device {device_id!r}; devices: {view.ids}")
-            heap.append((down, seq, _DOWN, device_id))
-            seq += 1
+            events.push(down, _DOWN, device_id)
             if up is not None:
-                heap.append((up, seq, _UP, device_id))
-                seq += 1
+                events.push(up, _UP, device_id)
         interval = (expected_duration or 1.0) / max(self.samples, 1)
-        heap.append((interval, seq, _SAMPLE, None))
-        seq += 1
-        # The seq of the live _EXPIRE event: one that an earlier deadline replaced is stale.
-        expire_token = -1
-        heapq.heapify(heap)
-
-        unit_seconds = self._unit_seconds
-        run_token: dict[int | str, int] = {}
-        reasons: Counter[str] = Counter()
+        events.push(interval, _SAMPLE, None)
         # Cumulative busy slot-seconds per sample, not per-interval utilization: dropping every
         # other sample then leaves each kept interval's exact average (see _series).
         sample_t: list[float] = []
         sample_busy: list[np.ndarray] = []
         sample_queue: list[int] = []
         max_points = 2 * max(self.samples, 1)
-        submitted = rejected = failed = done = events = 0
-        expire_at = math.inf
-        push, pop = heapq.heappush, heapq.heappop
-        submit, complete, set_time = d.submit, d.complete, clock.set
+        submitted = rejected = handled = 0
+        pop = heapq.heappop
+        submit, complete, set_time, apply = d.submit, d.complete, clock.set, events.apply
+        run_token = events.run_token
         next_arrival = next(arrivals, None)
         gc_was_enabled = gc.isenabled()
         gc.disable()  # the loop allocates many short-lived objects and no cycles
@@ -181,56 +172,35 @@ class Simulator:
                             del sample_t[::2], sample_busy[::2], sample_queue[::2]
                             interval *= 2
                         if d.active or next_arrival is not None:
-                            push(heap, (now + interval, seq, _SAMPLE, None))
-                            seq += 1
+                            events.push(now + interval, _SAMPLE, None)
                         continue
                     elif kind == _DOWN:
                         out = d.device_down(str(payload), "simulated device failure")
                     elif kind == _UP:
                         out = d.device_up(str(payload))
                     else:
-                        if token != expire_token:
+                        if token != events.expire_token:
                             continue  # replaced: running it would re-arm a duplicate, run after run
-                        expire_at = math.inf
-                        out = d.expire()
+                        handled += 1
+                        events.now = now
+                        events.expire()
+                        continue
                 else:
                     break
-                events += 1
-                if log is not None:
-                    _log(log, now, out, view.ids)
-                for ins in out:
-                    cls = type(ins)
-                    if cls is Run:
-                        item = ins.item  # type: ignore[union-attr]
-                        seq += 1
-                        run_token[item.id] = seq
-                        duration = item.cost * unit_seconds[ins.device]  # type: ignore[union-attr]
-                        push(heap, (now + duration, seq, _COMPLETE, item.id))
-                    elif cls is Finish:
-                        if ins.state is DONE:  # type: ignore[union-attr]
-                            done += 1
-                        else:
-                            failed += 1
-                            reasons[_failure_label(ins)] += 1  # type: ignore[arg-type]
-                    elif cls is Stop:
-                        run_token.pop(ins.item.id, None)  # type: ignore[union-attr]
-                    elif cls is WakeAt and ins.at < expire_at:  # type: ignore[union-attr]
-                        expire_at = ins.at  # type: ignore[union-attr]
-                        seq += 1
-                        expire_token = seq
-                        push(heap, (expire_at, seq, _EXPIRE, None))
-                if progress is not None and events % 20000 == 0:
-                    progress(done + failed + rejected, total)
+                handled += 1
+                events.now = now
+                apply(out)
+                if progress is not None and handled % 20000 == 0:
+                    progress(events.done + events.failed + rejected, total)
         finally:
             wall = time.perf_counter() - wall
             if gc_was_enabled:
                 gc.enable()
         # Items still waiting had no usable device left to run on: end them, do not lose them.
-        for rec in [r for r in d.records.values() if not r.terminal] if d.active else []:
-            for ins in d.cancel(rec.item.id, "no usable device before the simulation ended"):
-                if type(ins) is Finish:
-                    failed += 1
-                    reasons[ins.reason] += 1
+        if d.active:
+            reason = "no usable device before the simulation ended"
+            apply(d.abandon_stranded(reason, down_is_final=True))
+        done, failed, reasons = events.done, events.failed, events.reasons
         if progress is not None:
             progress(done + failed + rejected, total)
         metrics = d.metrics.report(view)
@@ -258,13 +228,68 @@ class Simulator:
             rejected=rejected,
             slo_latency=slo_latency,
             slo_attainment=attainment,
-            events=events,
+            events=handled,
             wall_seconds=wall,
             latencies=latencies,
             costs=costs,
             series=series,
             failure_reasons=dict(reasons),
         )
+
+
+class _Events(Driver):
+    """One run's event heap, driven by the dispatcher's instructions: a ``Run`` schedules the
+    item's completion at its speed on the device, a ``Stop`` makes that event stale, a
+    ``Finish`` is counted, and the timer is an ``_EXPIRE`` event."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        unit_seconds: list[float],
+        log: list[tuple[float, str, int | str, str]] | None,
+    ) -> None:
+        super().__init__(dispatcher)
+        self.log = log  # (time, what, item id, device id or reason) of each instruction
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0  # events' order among equal times; a run's seq is its token
+        self.now = 0.0  # the time of the event whose instructions are carried out
+        self.unit_seconds = unit_seconds  # per device: seconds per work unit of one item
+        self.run_token: dict[int | str, int] = {}  # the live run of each running item
+        self.expire_token = -1  # the seq of the live _EXPIRE event (-1: none)
+        self.done = self.failed = 0
+        self.reasons: Counter[str] = Counter()
+
+    def push(self, at: float, kind: int, payload: object) -> int:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, payload))
+        return self.seq
+
+    def on_run(self, ins: Run) -> None:
+        item = ins.item
+        self.seq = seq = self.seq + 1
+        self.run_token[item.id] = seq
+        at = self.now + item.cost * self.unit_seconds[ins.device]
+        heapq.heappush(self.heap, (at, seq, _COMPLETE, item.id))
+        if self.log is not None:
+            self.log.append((self.now, "run", item.id, ins.device_id))
+
+    def on_stop(self, ins: Stop) -> None:
+        self.run_token.pop(ins.item.id, None)
+        if self.log is not None:
+            device_id = self.dispatcher.view.ids[ins.device]
+            self.log.append((self.now, "stop", ins.item.id, device_id))
+
+    def on_finish(self, ins: Finish) -> None:
+        if self.log is not None:
+            self.log.append((self.now, ins.state.value, ins.item.id, ins.reason))
+        if ins.state is DONE:
+            self.done += 1
+        else:
+            self.failed += 1
+            self.reasons[_failure_label(ins)] += 1
+
+    def arm_timer(self, at: float) -> None:
+        self.expire_token = self.push(at, _EXPIRE, None)
 
 
 def _failure_label(ins: Finish) -> str:
@@ -295,15 +320,3 @@ def _series(
         utilization=spent / (slots * np.maximum(lengths, 1e-12)[:, None]),
         queue_length=np.array(queue, dtype=np.int64),
     )
-
-
-def _log(
-    log: list[tuple[float, str, int | str, str]], now: float, out: list[Instruction], ids: list[str]
-) -> None:
-    for ins in out:
-        if type(ins) is Run:
-            log.append((now, "run", ins.item.id, ins.device_id))
-        elif type(ins) is Stop:
-            log.append((now, "stop", ins.item.id, ids[ins.device]))
-        elif type(ins) is Finish:
-            log.append((now, ins.state.value, ins.item.id, ins.reason))
