@@ -9,14 +9,15 @@ operation; ``inv_speed`` holds ``1/speed`` with ``inf`` for devices that may not
 The catalog knows speed *ratios*; what one work unit costs in seconds is the user's (a task
 without a declared cost, tokens of an unknown model, real hardware beside its datasheet). So a
 device's first completion sets its speed outright, and every device not yet measured keeps its
-catalog ratio to the measured ones (the geometric mean of measured over prior): a slow device
-that finishes its first item late is not left at a prior in other units meanwhile.
+catalog ratio to the measured ones (the geometric mean of first measurements over priors): a
+slow device that finishes its first item late is not left at a prior in other units meanwhile.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +27,9 @@ from hetero.errors import ConfigError
 
 __all__ = ["REFERENCE_BANDWIDTH_GBS", "PerfModel"]
 
+# How far the fleet's unit may move before the devices not measured yet move with it.
+_UNIT_TOLERANCE = 0.01
+
 #: Memory bandwidth of a V100 (GB/s): speed 1.0 for memory-bound work.
 REFERENCE_BANDWIDTH_GBS = 900.0
 
@@ -34,6 +38,25 @@ FloatArray = npt.NDArray[np.float64]
 # Observed speeds at or below this (a work unit taking over 30 years) teach nothing: their
 # inverse would overflow the policies' arithmetic.
 _MIN_SPEED = 1e-9
+
+
+@dataclass(slots=True)
+class _Unit:
+    """Measured over prior speed for one kind of work: the geometric mean over the devices'
+    first measurements (the seconds a work unit really takes, relative to the catalog's
+    guess), and the value the devices not measured yet were last moved to."""
+
+    log_sum: float = 0.0
+    count: int = 0
+    applied: float = 1.0
+
+    def add(self, ratio: float) -> None:
+        self.log_sum += math.log(ratio)
+        self.count += 1
+
+    @property
+    def value(self) -> float:
+        return math.exp(self.log_sum / self.count) if self.count else 1.0
 
 
 class PerfModel:
@@ -63,8 +86,11 @@ class PerfModel:
         self._scale = np.ones(len(self.devices))  # of the priors, by rescale
         self._speed: dict[str, FloatArray] = {}
         self._prior: dict[str, FloatArray] = {}  # catalog priors per kind (without _scale)
-        # Per kind, whether each device has completed an item (a list: read per completion).
+        # Per kind, whether each device has completed an item (a list: read per completion),
+        # the same negated as an array (to move the unmeasured devices at once), and the unit.
         self._measured: dict[str, list[bool]] = {}
+        self._unmeasured: dict[str, npt.NDArray[np.bool_]] = {}
+        self._units: dict[str, _Unit] = {}
         self._inv: dict[str, FloatArray] = {}
         self._fastest: dict[str, float] = {}  # min of _inv per kind, dropped when _inv changes
         #: Counts changes to any speed, so a reader can tell cheaply that its copy is stale.
@@ -91,6 +117,8 @@ class PerfModel:
             prior = np.array([self.prior(d, kind) for d in self.devices], dtype=np.float64)
             self._prior[kind] = prior
             self._measured[kind] = [False] * len(self.devices)
+            self._unmeasured[kind] = np.ones(len(self.devices), dtype=bool)
+            self._units[kind] = _Unit()
             arr = prior * self._scale
             self._speed[kind] = arr
             self._inv[kind] = np.where(self._usable, 1.0 / arr, np.inf)
@@ -113,7 +141,6 @@ class PerfModel:
 
     def add(self, device: Device) -> int:
         """A device joins the fleet: its catalog prior for every kind known so far."""
-        units = {k: self._unit(k) if any(m) else 1.0 for k, m in self._measured.items()}
         self.devices.append(device)
         self._usable = np.append(self._usable, True)
         self._scale = np.append(self._scale, 1.0)
@@ -121,7 +148,8 @@ class PerfModel:
             prior = self.prior(device, kind)
             self._prior[kind] = np.append(self._prior[kind], prior)
             self._measured[kind].append(False)
-            speed = prior * units[kind]
+            self._unmeasured[kind] = np.append(self._unmeasured[kind], True)
+            speed = prior * self._units[kind].applied
             self._speed[kind] = np.append(arr, speed)
             self._inv[kind] = np.append(self._inv[kind], 1.0 / speed)
         self._fastest.clear()
@@ -174,26 +202,28 @@ class PerfModel:
             self._inv[kind][index] = 1.0 / value
             self._fastest.pop(kind, None)
 
-    def _unit(self, kind: str) -> float:
-        """Measured over prior speed, the geometric mean over the devices measured for ``kind``:
-        the seconds a work unit really takes, relative to the catalog's guess."""
-        measured = np.array(self._measured[kind])
-        prior = self._prior[kind][measured] * self._scale[measured]
-        return float(np.exp(np.log(self._speed[kind][measured] / prior).mean()))
-
     def _first(self, index: int, kind: str, observed: float) -> None:
         """Device ``index``'s first completion of ``kind``: its speed is what it measured, and
-        the devices not measured yet move to their prior times the fleet's unit (once per
-        device and kind, O(devices))."""
+        the devices not measured yet move to their prior times the fleet's unit. O(1), and
+        O(devices) only when the unit moved by more than ``_UNIT_TOLERANCE`` since the
+        unmeasured devices last moved: on a large fleet, every device's first completion
+        would otherwise cost a pass over the fleet."""
         arr = self._speed[kind]
         arr[index] = observed
         self._measured[kind][index] = True
-        rest = ~np.array(self._measured[kind])
-        if rest.any():
-            arr[rest] = self._prior[kind][rest] * self._scale[rest] * self._unit(kind)
+        rest = self._unmeasured[kind]
+        rest[index] = False
+        unit = self._units[kind]
+        unit.add(observed / float(self._prior[kind][index] * self._scale[index]))
         inv = self._inv[kind]  # in place: readers hold the live arrays
-        np.divide(1.0, arr, out=inv)
-        inv[~self._usable] = np.inf
+        if unit.count == 1 or abs(unit.value / unit.applied - 1.0) > _UNIT_TOLERANCE:
+            unit.applied = unit.value
+            if rest.any():
+                arr[rest] = self._prior[kind][rest] * self._scale[rest] * unit.applied
+            np.divide(1.0, arr, out=inv)
+            inv[~self._usable] = np.inf
+        elif self._usable[index]:
+            inv[index] = 1.0 / observed
         self._fastest.pop(kind, None)
         self.changes += 1
 
