@@ -15,7 +15,9 @@ import psutil
 import pytest
 
 import hetero
+import hetero.runtime.events
 from hetero.errors import TaskFailed
+from hetero.sched.health import CircuitState, Hold
 from tests.runtime.conftest import emulated, interruptible, wait_for
 
 
@@ -91,6 +93,30 @@ def test_a_device_that_keeps_losing_its_worker_is_marked_down_and_its_work_moves
         assert not ctx.dispatcher.view.usable[0]
         status = ctx.status()
         assert [d["healthy"] for d in status["devices"]] == [False, True]
+
+
+def test_a_device_whose_circuit_opened_is_on_trial_after_its_cooldown_and_closes_on_success(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hetero.runtime.events, "RECOVERY_COOLDOWN_S", 0.5)
+    task = hetero.task(retries=5, cost=0.01)(die_on)
+    with hetero.Context(devices=emulated([4.0, 1.0])) as ctx:
+        futures = [ctx.submit(task, "d0") for _ in range(6)]
+        assert [f.result(timeout=60) for f in futures] == ["d1"] * 6
+        assert Hold.CIRCUIT_OPEN in ctx.dispatcher.holds("d0")
+        wait_for(lambda: ctx.dispatcher.view.usable[0], timeout=30)  # half-open: on trial
+        on_d0 = hetero.task(devices="d0", cost=0.01)(die_on)
+        assert ctx.run(on_d0, "nowhere") == "d0"
+        assert ctx._engine.breakers[0].state is CircuitState.CLOSED
+
+
+def test_the_last_device_in_service_keeps_its_circuit_closed() -> None:
+    task = hetero.task(retries=4)(die_on)
+    with hetero.Context(devices=emulated([1.0])) as ctx:
+        with pytest.raises(TaskFailed, match="after 5 attempts"):
+            ctx.submit(task, "d0").result(timeout=60)
+        assert ctx.dispatcher.view.usable[0]
+        assert ctx.run(hetero.task(cost=0.01)(die_on), "nowhere") == "d0"
 
 
 def test_a_task_that_always_kills_its_worker_fails_with_the_reason() -> None:

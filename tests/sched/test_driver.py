@@ -16,6 +16,7 @@ from hetero.sched import (
     make_policy,
 )
 from hetero.sched.driver import Driver
+from hetero.sched.health import Hold
 from tests.sched.conftest import make_devices
 
 
@@ -124,4 +125,49 @@ def test_a_removed_device_strands_what_only_it_could_run() -> None:
     assert [(ins.item.id, ins.cause) for ins in out if isinstance(ins, Finish)] == [
         ("a", Cause.ABANDONED)
     ]
+    d.validate_state()
+
+
+# --- holds: why a device takes no new work ------------------------------------------------------
+
+
+def test_holds_add_up_and_the_device_takes_work_once_the_last_is_released() -> None:
+    clock = ManualClock()
+    driver = make(clock, speeds=(4.0, 1.0))
+    d = driver.dispatcher
+    driver.apply(d.hold("d0", Hold.GRAY))
+    driver.apply(d.hold("d0", Hold.SATURATED))
+    driver.apply(d.submit(WorkItem(cost=1.0, id="a")))
+    assert d.records["a"].device == 1  # the fast device is held
+    driver.apply(d.release("d0", Hold.GRAY))
+    assert d.holds("d0") == {Hold.SATURATED} and not d.view.usable[0]
+    driver.apply(d.release("d0", Hold.SATURATED))
+    assert d.holds("d0") == frozenset() and d.view.usable[0]
+    d.validate_state()
+
+
+def test_a_held_device_finishes_what_it_runs_and_a_down_one_stays_down_when_released() -> None:
+    clock = ManualClock()
+    driver = make(clock, speeds=(1.0, 1.0))
+    d = driver.dispatcher
+    driver.apply(d.submit(WorkItem(cost=1.0, id="a"), only=["d0"]))
+    driver.apply(d.hold("d0", Hold.CIRCUIT_OPEN))
+    assert d.records["a"].state is ItemState.RUNNING  # held, not stopped
+    clock.set(1.0)
+    driver.apply(d.complete("a"))
+    driver.apply(d.device_down("d0"))
+    driver.apply(d.release("d0", Hold.CIRCUIT_OPEN))
+    assert d.is_down("d0") and not d.view.usable[0]  # released, but still down
+    driver.apply(d.device_up("d0"))
+    assert d.view.usable[0] and d.holds("d0") == frozenset()
+    d.validate_state()
+
+
+def test_removal_is_a_hold_that_release_does_not_end() -> None:
+    clock = ManualClock()
+    driver = make(clock, speeds=(1.0, 1.0))
+    d = driver.dispatcher
+    driver.apply(d.remove_device("d1"))
+    assert Hold.REMOVED in d.holds("d1")
+    assert d.release("d1", Hold.REMOVED) == [] and not d.view.usable[1]
     d.validate_state()

@@ -50,7 +50,7 @@ def test_devices_that_come_and_go_lose_and_duplicate_nothing(
             if isinstance(ins, Run):
                 assert ins.item.id not in running, "started twice at once"
                 assert d.view.running[ins.device] <= d.view.slots[ins.device], "over its slots"
-                assert ins.device not in d._removed and ins.device not in d._draining
+                assert ins.device not in d._removed and not d._holds[ins.device]
                 running[ins.item.id] = ins.device
             elif isinstance(ins, Stop):
                 running.pop(ins.item.id, None)

@@ -15,9 +15,10 @@ from hetero.errors import ConfigError, QueueFull
 from hetero.plan.memory import FitRequest, fit_memory
 from hetero.plan.models import get_model, model_names
 from hetero.sched import Finish, ItemState
+from hetero.sched.health import Breaker
 from hetero.sched.item import CostModel
 from hetero.serve.cost import OutputLengths, prompt_tokens, requested_max_tokens
-from hetero.serve.health import Breaker, gray_replicas
+from hetero.serve.health import gray_replicas
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
 from hetero.serve.router import NoReplica, Router, RouterOptions, Ticket, UnknownModel
@@ -101,7 +102,7 @@ def test_breaker_failure_in_half_open_reopens_at_once() -> None:
 
 @pytest.mark.parametrize(
     ("threshold", "cooldown", "message"),
-    [(0, 1.0, "threshold must be >= 1"), (1, 0.0, "cooldown must be > 0")],
+    [(0, 1.0, "breaker_threshold: must be >= 1"), (1, 0.0, "breaker_cooldown: must be > 0")],
 )
 def test_breaker_rejects_bad_settings(threshold: int, cooldown: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -35,7 +35,7 @@ from hetero.errors import HeteroError, NoCapableDevice, QueueFull, TaskFailed
 from hetero.runtime.backend import Backend
 from hetero.runtime.backlog import Backlog
 from hetero.runtime.definitions import TaskDefinitions
-from hetero.runtime.events import BackendSink
+from hetero.runtime.events import BackendSink, new_breaker
 from hetero.runtime.futures import Ending, TaskFuture, futures_in, resolve, settle
 from hetero.runtime.ledger import Ledger
 from hetero.runtime.monitoring import FleetMonitor
@@ -45,6 +45,7 @@ from hetero.runtime.tasks import TaskFunction, TaskOptions
 from hetero.runtime.worker import TaskOrder, TaskReply
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
 from hetero.sched.driver import Driver
+from hetero.sched.health import Hold
 from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.view import FleetView
 
@@ -122,7 +123,8 @@ class Engine(Driver):
         self.lock = threading.RLock()
         self.tasks: dict[int, Task] = {}
         self.on_device: list[set[int]] = [set() for _ in devices]
-        self.losses = [0] * len(devices)  # workers lost in a row, per device
+        # Per device: judged by its lost workers (the core's breaker, as replicas are).
+        self.breakers = [new_breaker() for _ in devices]
         self.stops = [0] * len(devices)  # orders cancelled per device, not yet confirmed
         # Devices whose worker was told to stop the task it runs: the tasks stopped there that
         # the worker has not yet let go of. Such a device takes no work until it has, or is gone.
@@ -151,7 +153,7 @@ class Engine(Driver):
         cap_memory(device, self._memory_pool)
         self.devices.append(device)
         self.on_device.append(set())
-        self.losses.append(0)
+        self.breakers.append(new_breaker())
         self.stops.append(0)
         self._definitions.fleet_changed()
         return len(self.devices) - 1
@@ -452,7 +454,7 @@ class Engine(Driver):
         ):
             return []  # its device is going down or away, or it waits behind another order
         self.holding[device] = {task.id}
-        return self.dispatcher.drain_device(self.devices[device].id)
+        return self.dispatcher.hold(self.devices[device].id, Hold.STOPPING)
 
     def _redirect(self, ins: Run) -> list[Instruction]:
         """A ``Run`` decided before its device was held, whose worker is being stopped: placed

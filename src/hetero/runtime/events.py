@@ -1,8 +1,10 @@
 """What the backend and the monitor report, turned into dispatcher calls: ``BackendSink`` is
 the engine's side of ``BackendEvents``, the object a ``Backend`` is given at ``start``.
 
-Workers' replies become ``complete``/``fail``; a lost worker moves its tasks (and after
-``UNHEALTHY_AFTER`` losses in a row its device is marked down); devices that join or leave
+Workers' replies become ``complete``/``fail``; a lost worker moves its tasks, and each device
+is judged by the core's circuit breaker: after ``UNHEALTHY_AFTER`` losses in a row its circuit
+opens (the device is held: its work moves), and after ``RECOVERY_COOLDOWN_S`` it is on trial
+again, its next task deciding; devices that join or leave
 enter or leave the dispatcher's fleet; device readings set the memory held outside the
 engine's tasks. Each event is handled under the engine's lock, and the futures it ends are
 completed after the lock is released.
@@ -11,6 +13,8 @@ completed after the lock is released.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -19,17 +23,26 @@ from hetero.errors import TaskFailed
 from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.worker import TaskReply
 from hetero.sched.dispatcher import Finish, Instruction
+from hetero.sched.health import Breaker, Hold
 from hetero.sched.item import ItemState
 
 if TYPE_CHECKING:
     from hetero.runtime.engine import Engine, Task
 
-__all__ = ["UNHEALTHY_AFTER", "BackendSink"]
+__all__ = ["RECOVERY_COOLDOWN_S", "UNHEALTHY_AFTER", "BackendSink", "new_breaker"]
 
 log = logging.getLogger("hetero.runtime")
 
-#: Consecutive worker losses after which a device is marked unhealthy and its work moves.
+#: Consecutive worker losses after which a device's circuit opens and its work moves.
 UNHEALTHY_AFTER = 3
+#: Seconds a device whose circuit opened takes no work before its next task is its trial.
+RECOVERY_COOLDOWN_S = 30.0
+
+
+def new_breaker() -> Breaker:
+    return Breaker(UNHEALTHY_AFTER, RECOVERY_COOLDOWN_S)
+
+
 #: Messages by which a worker lets go of an order: it ran it, or it does not hold it.
 _LET_GO = frozenset({"done", "error", "dropped"})
 
@@ -73,14 +86,15 @@ class BackendSink:
         held.discard(task_id)
         if not held:
             del engine.holding[device]
-            engine.apply(engine.dispatcher.device_up(engine.devices[device].id))
+            engine.apply(engine.dispatcher.release(engine.devices[device].id, Hold.STOPPING))
 
     def _done(self, device: int, reply: TaskReply, unpacked: tuple[Any, float]) -> None:
         engine = self._engine
         task = self._current(device, reply)
         if task is None:
             return
-        engine.losses[device] = 0
+        if engine.breakers[device].success():
+            log.info("%s: circuit closed, its trial task succeeded", engine.devices[device].id)
         task.result, seconds = unpacked
         reply.unpack_seconds += seconds
         task.wrote_checkpoint |= reply.checkpointed
@@ -118,35 +132,53 @@ class BackendSink:
             engine.ledger.worker_gone(device)
             deliberate = engine.stops[device] > 0  # ended to stop a task: not the device's fault
             engine.stops[device] = 0
-            if not deliberate:
-                engine.losses[device] += 1
             for task in lost:
                 task.wrote_checkpoint = True  # unknown: it may have written one
             if lost:
                 level = logging.INFO if deliberate else logging.WARNING
                 log.log(level, "%s; %d task(s) moved", reason, len(lost))
             out: list[Instruction] = []
-            losses = engine.losses[device]
             dev = engine.devices[device].id
-            if losses >= UNHEALTHY_AFTER:
-                # Down first, so that the lost tasks and the queue move elsewhere rather than
+            breaker = engine.breakers[device]
+            # The last device in service keeps its circuit closed, however it fails: without
+            # it nothing runs at all; its tasks still fail by their own retries.
+            others = dispatcher.view.usable.sum() - bool(dispatcher.view.usable[device])
+            if not deliberate and breaker.failure(time.monotonic(), reason, may_open=others > 0):
+                # Held first, so that the lost tasks and the queue move elsewhere rather than
                 # back onto this device.
-                log.warning("%s marked unhealthy after %d lost workers", dev, losses)
-                why = f"{reason}; marked unhealthy after {losses} lost workers"
-                out += dispatcher.device_down(dev, why)
-            else:
-                for task in lost:
-                    if deliberate:
-                        out += dispatcher.requeue(task.id, reason)
-                    else:
-                        out += dispatcher.fail(task.id, reason, retryable=True)
-                if held:
-                    out += dispatcher.device_up(dev)
+                log.warning(
+                    "%s: circuit open after %d lost workers; on trial again in %g s",
+                    dev,
+                    breaker.failures,
+                    breaker.cooldown,
+                )
+                out += dispatcher.hold(dev, Hold.CIRCUIT_OPEN)
+                timer = threading.Timer(breaker.cooldown, self._cooldown_over, (device,))
+                timer.daemon = True
+                timer.start()
+            for task in lost:
+                if deliberate:
+                    out += dispatcher.requeue(task.id, reason)
+                else:
+                    out += dispatcher.fail(task.id, reason, retryable=True)
+            if held:
+                out += dispatcher.release(dev, Hold.STOPPING)
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
             engine.apply(out)
-            if losses >= UNHEALTHY_AFTER:
-                self._fail_if_fleetless(f"{dev}: {reason}")
+        engine.backend.flush()
+        engine.settle()
+
+    def _cooldown_over(self, device: int) -> None:
+        """A device's circuit has been open for its cooldown: it takes work again, and its next
+        task's outcome closes the circuit or opens it again (a fresh worker starts with it)."""
+        engine = self._engine
+        with engine.lock:
+            if engine.closed or not engine.breakers[device].probe_ok(time.monotonic()):
+                return
+            dev = engine.devices[device].id
+            log.info("%s: circuit half-open, on trial", dev)
+            engine.apply(engine.dispatcher.release(dev, Hold.CIRCUIT_OPEN))
         engine.backend.flush()
         engine.settle()
 

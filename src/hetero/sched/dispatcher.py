@@ -28,6 +28,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ from hetero.errors import (
     UnknownItem,
 )
 from hetero.sched.clock import Clock
+from hetero.sched.health import Hold
 from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, WorkItem
 from hetero.sched.metrics import Metrics
 from hetero.sched.options import QUEUE_ORDERS, DispatchOptions
@@ -183,7 +185,9 @@ class Dispatcher:
         # Catalog speeds as floats, for the steal heap's drain estimates (see _most_queued).
         self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
-        self._draining: set[int] = set()  # take no new work (drain_device)
+        self._down: set[int] = set()  # marked down (device_down) until device_up
+        # Per device, why it takes no new work now (hold / release); see usable.
+        self._holds: list[set[Hold]] = [set() for _ in range(self.view.n)]
         self._lowered = False  # set_slots has lowered some device's slots (see _release)
         self._only_masks: dict[tuple[str, ...], BoolArray] = {}  # submit's only= sets
         self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
@@ -406,15 +410,14 @@ class Dispatcher:
         return out
 
     def device_down(self, device_id: str, reason: str = "device unhealthy") -> list[Instruction]:
-        """Mark a device unhealthy: it gets nothing more; its items move elsewhere (a draining
+        """Mark a device unhealthy: it gets nothing more; its items move elsewhere (a held
         device's running items too: it is down now)."""
         i = self._device(device_id)
         out: list[Instruction] = []
-        if not self.view.usable[i]:
-            if i not in self._draining or i in self._removed:
-                return out
-            self._draining.discard(i)
-        else:
+        if i in self._down or i in self._removed:
+            return out
+        self._down.add(i)
+        if self.view.usable[i]:
             self._free_slots -= self._free_on(i)
             self.view.set_usable(i, False)
         why = f"{reason} ({device_id})"
@@ -425,16 +428,59 @@ class Dispatcher:
         return out
 
     def device_up(self, device_id: str) -> list[Instruction]:
-        """A device is healthy again: it may take pending and stolen work (a drained one too;
-        a removed one joins again only through ``add_device``)."""
+        """A device is healthy again: it may take pending and stolen work. Whatever held it is
+        released too (a drained device comes back); a removed one joins again only through
+        ``add_device``."""
         i = self._device(device_id)
-        out: list[Instruction] = []
         if i in self._removed:
             raise ConfigError(
                 [("device", f"{device_id!r} was removed from the fleet; add_device brings it back")]
             )
-        self._draining.discard(i)
+        self._down.discard(i)
+        self._holds[i].clear()
+        return self._resume(i)
+
+    def hold(self, device_id: str, why: Hold) -> list[Instruction]:
+        """Keep a device from new work for ``why``: its queued items move elsewhere, its
+        running ones finish there (``complete``/``fail`` as usual). Holds add up: ``release``
+        ends one, and the device takes work again once none is left and it is not down;
+        ``device_up`` ends them all."""
+        i = self._device(device_id)
+        out: list[Instruction] = []
+        holds = self._holds[i]
+        if why in holds or i in self._removed:
+            return out
+        holds.add(why)
         if self.view.usable[i]:
+            self._free_slots -= self._free_on(i)
+            self.view.set_usable(i, False)
+            self._move_queue(i, out)
+        return out
+
+    def release(self, device_id: str, why: Hold) -> list[Instruction]:
+        """End the hold ``why`` on a device (see ``hold``)."""
+        i = self._device(device_id)
+        if i in self._removed:
+            return []
+        self._holds[i].discard(why)
+        return self._resume(i)
+
+    def holds(self, device_id: str) -> frozenset[Hold]:
+        """Why a device takes no new work now, beside being down (``is_down``)."""
+        return frozenset(self._holds[self._device(device_id)])
+
+    def live_holds(self, index: int) -> AbstractSet[Hold]:
+        """Device ``index``'s holds as a live set (the dispatcher's own: read it, never write
+        it), for an executor that shows them per device."""
+        return self._holds[index]
+
+    def is_down(self, device_id: str) -> bool:
+        return self._device(device_id) in self._down
+
+    def _resume(self, i: int) -> list[Instruction]:
+        """Device ``i`` takes work again if nothing keeps it out any more."""
+        out: list[Instruction] = []
+        if self.view.usable[i] or i in self._down or self._holds[i]:
             return out
         self.view.set_usable(i, True)
         self._free_slots += self._free_on(i)
@@ -470,6 +516,7 @@ class Dispatcher:
         self._queues.append([])
         self._tails.append([])
         self._running.append(set())
+        self._holds.append(set())
         self._slots.append(slots)
         self._default_speed = self.perf.speed()  # a new array: one more device
         self._default_speed_list.append(float(self._default_speed[i]))
@@ -482,20 +529,10 @@ class Dispatcher:
         return out
 
     def drain_device(self, device_id: str) -> list[Instruction]:
-        """Take no more work on a device: its queued items move elsewhere, its running ones
-        finish there (``complete``/``fail`` as usual). ``device_up`` or ``add_device`` takes it
-        back; ``remove_device`` ends what still runs."""
-        i = self._device(device_id)
-        out: list[Instruction] = []
-        if i in self._draining or i in self._removed:
-            return out
-        self._draining.add(i)
-        if not self.view.usable[i]:
-            return out
-        self._free_slots -= self._free_on(i)
-        self.view.set_usable(i, False)
-        self._move_queue(i, out)
-        return out
+        """Take no more work on a device (``hold`` with ``Hold.DRAINING``): its queued items
+        move elsewhere, its running ones finish there. ``release``, ``device_up`` or
+        ``add_device`` takes it back; ``remove_device`` ends what still runs."""
+        return self.hold(device_id, Hold.DRAINING)
 
     def set_slots(self, device_id: str, slots: int) -> list[Instruction]:
         """How many items a device may run at once, learned while it runs (a replica's
@@ -537,7 +574,7 @@ class Dispatcher:
         """A device leaves the fleet: it is drained, and what still runs there is stopped and
         placed elsewhere without being charged an attempt (it did not fail)."""
         i = self._device(device_id)
-        out = self.drain_device(device_id)
+        out = self.hold(device_id, Hold.REMOVED)
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, f"{reason} ({device_id})", Cause.DEVICE_REMOVED))
             self._requeue(rec, reason, out)
@@ -548,14 +585,10 @@ class Dispatcher:
         """End as failed (``Cause.ABANDONED``, with ``reason``) every active item that no
         device may run again: each device it may use has left the fleet or, with
         ``down_is_final``, is down too and will not come back (the executor knows: a
-        simulation with no events left, an engine that gave up on its devices). A draining
-        device still counts: it takes work again once it is done draining."""
-        if down_is_final:
-            alive = self.view.usable.copy()
-            alive[list(self._draining - self._removed)] = True
-        else:
-            alive = np.ones(self.view.n, dtype=bool)
-            alive[list(self._removed)] = False
+        simulation with no events left, an engine that gave up on its devices). A held device
+        still counts: it takes work again once its holds are released."""
+        alive = np.ones(self.view.n, dtype=bool)
+        alive[list(self._removed | self._down if down_is_final else self._removed)] = False
         stranded = [
             rec.item.id
             for rec in self.records.values()
@@ -1145,9 +1178,13 @@ class Dispatcher:
         free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())
         assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
         assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
-        idle = ~view.usable  # may run nothing, but a draining device finishes what it runs
-        idle[list(self._draining - self._removed)] = False
+        # A down or removed device runs nothing; a held one finishes what it runs.
+        idle = np.zeros(view.n, dtype=bool)
+        idle[list(self._down | self._removed)] = True
         assert (view.running[idle] == 0).all(), "an unhealthy device is running items"
+        for i in range(view.n):
+            takes = i not in self._down and i not in self._removed and not self._holds[i]
+            assert bool(view.usable[i]) == takes, f"device {i}: usable disagrees with its holds"
         for rec in self.records.values():
             if rec.only is not None and rec.state in (QUEUED, RUNNING):
                 assert rec.only[rec.device], f"{rec.item.id}: placed outside its only= devices"

@@ -1,83 +1,15 @@
-"""Per-replica health: a circuit breaker fed by requests and probes, and gray-failure detection.
+"""Gray-failure detection for replicas: one far slower than the replicas declared like it.
 
-Pure code over an injected clock, so the state machines are tested without servers or sleeps.
-
-::
-
-    closed ──(threshold failures in a row)──► open ──(cooldown passed, a probe answers)──► half_open
-       ▲                                        ▲                                              │
-       └───────────(a request succeeds)─────────┼──────────────(a failure)─────────────────────┘
-
-A half-open replica takes requests again: the first one decides. A health probe never closes a
-circuit by itself, nor clears a closed one's failures: a hung replica still answers its health
-check.
+Pure code, so it is tested without servers. The circuit breaker every device is judged by lives
+in the core (``hetero.sched.health``).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Hashable, Sequence
-from enum import Enum
 
-__all__ = ["Breaker", "CircuitState", "gray_replicas"]
-
-
-class CircuitState(str, Enum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class Breaker:
-    """Opens after ``threshold`` consecutive failures; after ``cooldown`` seconds a probe that
-    answers half-opens it, and then the next request's outcome closes or reopens it."""
-
-    def __init__(self, threshold: int = 3, cooldown: float = 5.0) -> None:
-        if threshold < 1:
-            raise ValueError(f"breaker threshold must be >= 1, got {threshold}")
-        if not cooldown > 0:
-            raise ValueError(f"breaker cooldown must be > 0 seconds, got {cooldown!r}")
-        self.threshold = threshold
-        self.cooldown = cooldown
-        self.state = CircuitState.CLOSED
-        self.failures = 0  # in a row
-        self.opened_at = 0.0
-        self.last_error = ""
-
-    def failure(self, now: float, reason: str, may_open: bool = True) -> bool:
-        """Count a failure; True when this one opened the circuit. ``may_open=False`` counts it
-        and leaves the circuit as it is (the replica is the last one of its model)."""
-        self.failures += 1
-        self.last_error = reason
-        if self.state is CircuitState.OPEN or not may_open:
-            return False
-        if self.state is CircuitState.HALF_OPEN or self.failures >= self.threshold:
-            self.state = CircuitState.OPEN
-            self.opened_at = now
-            return True
-        return False
-
-    def success(self) -> bool:
-        """A request succeeded; True when that closed a half-open circuit. An open circuit
-        stays open: the request began before it opened."""
-        if self.state is CircuitState.OPEN:
-            return False
-        self.failures = 0
-        if self.state is CircuitState.CLOSED:
-            return False
-        self.state = CircuitState.CLOSED
-        return True
-
-    def probe_ok(self, now: float) -> bool:
-        """A health probe answered; True when that half-opened an open circuit whose cooldown
-        has passed (it may take requests again)."""
-        if self.state is CircuitState.OPEN and now - self.opened_at >= self.cooldown:
-            self.state = CircuitState.HALF_OPEN
-            return True
-        return False
+__all__ = ["gray_replicas"]
 
 
 def gray_replicas(

@@ -15,6 +15,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +38,18 @@ from hetero.sched import (
 )
 from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
 from hetero.sched.driver import Driver
+from hetero.sched.health import Breaker, CircuitState, Hold
 from hetero.serve.cost import OutputLengths
 from hetero.serve.engines import LoadSample
-from hetero.serve.health import Breaker, CircuitState, gray_replicas
+from hetero.serve.health import gray_replicas
 from hetero.serve.replicas import Replica
 
 __all__ = ["DEFAULT_STRATEGY", "NoReplica", "Router", "RouterOptions", "Ticket", "UnknownModel"]
 
 log = logging.getLogger("hetero.serve")
+
+# A replica held only for these still counts as in service: a 429 ends with its retry-after.
+_PASSING = frozenset({Hold.SATURATED})
 
 #: The strategy ``hetero serve`` routes with unless told otherwise: on real vLLM replicas
 #: (``bench/bench_serve_real.py``) it kept every request within the SLO where power_of_two's
@@ -131,12 +136,22 @@ class ReplicaState:
     failed: int = 0
     output_tokens: int = 0
     latency_sum: float = 0.0
-    gray: bool = False
     gray_since: float = 0.0  # when it was last found gray (the router's clock)
     judged_from: int = 0  # its completions before its last return to service
-    draining: bool = False
-    removed: bool = False
-    held_until: float = 0.0  # answered 429: no new requests before then
+    # Why it takes no new work: the dispatcher's own set for its device (live; read it only).
+    holds: AbstractSet[Hold] = frozenset()
+
+    @property
+    def removed(self) -> bool:
+        return Hold.REMOVED in self.holds
+
+    @property
+    def draining(self) -> bool:
+        return Hold.DRAINING in self.holds
+
+    @property
+    def gray(self) -> bool:
+        return Hold.GRAY in self.holds
 
 
 class Router(Driver):
@@ -167,7 +182,7 @@ class Router(Driver):
             keep_finished=False,
         )
         self.replicas: list[ReplicaState] = [
-            ReplicaState(r, i, self._breaker(), c)
+            ReplicaState(r, i, self._breaker(), c, holds=self.dispatcher.live_holds(i))
             for i, (r, c) in enumerate(zip(replicas, limits, strict=True))
         ]
         self.by_name = {s.replica.name: s for s in self.replicas}
@@ -250,19 +265,16 @@ class Router(Driver):
         return ticket
 
     def _in_service(self, state: ReplicaState) -> bool:
-        """Whether the replica takes new work (once a 429's hold is over): not removed,
-        drained, gray, nor its circuit open."""
-        return not (
-            state.removed
-            or state.draining
-            or state.gray
-            or state.breaker.state is CircuitState.OPEN
-        )
+        """Whether the replica takes new work (once a 429's hold is over): nothing but that
+        holds it (removed, drained, gray, its circuit open)."""
+        return not (state.holds - _PASSING)
 
-    def _resume(self, state: ReplicaState) -> None:
-        """Give the replica new work again if nothing keeps it out of service."""
-        if self._in_service(state) and not state.held_until:
-            self.apply(self.dispatcher.device_up(state.replica.name))
+    def _hold(self, state: ReplicaState, why: Hold) -> None:
+        self.apply(self.dispatcher.hold(state.replica.name, why))
+
+    def _release(self, state: ReplicaState, why: Hold) -> None:
+        """End one reason the replica takes no work; it takes work once none is left."""
+        self.apply(self.dispatcher.release(state.replica.name, why))
 
     def _sole_server(self, state: ReplicaState) -> str | None:
         """A model that no other replica in service serves (then this one must stay in
@@ -379,7 +391,7 @@ class Router(Driver):
         if opens:
             # No new work there before this attempt is failed: its slot must not start the
             # request queued behind it.
-            self.apply(self.dispatcher.drain_device(name))
+            self._hold(state, Hold.CIRCUIT_OPEN)
         self.apply(self.dispatcher.fail(ticket.id, f"{name}: {reason}", retryable))
         if opens:
             self._move_unanswered(state, f"circuit open: {reason}")
@@ -390,15 +402,11 @@ class Router(Driver):
         state = self.replicas[ticket.replica]
         self._rearm(ticket)
         # Hold it first, so that the request is not placed straight back on it.
-        if state.held_until == 0 and self._in_service(state):
-            state.held_until = self.clock.now() + retry_after
-            self.apply(self.dispatcher.drain_device(state.replica.name))
-            asyncio.get_running_loop().call_later(retry_after, self._release_hold, state)
+        if Hold.SATURATED not in state.holds and self._in_service(state):
+            self._hold(state, Hold.SATURATED)
+            loop = asyncio.get_running_loop()
+            loop.call_later(retry_after, self._release, state, Hold.SATURATED)
         self.apply(self.dispatcher.requeue(ticket.id, f"{state.replica.name} answered 429"))
-
-    def _release_hold(self, state: ReplicaState) -> None:
-        state.held_until = 0.0
-        self._resume(state)
 
     def cancel(self, ticket: Ticket, reason: str, *, failed: bool = False) -> None:
         """The client went away or the stream cannot go on: end the request for good.
@@ -504,7 +512,7 @@ class Router(Driver):
         the circuit, the replica takes no new work and what it has not begun answering moves
         elsewhere."""
         if self._breaker_opens(state, reason):
-            self.apply(self.dispatcher.drain_device(state.replica.name))
+            self._hold(state, Hold.CIRCUIT_OPEN)
             self._move_unanswered(state, f"circuit open: {reason}")
 
     def _breaker_opens(self, state: ReplicaState, reason: str) -> bool:
@@ -534,7 +542,7 @@ class Router(Driver):
         replica takes requests again; the first one's outcome closes or reopens it)."""
         if state.breaker.probe_ok(self.clock.now()):
             log.info("replica %s: circuit half-open, on trial", state.replica.name)
-            self._resume(state)
+            self._release(state, Hold.CIRCUIT_OPEN)
 
     def _check_gray(self) -> None:
         speeds = self.learned_speeds().tolist()
@@ -555,7 +563,6 @@ class Router(Driver):
             state = self.replicas[i]
             if self._sole_server(state) is not None:
                 continue  # the last replica of a model serves, however slowly
-            state.gray = True
             state.gray_since = since = self.clock.now()
             log.warning(
                 "replica %s: gray failure, %.2fx the median speed of the replicas declared "
@@ -564,25 +571,24 @@ class Router(Driver):
                 fraction,
                 options.gray_cooldown,
             )
-            self.apply(self.dispatcher.drain_device(state.replica.name))
+            self._hold(state, Hold.GRAY)
             loop = asyncio.get_running_loop()
             loop.call_later(options.gray_cooldown, self._gray_over, state, since)
 
     def _gray_over(self, state: ReplicaState, since: float) -> None:
         """The gray replica's time out of service is over: it takes work again."""
         if state.gray and state.gray_since == since:
-            self._end_gray(state)
             log.info(
                 "replica %s: back in service after its gray failure; judged again after %d replies",
                 state.replica.name,
                 self.options.gray_min_done,
             )
-            self._resume(state)
+            self._end_gray(state)
 
     def _end_gray(self, state: ReplicaState) -> None:
         # Judged again only on replies from now on: its learned speed catches up meanwhile.
-        state.gray = False
         state.judged_from = state.completed
+        self._release(state, Hold.GRAY)
 
     # ------------------------------------------------------------------ membership
 
@@ -594,15 +600,17 @@ class Router(Driver):
         old = self.by_name.get(replica.name)
         self.apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
         if old is not None:  # joined again under its name: the dispatcher kept its position
-            old.replica, old.removed, old.draining = replica, False, False
+            old.replica = replica  # add_device released every hold
             old.breaker = self._breaker()
-            self._end_gray(old)
+            old.judged_from = old.completed
             old.capacity = capacity
             old.engine, old.load, old.load_error = "unknown", None, "not read yet"
             state = old
             self._sync_slots(state)
         else:
-            state = ReplicaState(replica, len(self.replicas), self._breaker(), capacity)
+            i = len(self.replicas)
+            holds = self.dispatcher.live_holds(i)
+            state = ReplicaState(replica, i, self._breaker(), capacity, holds=holds)
             self.replicas.append(state)
             self.by_name[replica.name] = state
         self._model_masks.clear()
@@ -616,20 +624,16 @@ class Router(Driver):
         return state
 
     def drain(self, name: str) -> None:
-        state = self.state_of(name)
-        state.draining = True
-        self.apply(self.dispatcher.drain_device(name))
+        self._hold(self.state_of(name), Hold.DRAINING)
 
     def undrain(self, name: str) -> None:
         state = self.state_of(name)
-        state.draining = False
         if state.gray:
             self._end_gray(state)
-        self._resume(state)
+        self._release(state, Hold.DRAINING)
 
     def remove(self, name: str) -> None:
-        state = self.state_of(name)
-        state.removed = True
+        self.state_of(name)
         self.apply(self.dispatcher.remove_device(name, "replica removed"))
         self._model_masks.clear()
 
@@ -724,7 +728,7 @@ class Router(Driver):
             return "down"
         if s.breaker.state is CircuitState.CLOSED and s.breaker.failures >= s.breaker.threshold:
             return "failing"  # kept in service: the last replica of a model
-        if s.held_until:
+        if Hold.SATURATED in s.holds:
             return "busy"
         return "up" if self.dispatcher.view.usable[s.index] else "down"
 
