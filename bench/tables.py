@@ -97,6 +97,22 @@ def decisions(doc: dict[str, Any]) -> str:
     )
 
 
+def prefix(doc: dict[str, Any]) -> str:
+    rows = [
+        [r["devices"], r["prompt_tokens"], r["blocks_per_prompt"], r["us_hash"], r["us_pick"]]
+        for r in doc["results"]
+    ]
+    return (
+        "## Prefix-cache affinity: decision cost\n\n"
+        "`python bench/bench_prefix.py --out bench/results/prefix.json` — `prefix_affinity` on"
+        " multi-turn chats (20 system prompts of about 2k tokens, prompts of 8k tokens), the index"
+        " warmed with 4 requests per replica; µs per request, median of repeats: hashing the prompt"
+        " into blocks (at admission), and the pick (match against every replica, score, record)."
+        " The budget for the pick is 50 µs at 64 replicas.\n\n"
+        + _table(["replicas", "prompt tokens", "blocks", "hash µs", "pick µs"], rows)
+    )
+
+
 def quality(doc: dict[str, Any]) -> str:
     rows = [
         [
@@ -1358,6 +1374,7 @@ def main() -> int:
     for name, render in (
         ("sim.json", simulator),
         ("decisions.json", decisions),
+        ("prefix.json", prefix),
         ("quality.json", quality),
         ("plan.json", plan),
         ("engine.json", engine),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from hetero.sched.clock import Clock, ManualClock, MonotonicClock
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.driver import Driver
+from hetero.sched.health import Breaker, CircuitState, Hold
 from hetero.sched.item import (
     TERMINAL,
     TRANSITIONS,
@@ -17,13 +19,16 @@ from hetero.sched.metrics import DeviceMetrics, FleetMetrics, Metrics
 from hetero.sched.options import DispatchOptions
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Composite, Filter, Policy, Rejected
+from hetero.sched.prefix import Prefix, PrefixIndex, prefix_blocks
 from hetero.sched.registry import make_policy, policy_names, register
 from hetero.sched.view import FleetView
 
 __all__ = [
     "TERMINAL",
     "TRANSITIONS",
+    "Breaker",
     "Cause",
+    "CircuitState",
     "Clock",
     "Completed",
     "Composite",
@@ -31,10 +36,12 @@ __all__ = [
     "DeviceMetrics",
     "DispatchOptions",
     "Dispatcher",
+    "Driver",
     "Filter",
     "Finish",
     "FleetMetrics",
     "FleetView",
+    "Hold",
     "Instruction",
     "ItemRecord",
     "ItemState",
@@ -43,6 +50,8 @@ __all__ = [
     "MonotonicClock",
     "PerfModel",
     "Policy",
+    "Prefix",
+    "PrefixIndex",
     "Rejected",
     "Run",
     "Stop",
@@ -50,5 +59,6 @@ __all__ = [
     "WorkItem",
     "make_policy",
     "policy_names",
+    "prefix_blocks",
     "register",
 ]

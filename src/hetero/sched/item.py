@@ -23,6 +23,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from hetero.errors import ConfigError, InvalidItem, InvalidTransition
+from hetero.sched.prefix import Prefix
 
 if TYPE_CHECKING:
     import numpy as np
@@ -142,6 +143,8 @@ class WorkItem:
     absolute clock time after which it fails with a timeout. ``batch`` marks an item of a
     closed batch (a map, a task graph) whose measure is the batch's makespan, not its own
     latency: policies that trade latency for the tail place it where it finishes soonest.
+    ``prefix`` is what its prompt shares with others (``hetero.sched.prefix``), for
+    ``prefix_affinity``.
     """
 
     cost: float = 1.0
@@ -153,6 +156,7 @@ class WorkItem:
     deadline: float | None = None
     id: int | str = field(default_factory=lambda: next(_ids))
     batch: bool = False
+    prefix: Prefix | None = None
 
     def __post_init__(self) -> None:
         # Refused here, not at submit: an infinite cost or deadline would leave the item waiting

@@ -24,7 +24,8 @@ from aiohttp import web
 from hetero.config import ReplicaConfig
 from hetero.errors import ConfigError, QueueFull
 from hetero.sched import Cause, Finish
-from hetero.serve.cost import brief, prompt_tokens, requested_max_tokens
+from hetero.sched.prefix import BLOCK_CHARS, MAX_BLOCKS
+from hetero.serve.cost import brief, prompt_text, prompt_tokens, requested_max_tokens
 from hetero.serve.logs import RepeatFilter
 from hetero.serve.metrics import ServeMetrics
 from hetero.serve.poller import LoadPoller
@@ -57,6 +58,8 @@ _FLOODABLE = ("asyncio", "aiohttp.server", "aiohttp.web", "hetero.serve")
 #: The status of a request whose client hung up before its answer (nginx's "client closed").
 _CLIENT_GONE = 499
 _PRIORITY_LIMIT = 2**31 - 1
+#: The longest session id (header x-session-id, or OpenAI's user field) a request may give.
+_MAX_SESSION = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +395,20 @@ class Server:
                 f"{_PRIORITY_LIMIT} (higher first), got {brief(raw_priority)}",
                 "invalid_request_error",
             )
+        text = session = None
+        if self.router.prefix_aware:
+            session = request.headers.get("x-session-id", payload.get("user"))
+            if session is not None and (
+                not isinstance(session, str) or not 0 < len(session) <= _MAX_SESSION
+            ):
+                return self._refused(
+                    arrived,
+                    400,
+                    "the session (header x-session-id, or field user) must be a string of 1 to "
+                    f"{_MAX_SESSION} characters, got {brief(session)}",
+                    "invalid_request_error",
+                )
+            text = prompt_text(payload, MAX_BLOCKS * BLOCK_CHARS)
         embeddings = request.path == "/v1/embeddings"
         try:
             max_tokens = 0 if embeddings else requested_max_tokens(payload)
@@ -410,7 +427,9 @@ class Server:
                     {"Retry-After": str(max(1, round(wait)))},
                 )
         try:
-            ticket = self.router.admit(model, prompt_tokens(payload), max_tokens, priority)
+            ticket = self.router.admit(
+                model, prompt_tokens(payload), max_tokens, priority, text=text, session=session
+            )
         except UnknownModel as exc:
             return self._refused(arrived, 404, str(exc), "model_not_found")
         except NoReplica as exc:

@@ -59,6 +59,35 @@ def prompt_tokens(payload: dict[str, Any]) -> int:
     return max(1, -(-chars // CHARS_PER_TOKEN))
 
 
+def prompt_text(payload: dict[str, Any], limit: int) -> str:
+    """A request's prompt as text, in the order an engine reads (and caches) it: each chat
+    message's role and content, or the completion's prompt; at most ``limit`` characters."""
+    parts: list[str] = []
+    size = 0
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if size >= limit:
+                break
+            if isinstance(message, dict):
+                text = f"{message.get('role')}\n{_text(message.get('content'))}\n"
+                parts.append(text)
+                size += len(text)
+    else:
+        prompt = payload.get("prompt")
+        parts.append(_text(prompt[0] if isinstance(prompt, list) and prompt else prompt))
+    return "".join(parts)[:limit]
+
+
+def _text(value: object) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v.get("text") if isinstance(v, dict) else v) for v in value)
+    return ""
+
+
 def requested_max_tokens(payload: dict[str, Any]) -> int | None:
     """The output cap a request asks for (``max_completion_tokens`` or ``max_tokens``);
     ``ValueError`` naming the field, the value and what is allowed when it is not one."""

@@ -39,7 +39,9 @@ from hetero.sched import (
 from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
 from hetero.sched.driver import Driver
 from hetero.sched.health import Breaker, CircuitState, Hold
-from hetero.serve.cost import OutputLengths
+from hetero.sched.policies.prefix import PrefixAffinity
+from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
+from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
 from hetero.serve.replicas import Replica
@@ -170,6 +172,11 @@ class Router(Driver):
         devices = [r.device(c.slots) for r, c in zip(replicas, limits, strict=True)]
         self.perf = PerfModel(devices, unit_rate=options.unit_rate)
         self.policy = make_policy(options.strategy, options.strategy_options)
+        # Whether requests carry their prompt's blocks: only a policy that weighs caches reads
+        # them, and hashing a long prompt is not free.
+        self.prefix_aware = isinstance(self.policy, PrefixAffinity)
+        # Work units one cached block saves: its tokens' prefill.
+        self._block_work = BLOCK_CHARS / CHARS_PER_TOKEN * options.prefill_weight
         self.dispatcher = Dispatcher(
             devices,
             self.policy,
@@ -239,8 +246,19 @@ class Router(Driver):
         """The models the replicas (not removed) serve, sorted."""
         return sorted({m for s in self.replicas if not s.removed for m in s.replica.models})
 
-    def admit(self, model: str, prompt: int, max_tokens: int | None, priority: int = 0) -> Ticket:
-        """Submit one request. Raises ``UnknownModel``, ``NoReplica`` or ``QueueFull``."""
+    def admit(
+        self,
+        model: str,
+        prompt: int,
+        max_tokens: int | None,
+        priority: int = 0,
+        *,
+        text: str | None = None,
+        session: str | None = None,
+    ) -> Ticket:
+        """Submit one request. Raises ``UnknownModel``, ``NoReplica`` or ``QueueFull``.
+        ``text`` (the prompt, ``prompt_text``) and ``session`` (a conversation's id) feed a
+        policy that weighs prefix caches (``prefix_aware``); others ignore them."""
         names = self.replicas_for(model)
         if self.closing or not any(self._in_service(self.by_name[n]) for n in names):
             raise NoReplica(
@@ -253,7 +271,10 @@ class Router(Driver):
         loop = asyncio.get_running_loop()
         ticket = Ticket(next(self._ids), model, prompt, loop.create_future(), self.clock.now())
         cost = self.outputs.cost(model, prompt, max_tokens)
-        item = WorkItem(cost=cost, priority=priority, id=ticket.id)
+        prefix = None
+        if self.prefix_aware and (text or session):
+            prefix = Prefix(prefix_blocks(text or ""), self._block_work, session)
+        item = WorkItem(cost=cost, priority=priority, id=ticket.id, prefix=prefix)
         self.tickets[ticket.id] = ticket
         try:
             # Always restricted: a replica that joins later may serve other models.
@@ -633,8 +654,10 @@ class Router(Driver):
         self._release(state, Hold.DRAINING)
 
     def remove(self, name: str) -> None:
-        self.state_of(name)
+        state = self.state_of(name)
         self.apply(self.dispatcher.remove_device(name, "replica removed"))
+        if isinstance(self.policy, PrefixAffinity):
+            self.policy.index.forget(state.index)  # it comes back, if ever, with a cold cache
         self._model_masks.clear()
 
     def set_models(self, state: ReplicaState, models: set[str]) -> None:

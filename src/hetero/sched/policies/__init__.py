@@ -13,6 +13,7 @@ from hetero.sched.policies.load import (
     ShortestExpectedDelay,
     WeightedLeastConnections,
 )
+from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.simple import RandomChoice, RoundRobin
 from hetero.sched.policies.weighted import Weighted
 
@@ -25,6 +26,7 @@ __all__ = [
     "LeastConnections",
     "LeastWork",
     "PowerOfTwo",
+    "PrefixAffinity",
     "RandomChoice",
     "RoundRobin",
     "ShortestExpectedDelay",

@@ -1,0 +1,53 @@
+"""``prefix_affinity`` behind the real router: mock replicas and clients on 127.0.0.1.
+
+Placements are read from the router's decisions, never from timings.
+"""
+
+from __future__ import annotations
+
+from hetero.serve.router import RouterOptions
+from tests.serve.conftest import Serve, Spec, chat
+
+SYSTEM = "You answer questions about the fleet, briefly and exactly. " * 40
+
+
+def conversation(*turns: str) -> dict[str, object]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+    return {"model": "m", "messages": messages, "max_tokens": 4}
+
+
+async def test_requests_sharing_a_long_system_prompt_go_where_it_is_cached(
+    serve: Serve,
+) -> None:
+    fleet = await serve(Spec(), Spec(), Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    for k in range(6):
+        status, _ = await fleet.post(conversation(f"question {k}"))
+        assert status == 200
+    # One at a time, nothing queued anywhere: each goes where the shared prompt is cached.
+    assert sorted(fleet.router.decisions.values()) == [6]
+    index = fleet.router.policy.index  # type: ignore[attr-defined]
+    holder = next(i for i, s in enumerate(fleet.router.replicas) if index.held(i))
+    assert fleet.router.decisions[fleet.router.replicas[holder].replica.name] == 6
+
+
+async def test_the_session_header_and_the_user_field_reach_the_policy(serve: Serve) -> None:
+    fleet = await serve(Spec(), Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    status, _ = await fleet.post(
+        chat("hello " * 100, max_tokens=4), headers={"x-session-id": "c-1"}
+    )
+    assert status == 200
+    status, _ = await fleet.post({**chat("hi " * 200, max_tokens=4), "user": "c-2"})
+    assert status == 200
+    sessions = fleet.router.policy._sessions  # type: ignore[attr-defined]
+    assert set(sessions) == {"c-1", "c-2"}
+
+
+async def test_a_bad_session_is_refused_naming_the_field(serve: Serve) -> None:
+    fleet = await serve(Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    status, answer = await fleet.post({**chat(), "user": 12})
+    assert status == 400 and "field user" in answer["error"]["message"]
+    status, answer = await fleet.post(chat(), headers={"x-session-id": "s" * 300})
+    assert status == 400 and "x-session-id" in answer["error"]["message"]
+    assert fleet.router.tickets == {}
