@@ -44,6 +44,18 @@ def test_vllm_busy_page() -> None:
     assert load.prefix_hit_rate == 0.0
 
 
+def test_vllm_kv_capacity_is_read_from_its_cache_config() -> None:
+    assert parse_vllm(body("vllm-0.32.0-metrics.txt")).kv_tokens == 1365 * 128
+    page = (
+        b'vllm:num_requests_running{engine="0"} 0\nvllm:num_requests_waiting{engine="0"} 0\n'
+        b'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
+        b'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="50"} 1.0\n'
+    )
+    assert parse_vllm(page).kv_tokens == 150 * 16  # data-parallel engines: summed
+    unknown = page.replace(b'num_gpu_blocks="50"', b'num_gpu_blocks="None"')
+    assert parse_vllm(unknown).kv_tokens is None
+
+
 def test_vllm_older_names_are_read() -> None:
     page = (
         b'vllm:num_requests_running{model_name="m"} 3.0\n'

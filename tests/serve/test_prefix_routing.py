@@ -5,6 +5,7 @@ Placements are read from the router's decisions, never from timings.
 
 from __future__ import annotations
 
+from hetero.serve.engines import LoadSample
 from hetero.serve.router import RouterOptions
 from tests.serve.conftest import Serve, Spec, chat
 
@@ -51,3 +52,15 @@ async def test_a_bad_session_is_refused_naming_the_field(serve: Serve) -> None:
     status, answer = await fleet.post(chat(), headers={"x-session-id": "s" * 300})
     assert status == 400 and "x-session-id" in answer["error"]["message"]
     assert fleet.router.tickets == {}
+
+
+async def test_the_index_evicts_at_the_kv_capacity_the_engine_publishes(serve: Serve) -> None:
+    fleet = await serve(Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    state = fleet.router.replicas[0]
+    index = fleet.router.policy.index  # type: ignore[attr-defined]
+    for k in range(4):
+        status, _ = await fleet.post(conversation(f"question {k} " * 200))
+        assert status == 200
+    assert index.held(0) > 8
+    fleet.router.load_read(state, "vllm", LoadSample(running=0, waiting=0, kv_tokens=1024))
+    assert index.held(0) == 8  # 1,024 tokens: eight 128-token blocks

@@ -382,6 +382,10 @@ class Router(Driver):
         state.load = sample
         state.load_at = self.clock.now()
         state.load_error = ""
+        if sample.kv_tokens and isinstance(self.policy, PrefixAffinity):
+            # The engine's cache evicts at its KV capacity: the index follows it.
+            blocks = max(1, round(sample.kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
+            self.policy.index.set_capacity(state.index, blocks)
         capacity = state.capacity
         capacity.set_cap(sample.cap)
         if sample.waiting is not None:

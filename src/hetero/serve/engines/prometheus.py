@@ -8,11 +8,14 @@ found with one byte search and read line by line until its family ends.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from hetero.serve.engines.base import LoadError
 
-__all__ = ["samples"]
+__all__ = ["labels", "samples"]
+
+_LABEL = re.compile(rb'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def _first_line(body: bytes, name: bytes) -> int:
@@ -64,4 +67,20 @@ def samples(body: bytes, names: Iterable[str], path: str = "/metrics") -> dict[s
             except (IndexError, ValueError):
                 raise LoadError(f"{path}: {name} has no numeric value: {line[:60]!r}") from None
             at = end + 1 if end >= 0 else -1
+    return found
+
+
+def labels(body: bytes, name: str) -> list[dict[str, str]]:
+    """The label sets of ``name``'s sample lines (an info metric's payload), in page order."""
+    raw = name.encode()
+    found: list[dict[str, str]] = []
+    at = _first_line(body, raw)
+    while at >= 0 and body.startswith(raw + b"{", at):
+        end = body.find(b"\n", at)
+        line = body[at + len(raw) : end if end >= 0 else len(body)]
+        close = line.rfind(b"}")
+        found.append(
+            {k.decode(): v.decode(errors="replace") for k, v in _LABEL.findall(line[:close])}
+        )
+        at = end + 1 if end >= 0 else -1
     return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 import aiohttp
 
 from hetero.serve.engines.base import Engine, LoadError, LoadSample, count, fraction, get_body
-from hetero.serve.engines.prometheus import samples
+from hetero.serve.engines.prometheus import labels, samples
 
 __all__ = ["VLLM"]
 
@@ -20,6 +20,7 @@ PREFIX = (
     ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
     ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
 )
+CACHE_CONFIG = "vllm:cache_config_info"  # its labels: block_size, num_gpu_blocks
 # Each read looks for the current names; the older ones only when those are absent (every
 # name searched for and absent costs a pass over the whole page).
 _NAMES = (RUNNING, WAITING, KV_USAGE[0], *PREFIX[0])
@@ -72,4 +73,22 @@ def parse(body: bytes) -> LoadSample:
                 raise LoadError(f"{hits_name} ({hits}) is more than {queries_name} ({queries})")
             hit_rate = hits / queries if queries else None
             break
-    return LoadSample(running=running, waiting=waiting, kv_usage=kv_usage, prefix_hit_rate=hit_rate)
+    return LoadSample(
+        running=running,
+        waiting=waiting,
+        kv_usage=kv_usage,
+        kv_tokens=_kv_tokens(body),
+        prefix_hit_rate=hit_rate,
+    )
+
+
+def _kv_tokens(body: bytes) -> int | None:
+    """Tokens the KV caches hold, from the cache config's labels (summed over data-parallel
+    engines); None where the page does not say."""
+    total = 0
+    for config in labels(body, CACHE_CONFIG):
+        blocks, size = config.get("num_gpu_blocks", ""), config.get("block_size", "")
+        if not (blocks.isdigit() and size.isdigit()):
+            return None
+        total += int(blocks) * int(size)
+    return total or None
