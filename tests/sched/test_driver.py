@@ -115,16 +115,18 @@ def test_items_no_device_may_run_again_are_abandoned_with_the_reason() -> None:
     d.validate_state()
 
 
-def test_a_removed_device_strands_what_only_it_could_run() -> None:
+def test_removing_the_last_device_an_item_may_use_ends_it_at_once() -> None:
     clock = ManualClock()
     driver = make(clock, speeds=(1.0, 1.0))
     d = driver.dispatcher
     driver.apply(d.submit(WorkItem(cost=1.0, id="a"), only=["d1"]))
-    driver.apply(d.remove_device("d1"))
-    out = d.abandon_stranded("d1 left")
-    assert [(ins.item.id, ins.cause) for ins in out if isinstance(ins, Finish)] == [
-        ("a", Cause.ABANDONED)
-    ]
+    driver.apply(d.submit(WorkItem(cost=1.0, id="b"), only=["d1"]))  # queued behind a
+    driver.apply(d.submit(WorkItem(cost=1.0, id="c")))
+    out = d.remove_device("d1")
+    ended = [(ins.item.id, ins.cause) for ins in out if isinstance(ins, Finish)]
+    assert ended == [("a", Cause.ABANDONED), ("b", Cause.ABANDONED)]
+    assert "no device it may use is left" in d.records["a"].reason
+    assert d.records["c"].state is not ItemState.FAILED
     d.validate_state()
 
 

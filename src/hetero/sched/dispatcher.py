@@ -572,13 +572,17 @@ class Dispatcher:
 
     def remove_device(self, device_id: str, reason: str = "device removed") -> list[Instruction]:
         """A device leaves the fleet: it is drained, and what still runs there is stopped and
-        placed elsewhere without being charged an attempt (it did not fail)."""
+        placed elsewhere without being charged an attempt (it did not fail). What no device
+        left may run ends as failed (``abandon_stranded``): it would wait for ever."""
         i = self._device(device_id)
         out = self.hold(device_id, Hold.REMOVED)
         for rec in sorted(self._running[i], key=lambda r: r.seq):
             out.append(Stop(rec.item, i, f"{reason} ({device_id})", Cause.DEVICE_REMOVED))
             self._requeue(rec, reason, out)
         self._removed.add(i)
+        out += self.abandon_stranded(
+            f"no device it may use is left (the last: {device_id}: {reason})"
+        )
         return out
 
     def abandon_stranded(self, reason: str, *, down_is_final: bool = False) -> list[Instruction]:
