@@ -22,7 +22,8 @@ import logging
 import aiohttp
 
 from hetero.serve.engines import Engine, LoadError, OpenAIServer, detect
-from hetero.serve.router import ReplicaState, Router
+from hetero.serve.records import ReplicaState
+from hetero.serve.router import Router
 
 __all__ = ["LoadPoller"]
 

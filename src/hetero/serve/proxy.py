@@ -19,7 +19,8 @@ import aiohttp
 from aiohttp import web
 
 from hetero.sched import Cause
-from hetero.serve.router import ReplicaState, Router, Ticket
+from hetero.serve.records import ReplicaState, Ticket
+from hetero.serve.router import Router
 
 if TYPE_CHECKING:
     from hetero.serve.metrics import ServeMetrics

@@ -15,13 +15,10 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from hetero.config import DEFAULT_MAX_QUEUE_SIZE
 from hetero.errors import ConfigError, NoReplica, UnknownModel
 from hetero.sched import (
     Cause,
@@ -36,15 +33,17 @@ from hetero.sched import (
     WorkItem,
     make_policy,
 )
-from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
+from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.driver import Driver
-from hetero.sched.health import Breaker, CircuitState, Hold
+from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
+from hetero.serve.records import DEFAULT_STRATEGY, ReplicaState, RouterOptions, Ticket
 from hetero.serve.replicas import Replica
+from hetero.serve.router_status import router_status, state_word
 
 __all__ = ["DEFAULT_STRATEGY", "NoReplica", "Router", "RouterOptions", "Ticket", "UnknownModel"]
 
@@ -52,108 +51,6 @@ log = logging.getLogger("hetero.serve")
 
 # A replica held only for these still counts as in service: a 429 ends with its retry-after.
 _PASSING = frozenset({Hold.SATURATED})
-
-#: The strategy ``hetero serve`` routes with unless told otherwise: on real vLLM replicas
-#: (``bench/bench_serve_real.py``) it kept every request within the SLO where power_of_two's
-#: sampling (and the idle slow replica stealing what it sampled) sent requests to a replica ten
-#: times slower; on the emulated fleet the two are within 0.6% (``bench/bench_serve.py``).
-DEFAULT_STRATEGY = "shortest_expected_delay"
-
-
-@dataclass(frozen=True, slots=True)
-class RouterOptions:
-    """How the router routes; every field has a ``hetero serve`` flag of the same name."""
-
-    strategy: str = DEFAULT_STRATEGY
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    queue_size: int = DEFAULT_MAX_QUEUE_SIZE
-    timeout: float | None = 600.0
-    max_retries: int = 2
-    default_max_tokens: int = 256
-    prefill_weight: float = 0.02  # work units per prompt token (an output token is 1)
-    unit_rate: float = 50.0  # output tokens per second of one request on a speed-1.0 replica
-    breaker_threshold: int = 3
-    breaker_cooldown: float = 5.0
-    gray_ratio: float = 0.35
-    gray_min_done: int = 20
-    gray_cooldown: float = 30.0  # seconds a gray replica is out of service before a new trial
-    capacity: CapacityOptions = field(default_factory=CapacityOptions)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.queue_size < 1:
-            problems.append(("queue_size", f"must be >= 1, got {self.queue_size}"))
-        if self.timeout is not None and not self.timeout > 0:
-            problems.append(("timeout", f"must be > 0 seconds, got {self.timeout!r}"))
-        if self.default_max_tokens < 1:
-            problems.append(("default_max_tokens", f"must be >= 1, got {self.default_max_tokens}"))
-        if not self.prefill_weight >= 0:
-            problems.append(("prefill_weight", f"must be >= 0, got {self.prefill_weight!r}"))
-        if not self.unit_rate > 0:
-            problems.append(("unit_rate", f"must be > 0, got {self.unit_rate!r}"))
-        if not 0 < self.gray_ratio < 1:
-            problems.append(("gray_ratio", f"must be between 0 and 1, got {self.gray_ratio!r}"))
-        if not 0 < self.gray_cooldown < float("inf"):
-            problems.append(
-                ("gray_cooldown", f"must be a number of seconds > 0, got {self.gray_cooldown!r}")
-            )
-        if problems:
-            raise ConfigError(problems)
-
-
-@dataclass(slots=True, eq=False)
-class Ticket:
-    """One admitted request, from ``admit`` until the dispatcher finishes it.
-
-    ``waiter`` resolves to the replica's position when the dispatcher runs the request there,
-    or to the ``Finish`` that ended it (timed out, failed everywhere, cancelled).
-    """
-
-    id: int
-    model: str
-    prompt: int  # estimated prompt tokens
-    waiter: asyncio.Future[int | Finish]
-    submitted: float
-    replica: int = -1
-    attempts: int = 0
-    stopped: str = ""  # why the dispatcher stopped the running attempt
-    stop_cause: Cause | None = None  # the same, typed: what the client is told follows it
-    task: asyncio.Task[Any] | None = None  # the handler, while it talks to a replica
-    ended: bool = False
-    answering: bool = False  # the replica's answer has begun reaching the client: it stays
-
-
-@dataclass(slots=True, eq=False)
-class ReplicaState:
-    replica: Replica
-    index: int
-    breaker: Breaker
-    capacity: ConcurrencyLimit
-    engine: str = "unknown"  # the engine detected behind the URL (hetero.serve.engines)
-    load: LoadSample | None = None  # its last good load read
-    load_at: float = 0.0  # when (the router's clock)
-    load_error: str = "not read yet"  # why the load is unknown ("" while reads succeed)
-    models_read: bool = False  # its /v1/models has answered at least once
-    completed: int = 0
-    failed: int = 0
-    output_tokens: int = 0
-    latency_sum: float = 0.0
-    gray_since: float = 0.0  # when it was last found gray (the router's clock)
-    judged_from: int = 0  # its completions before its last return to service
-    # Why it takes no new work: the dispatcher's own set for its device (live; read it only).
-    holds: AbstractSet[Hold] = frozenset()
-
-    @property
-    def removed(self) -> bool:
-        return Hold.REMOVED in self.holds
-
-    @property
-    def draining(self) -> bool:
-        return Hold.DRAINING in self.holds
-
-    @property
-    def gray(self) -> bool:
-        return Hold.GRAY in self.holds
 
 
 class Router(Driver):
@@ -674,57 +571,8 @@ class Router(Driver):
     # ------------------------------------------------------------------ reporting
 
     def status(self) -> dict[str, Any]:
-        d = self.dispatcher
-        view = d.view
-        speeds = self.learned_speeds()
-        now = self.clock.now()
-        replicas = []
-        for s in self.replicas:
-            i, r = s.index, s.replica
-            if s.removed:
-                continue
-            queued = int(view.in_flight[i]) - int(view.running[i])
-            capacity = s.capacity
-            replicas.append(
-                {
-                    "name": r.name,
-                    "url": r.url,
-                    "device": r.device_model,
-                    "engine": s.engine,
-                    "models": sorted(r.models),
-                    "slots": int(view.slots[i]),
-                    "declared_slots": r.slots,
-                    "capacity": {
-                        "limit": round(capacity.limit, 2),
-                        "why": capacity.reason,
-                        "engine_cap": capacity.cap,
-                    },
-                    "speed": r.speed,
-                    "learned_speed": round(float(speeds[i]), 4),
-                    "load": self._load_status(s, now),
-                    "in_flight": int(view.running[i]),
-                    "queued": queued,
-                    "completed": s.completed,
-                    "failed": s.failed,
-                    "output_tokens": s.output_tokens,
-                    "mean_latency_s": round(s.latency_sum / s.completed, 4)
-                    if s.completed
-                    else None,
-                    "circuit": str(s.breaker.state),
-                    "state": self._state_word(s),
-                    "last_error": s.breaker.last_error or None,
-                }
-            )
-        return {
-            "strategy": self.options.strategy,
-            "uptime_s": round(time.time() - self.started, 1),
-            "waiting": d.waiting,
-            "pending": d.waiting - d.queued_total,
-            "active": d.active,
-            "queue_size": self.options.queue_size,
-            "closing": self.closing,
-            "replicas": replicas,
-        }
+        """What ``GET /status`` shows: the router's queue and each replica's state."""
+        return router_status(self)
 
     def load_stale(self, state: ReplicaState, now: float) -> str:
         """Why the replica's load is unknown now ("" if it is known)."""
@@ -735,29 +583,9 @@ class Router(Driver):
             return f"last read {age:.1f} s ago"
         return ""
 
-    def _load_status(self, state: ReplicaState, now: float) -> dict[str, Any]:
-        stale = self.load_stale(state, now)
-        if stale:
-            return {"known": False, "why": stale}
-        assert state.load is not None
-        return {"known": True, "age_s": round(now - state.load_at, 3), **state.load.as_dict()}
-
     def any_up(self) -> bool:
         """Whether some replica (not removed) is in state "up", as ``status()`` words it."""
-        return any(self._state_word(s) == "up" for s in self.replicas if not s.removed)
-
-    def _state_word(self, s: ReplicaState) -> str:
-        if s.gray:
-            return "gray"
-        if s.draining:
-            return "draining"
-        if s.breaker.state is CircuitState.OPEN:
-            return "down"
-        if s.breaker.state is CircuitState.CLOSED and s.breaker.failures >= s.breaker.threshold:
-            return "failing"  # kept in service: the last replica of a model
-        if Hold.SATURATED in s.holds:
-            return "busy"
-        return "up" if self.dispatcher.view.usable[s.index] else "down"
+        return any(state_word(self, s) == "up" for s in self.replicas if not s.removed)
 
     def learned_speeds(self) -> np.ndarray:
         """Per-request speed of each replica as learned (relative, like the declared one)."""

@@ -1,0 +1,121 @@
+"""The router's records: its options, one request's ``Ticket`` and one replica's state."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero.config import DEFAULT_MAX_QUEUE_SIZE
+from hetero.errors import ConfigError
+from hetero.sched import Cause, Finish
+from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
+from hetero.sched.health import Breaker, Hold
+from hetero.serve.engines import LoadSample
+from hetero.serve.replicas import Replica
+
+__all__ = ["DEFAULT_STRATEGY", "ReplicaState", "RouterOptions", "Ticket"]
+
+
+#: The strategy ``hetero serve`` routes with unless told otherwise: on real vLLM replicas
+#: (``bench/bench_serve_real.py``) it kept every request within the SLO where power_of_two's
+#: sampling (and the idle slow replica stealing what it sampled) sent requests to a replica ten
+#: times slower; on the emulated fleet the two are within 0.6% (``bench/bench_serve.py``).
+DEFAULT_STRATEGY = "shortest_expected_delay"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterOptions:
+    """How the router routes; every field has a ``hetero serve`` flag of the same name."""
+
+    strategy: str = DEFAULT_STRATEGY
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    timeout: float | None = 600.0
+    max_retries: int = 2
+    default_max_tokens: int = 256
+    prefill_weight: float = 0.02  # work units per prompt token (an output token is 1)
+    unit_rate: float = 50.0  # output tokens per second of one request on a speed-1.0 replica
+    breaker_threshold: int = 3
+    breaker_cooldown: float = 5.0
+    gray_ratio: float = 0.35
+    gray_min_done: int = 20
+    gray_cooldown: float = 30.0  # seconds a gray replica is out of service before a new trial
+    capacity: CapacityOptions = field(default_factory=CapacityOptions)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.queue_size < 1:
+            problems.append(("queue_size", f"must be >= 1, got {self.queue_size}"))
+        if self.timeout is not None and not self.timeout > 0:
+            problems.append(("timeout", f"must be > 0 seconds, got {self.timeout!r}"))
+        if self.default_max_tokens < 1:
+            problems.append(("default_max_tokens", f"must be >= 1, got {self.default_max_tokens}"))
+        if not self.prefill_weight >= 0:
+            problems.append(("prefill_weight", f"must be >= 0, got {self.prefill_weight!r}"))
+        if not self.unit_rate > 0:
+            problems.append(("unit_rate", f"must be > 0, got {self.unit_rate!r}"))
+        if not 0 < self.gray_ratio < 1:
+            problems.append(("gray_ratio", f"must be between 0 and 1, got {self.gray_ratio!r}"))
+        if not 0 < self.gray_cooldown < float("inf"):
+            problems.append(
+                ("gray_cooldown", f"must be a number of seconds > 0, got {self.gray_cooldown!r}")
+            )
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One admitted request, from ``admit`` until the dispatcher finishes it.
+
+    ``waiter`` resolves to the replica's position when the dispatcher runs the request there,
+    or to the ``Finish`` that ended it (timed out, failed everywhere, cancelled).
+    """
+
+    id: int
+    model: str
+    prompt: int  # estimated prompt tokens
+    waiter: asyncio.Future[int | Finish]
+    submitted: float
+    replica: int = -1
+    attempts: int = 0
+    stopped: str = ""  # why the dispatcher stopped the running attempt
+    stop_cause: Cause | None = None  # the same, typed: what the client is told follows it
+    task: asyncio.Task[Any] | None = None  # the handler, while it talks to a replica
+    ended: bool = False
+    answering: bool = False  # the replica's answer has begun reaching the client: it stays
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    replica: Replica
+    index: int
+    breaker: Breaker
+    capacity: ConcurrencyLimit
+    engine: str = "unknown"  # the engine detected behind the URL (hetero.serve.engines)
+    load: LoadSample | None = None  # its last good load read
+    load_at: float = 0.0  # when (the router's clock)
+    load_error: str = "not read yet"  # why the load is unknown ("" while reads succeed)
+    models_read: bool = False  # its /v1/models has answered at least once
+    completed: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+    latency_sum: float = 0.0
+    gray_since: float = 0.0  # when it was last found gray (the router's clock)
+    judged_from: int = 0  # its completions before its last return to service
+    # Why it takes no new work: the dispatcher's own set for its device (live; read it only).
+    holds: AbstractSet[Hold] = frozenset()
+
+    @property
+    def removed(self) -> bool:
+        return Hold.REMOVED in self.holds
+
+    @property
+    def draining(self) -> bool:
+        return Hold.DRAINING in self.holds
+
+    @property
+    def gray(self) -> bool:
+        return Hold.GRAY in self.holds

@@ -1,0 +1,93 @@
+"""What the router's ``GET /status`` shows: its queue, and each replica's load, capacity,
+speed and state in one word (``state_word``)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from hetero.sched.health import CircuitState, Hold
+from hetero.serve.records import ReplicaState
+
+if TYPE_CHECKING:
+    from hetero.serve.router import Router
+
+__all__ = ["router_status", "state_word"]
+
+
+def router_status(router: Router) -> dict[str, Any]:
+    """The router's queue and every replica in the fleet (not removed), as ``GET /status``
+    answers."""
+    d = router.dispatcher
+    view = d.view
+    speeds = router.learned_speeds()
+    now = router.clock.now()
+    replicas = []
+    for s in router.replicas:
+        i, r = s.index, s.replica
+        if s.removed:
+            continue
+        queued = int(view.in_flight[i]) - int(view.running[i])
+        capacity = s.capacity
+        replicas.append(
+            {
+                "name": r.name,
+                "url": r.url,
+                "device": r.device_model,
+                "engine": s.engine,
+                "models": sorted(r.models),
+                "slots": int(view.slots[i]),
+                "declared_slots": r.slots,
+                "capacity": {
+                    "limit": round(capacity.limit, 2),
+                    "why": capacity.reason,
+                    "engine_cap": capacity.cap,
+                },
+                "speed": r.speed,
+                "learned_speed": round(float(speeds[i]), 4),
+                "load": _load_status(router, s, now),
+                "in_flight": int(view.running[i]),
+                "queued": queued,
+                "completed": s.completed,
+                "failed": s.failed,
+                "output_tokens": s.output_tokens,
+                "mean_latency_s": round(s.latency_sum / s.completed, 4) if s.completed else None,
+                "circuit": str(s.breaker.state),
+                "state": state_word(router, s),
+                "last_error": s.breaker.last_error or None,
+            }
+        )
+    return {
+        "strategy": router.options.strategy,
+        "uptime_s": round(time.time() - router.started, 1),
+        "waiting": d.waiting,
+        "pending": d.waiting - d.queued_total,
+        "active": d.active,
+        "queue_size": router.options.queue_size,
+        "closing": router.closing,
+        "replicas": replicas,
+    }
+
+
+def _load_status(router: Router, state: ReplicaState, now: float) -> dict[str, Any]:
+    stale = router.load_stale(state, now)
+    if stale:
+        return {"known": False, "why": stale}
+    assert state.load is not None
+    return {"known": True, "age_s": round(now - state.load_at, 3), **state.load.as_dict()}
+
+
+def state_word(router: Router, s: ReplicaState) -> str:
+    """The replica's state in one word: gray, draining, down, failing (kept in service
+    however it fails), busy (a 429's hold) or up."""
+    if s.gray:
+        return "gray"
+    if s.draining:
+        return "draining"
+    if s.breaker.state is CircuitState.OPEN:
+        return "down"
+    if s.breaker.state is CircuitState.CLOSED and s.breaker.failures >= s.breaker.threshold:
+        return "failing"  # kept in service: the last replica of a model
+    if Hold.SATURATED in s.holds:
+        return "busy"
+    return "up" if router.dispatcher.view.usable[s.index] else "down"
