@@ -368,6 +368,22 @@ def test_load_workload_reports_unreadable_and_invalid_files(tmp_path: Path) -> N
         ({"failures": [{"device": "d0", "at": -1}]}, "failures[0].at", ["-1"]),
         ({"failures": [{"at": 1}]}, "failures[0].device", ["missing"]),
         ({"bogus": 1}, "bogus", ["unknown key", "requests", "arrivals"]),
+        ({"prompts": {"kind": "tree"}}, "prompts.kind", ["'tree'", "chat", "single", "hot"]),
+        ({"prompts": {"systems": 2}}, "prompts.kind", ["missing", "chat, single, hot"]),
+        ({"prompts": {"kind": "chat", "systems": 0}}, "prompts.systems", ["greater than", "0"]),
+        ({"prompts": {"kind": "chat", "block_work": -2}}, "prompts.block_work", ["-2"]),
+        (
+            {"prompts": {"kind": "single", "turns": 3}},
+            "prompts.turns",
+            ["unknown key", "block_work, blocks, kind"],
+        ),
+        ({"prompts": {"kind": "hot", "share": 1.5}}, "prompts.share", ["less than", "1.5"]),
+        ({"prompts": {"kind": "chat", "turns": 5000}}, "prompts", ["20016 blocks", "4096"]),
+        (
+            {"prompts": "single", "size": {"dist": "trace", "path": "t.jsonl"}},
+            "prompts",
+            ["size: trace", "'single'"],
+        ),
     ],
 )
 def test_bad_input_names_field_and_value(data: Any, path: str, fragments: list[str]) -> None:

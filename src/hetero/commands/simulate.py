@@ -10,6 +10,7 @@ import typer
 from hetero._cli_util import JsonOpt, ProgressBars, console, fail, print_json, print_problems
 from hetero.config import load_config
 from hetero.errors import ConfigError, HeteroError
+from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
 
 __all__ = ["register"]
 
@@ -33,6 +34,14 @@ def simulate(
         str, typer.Option(help="Comma-separated policy names to compare (see `hetero policies`).")
     ] = "round_robin,shortest_expected_delay,tail_budget",
     slots: Annotated[int, typer.Option(min=1, help="Items each device runs at once.")] = 1,
+    cache_blocks: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Each device's prefix (KV) cache in prompt blocks, for workloads with prompts "
+            f"(default {DEFAULT_CAPACITY_BLOCKS}).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     report: Annotated[
         Path | None, typer.Option(help="Write an HTML report with plots here.")
@@ -64,7 +73,13 @@ def simulate(
             devices = devices_from_names(fleet)
         with ProgressBars(progress and not as_json) as bars:
             results = run_simulation(
-                devices, spec, names, scheduler=scheduler, slots=slots, progress=bars
+                devices,
+                spec,
+                names,
+                scheduler=scheduler,
+                slots=slots,
+                progress=bars,
+                cache_blocks=cache_blocks,
             )
     except ConfigError as exc:
         print_problems(exc, "error: ")

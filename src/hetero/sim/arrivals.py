@@ -1,8 +1,10 @@
-"""What arrives when: the arrival clocks (Poisson, bursty, a trace's own times) and
-:func:`generate`, which draws a workload's items in numpy chunks, in time order."""
+"""What arrives when: the arrival clocks (Poisson, bursty, a trace's own times), the prompts
+items share (chats, single turns, hot prefixes) and :func:`generate`, which draws a workload's
+items in numpy chunks, in time order."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 
@@ -10,18 +12,22 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.sched.item import WorkItem
+from hetero.sched.prefix import Prefix
 from hetero.sim.trace import Trace, trace_rows
 from hetero.sim.workload_spec import (
     BurstyArrivals,
+    ChatPrompts,
     ClosedArrivals,
     FixedSize,
+    HotPrompts,
     LognormalSize,
+    SinglePrompts,
     TraceSize,
     UniformSize,
     WorkloadSpec,
 )
 
-__all__ = ["CHUNK", "arrival_rate", "generate", "mean_size"]
+__all__ = ["CHUNK", "arrival_rate", "generate", "mean_cost", "mean_size"]
 
 #: Items drawn per numpy call by :func:`generate`.
 CHUNK = 65536
@@ -37,6 +43,13 @@ def mean_size(spec: WorkloadSpec) -> float:
     if isinstance(size, LognormalSize):
         return size.mean
     return float(size.trace().cost.mean())
+
+
+def mean_cost(spec: WorkloadSpec) -> float:
+    """The mean work units per item: its size's, plus its prompt's prefill with ``prompts``."""
+    prompts = spec.prompts
+    prefill = prompts.mean_blocks * prompts.block_work if prompts is not None else 0.0
+    return mean_size(spec) + prefill
 
 
 def _trace_arrivals(spec: WorkloadSpec) -> Trace | None:
@@ -65,7 +78,7 @@ def arrival_rate(spec: WorkloadSpec, capacity: float) -> float | None:
         raise ValueError(
             f"capacity must be a finite number > 0 work units/s to use load, got {capacity!r}"
         )
-    return arrivals.load * capacity / mean_size(spec)
+    return arrivals.load * capacity / mean_cost(spec)
 
 
 class _PoissonClock:
@@ -152,12 +165,14 @@ def generate(spec: WorkloadSpec, capacity: float) -> Iterator[tuple[float, WorkI
     Lazy (items are drawn in numpy chunks of :data:`CHUNK`) and deterministic for ``spec.seed``;
     arrival times, sizes and priorities come from independent random streams, so changing the
     size distribution leaves the arrival times alone. ``capacity`` is the fleet's total work
-    units per second; it turns ``load`` into a rate: ``load * capacity / mean_size(spec)``.
+    units per second; it turns ``load`` into a rate: ``load * capacity / mean_cost(spec)``.
     Items have ids ``0 .. requests - 1`` in arrival order.
     """
     rate = arrival_rate(spec, capacity)  # validates capacity now, not at the first next()
-    arrival_rng, size_rng, priority_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(3)
+    # Spawned children do not depend on how many there are: adding the prompts' stream kept
+    # every earlier workload's items as they were.
+    arrival_rng, size_rng, priority_rng, prompt_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(4)
     )
     trace = spec.size.trace() if isinstance(spec.size, TraceSize) else None
     clock: Callable[[int], npt.NDArray[np.float64]]
@@ -172,7 +187,95 @@ def generate(spec: WorkloadSpec, capacity: float) -> Iterator[tuple[float, WorkI
         clock = _BurstyClock(arrival_rng, spec.arrivals, rate)
     else:
         clock = _PoissonClock(arrival_rng, rate)
-    return _items(spec, clock, size_rng, priority_rng, trace)
+    prompts = None if spec.prompts is None else _prompt_source(spec.prompts, prompt_rng)
+    return _items(spec, clock, size_rng, priority_rng, trace, prompts)
+
+
+#: ``m`` items' prompts, and each one's prefill in work units.
+_PromptSource = Callable[[int], tuple[list[Prefix], npt.NDArray[np.float64]]]
+
+
+class _NewBlocks:
+    """Block hashes never seen before: consecutive ints. A new block after a prefix then names
+    that prefix alone, as an engine's chained hash does, with no hashing, no collision and the
+    same blocks for a seed (a ``str`` hash would differ from process to process)."""
+
+    def __init__(self) -> None:
+        self._ints = itertools.count(1)
+
+    def __call__(self, k: int) -> tuple[int, ...]:
+        return tuple(itertools.islice(self._ints, k))
+
+
+class _ChatPrompts:
+    """``sessions`` conversations in progress: each item is the next turn of one picked at
+    random, and one that has had all its turns gives way to a new one."""
+
+    def __init__(self, spec: ChatPrompts, rng: np.random.Generator) -> None:
+        self.spec, self.rng, self.new = spec, rng, _NewBlocks()
+        self.systems = [self.new(spec.system_blocks) for _ in range(spec.systems)]
+        n = spec.sessions
+        self.history: list[tuple[int, ...]] = [()] * n  # each conversation's last prompt
+        self.name = [""] * n
+        self.left = [0] * n  # each conversation's turns still to come
+        self.started = 0
+
+    def __call__(self, m: int) -> tuple[list[Prefix], npt.NDArray[np.float64]]:
+        spec, rng, new = self.spec, self.rng, self.new
+        slots: list[int] = rng.integers(spec.sessions, size=m).tolist()
+        # A system pick for every item, used by those that start a conversation: a chunk's draws
+        # are then fixed, and the stream never depends on what came before.
+        systems: list[int] = rng.integers(spec.systems, size=m).tolist()
+        history, name, left, work = self.history, self.name, self.left, spec.block_work
+        turn_blocks = spec.turn_blocks
+        prefixes: list[Prefix] = []
+        lengths: list[int] = []
+        for j, system in zip(slots, systems, strict=True):
+            if not left[j]:
+                history[j] = self.systems[system]
+                name[j] = f"s{self.started}"
+                self.started += 1
+                left[j] = spec.turns
+            left[j] -= 1
+            blocks = history[j] = history[j] + new(turn_blocks)
+            prefixes.append(Prefix(blocks, work, name[j]))
+            lengths.append(len(blocks))
+        return prefixes, np.array(lengths, dtype=np.float64) * work
+
+
+def _single_prompts(spec: SinglePrompts) -> _PromptSource:
+    work, new = spec.block_work, _NewBlocks()
+
+    def draw(m: int) -> tuple[list[Prefix], npt.NDArray[np.float64]]:
+        return [Prefix(new(spec.blocks), work) for _ in range(m)], np.full(m, spec.longest * work)
+
+    return draw
+
+
+def _hot_prompts(spec: HotPrompts, rng: np.random.Generator) -> _PromptSource:
+    work, head, tail, new = spec.block_work, spec.system_blocks, spec.turn_blocks, _NewBlocks()
+    hot = [new(head) for _ in range(spec.systems)]
+
+    def draw(m: int) -> tuple[list[Prefix], npt.NDArray[np.float64]]:
+        shared: list[bool] = (rng.random(m) < spec.share).tolist()
+        which: list[int] = rng.integers(spec.systems, size=m).tolist()
+        prefixes = [
+            Prefix((hot[w] if s else new(head)) + new(tail), work)
+            for s, w in zip(shared, which, strict=True)
+        ]
+        return prefixes, np.full(m, spec.longest * work)
+
+    return draw
+
+
+def _prompt_source(
+    spec: ChatPrompts | SinglePrompts | HotPrompts, rng: np.random.Generator
+) -> _PromptSource:
+    if isinstance(spec, ChatPrompts):
+        return _ChatPrompts(spec, rng)
+    if isinstance(spec, SinglePrompts):
+        return _single_prompts(spec)
+    return _hot_prompts(spec, rng)
 
 
 def _sizes(
@@ -196,6 +299,7 @@ def _items(
     size_rng: np.random.Generator,
     priority_rng: np.random.Generator,
     trace: Trace | None,
+    prompts: _PromptSource | None,
 ) -> Iterator[tuple[float, WorkItem]]:
     total = spec.requests
     kind = spec.kind
@@ -214,7 +318,12 @@ def _items(
     while start < total:
         m = min(CHUNK, total - start)
         times: list[float] = clock(m).tolist()
-        costs: list[float] = _sizes(spec, size_rng, start, m).tolist()
+        sizes = _sizes(spec, size_rng, start, m)
+        prefixes: list[Prefix] | None = None
+        if prompts is not None:
+            prefixes, prefill = prompts(m)
+            sizes = sizes + prefill
+        costs: list[float] = sizes.tolist()
         ids = range(start, start + m)
         prios: list[int] | None = None
         if prio_keys is not None:
@@ -222,6 +331,9 @@ def _items(
         if per_row:
             assert trace is not None
             yield from trace_rows(trace, start, m, times, costs, prios, kind, memory)
+        elif prefixes is not None:
+            for i, t, c, p, x in zip(ids, times, costs, prios or [0] * m, prefixes, strict=True):
+                yield t, item(c, kind, memory, p, None, no_tags, None, i, False, x)
         elif prios is None:
             for i, t, c in zip(ids, times, costs, strict=True):
                 yield t, item(c, kind, memory, 0, None, no_tags, None, i)

@@ -6,6 +6,10 @@ in time resolve in the order the events were scheduled. Arrivals are pulled one 
 the workload generator and never enter the heap, which keeps the heap as small as the number of
 running items. A device of speed ``s`` with ``k`` slots runs each item at ``s / k`` work units
 per second, so ``s`` is its throughput when all slots are busy.
+
+With ``cache_blocks``, each device also has a prefix cache (its engine's KV cache, the truth, not
+a policy's belief of it): an item whose prompt starts with blocks cached there skips their
+prefill, and its prompt is then cached there, least recently used blocks evicted at capacity.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from hetero.sched.driver import Driver
 from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Policy
+from hetero.sched.prefix import Prefix, PrefixIndex
 from hetero.sim.result import SimResult, TimeSeries
 
 __all__ = ["Simulator"]
@@ -49,6 +54,11 @@ class Simulator:
         samples: time-series points to aim for: between ``samples`` and ``2 × samples`` once the
             run outlasts its first interval (``expected_duration / samples``) that many times.
         keep_finished: keep every item's record (needed for ``validate_state``; costs memory).
+        cache_blocks: each device's prefix cache in blocks (one number for all, or one per
+            device): an item with a ``prefix`` runs for its cost less the prefill of the leading
+            blocks the device holds (``matched × block_work``, at most its cost), and leaves its
+            blocks there. ``None``: no cache, every item runs for its whole cost. A device that
+            fails loses its cache.
     """
 
     def __init__(
@@ -62,6 +72,7 @@ class Simulator:
         dispatcher_options: Mapping[str, object] | None = None,
         samples: int = 200,
         keep_finished: bool = False,
+        cache_blocks: int | Sequence[int] | None = None,
     ) -> None:
         self.clock = ManualClock()
         self.devices = list(devices)
@@ -91,6 +102,14 @@ class Simulator:
         self.capacity = float(true_speed.sum())
         self.samples = samples
         self.policy_name = policy.name or type(policy).__name__
+        self.cache_blocks: list[int] | None = None
+        if cache_blocks is not None:
+            n = len(self.devices)
+            blocks = [cache_blocks] * n if isinstance(cache_blocks, int) else list(cache_blocks)
+            if len(blocks) != n:
+                raise ValueError(f"cache_blocks gives {len(blocks)} capacities for {n} devices")
+            PrefixIndex(blocks)  # refuses a bad capacity now rather than at run
+            self.cache_blocks = blocks
 
     def run(
         self,
@@ -113,7 +132,8 @@ class Simulator:
         d = self.dispatcher
         clock = self.clock
         view = d.view
-        events = _Events(d, self._unit_seconds, log)
+        cache = None if self.cache_blocks is None else PrefixIndex(self.cache_blocks)
+        events = _Events(d, self._unit_seconds, log, cache)
         heap = events.heap
         for device_id, down, up in failures:
             if device_id not in view.index:
@@ -176,6 +196,8 @@ class Simulator:
                         continue
                     elif kind == _DOWN:
                         out = d.device_down(str(payload), "simulated device failure")
+                        if cache is not None:  # its engine restarts with an empty cache
+                            cache.forget(view.index[str(payload)])
                     elif kind == _UP:
                         out = d.device_up(str(payload))
                     else:
@@ -217,6 +239,7 @@ class Simulator:
             met = int((latencies <= slo_latency).sum())
             attainment = met / submitted if submitted else math.nan
         series = _series(interval, sample_t, sample_busy, sample_queue, view.slots)
+        looked_up = sum(events.looked_up)
         return SimResult(
             policy=self.policy_name,
             device_ids=list(view.ids),
@@ -234,6 +257,11 @@ class Simulator:
             costs=costs,
             series=series,
             failure_reasons=dict(reasons),
+            prefix_hit_rate=sum(events.hit) / looked_up if looked_up else None,
+            prefix_hits=np.array(events.hit, dtype=np.int64) if cache is not None else None,
+            prefix_lookups=np.array(events.looked_up, dtype=np.int64)
+            if cache is not None
+            else None,
         )
 
 
@@ -247,6 +275,7 @@ class _Events(Driver):
         dispatcher: Dispatcher,
         unit_seconds: list[float],
         log: list[tuple[float, str, int | str, str]] | None,
+        cache: PrefixIndex | None = None,
     ) -> None:
         super().__init__(dispatcher)
         self.log = log  # (time, what, item id, device id or reason) of each instruction
@@ -258,6 +287,10 @@ class _Events(Driver):
         self.expire_token = -1  # the seq of the live _EXPIRE event (-1: none)
         self.done = self.failed = 0
         self.reasons: Counter[str] = Counter()
+        self.cache = cache  # the devices' prefix caches (None: not modelled)
+        n = len(unit_seconds)
+        self.looked_up = [0] * n  # per device: prompt blocks looked up in its cache
+        self.hit = [0] * n  # per device: those it held
 
     def push(self, at: float, kind: int, payload: object) -> int:
         self.seq += 1
@@ -266,12 +299,26 @@ class _Events(Driver):
 
     def on_run(self, ins: Run) -> None:
         item = ins.item
+        work = item.cost
+        if self.cache is not None and item.prefix is not None:
+            work -= self._cached(item.prefix, ins.device, work)
         self.seq = seq = self.seq + 1
         self.run_token[item.id] = seq
-        at = self.now + item.cost * self.unit_seconds[ins.device]
+        at = self.now + work * self.unit_seconds[ins.device]
         heapq.heappush(self.heap, (at, seq, _COMPLETE, item.id))
         if self.log is not None:
             self.log.append((self.now, "run", item.id, ins.device_id))
+
+    def _cached(self, prefix: Prefix, device: int, cost: float) -> float:
+        """The prefill ``device`` skips for a prompt of ``prefix``, at most ``cost``; the prompt
+        is then cached there (the engine prefills it as the run starts)."""
+        cache, blocks = self.cache, prefix.blocks
+        assert cache is not None
+        matched = int(cache.match(blocks)[device])
+        cache.insert(device, blocks)
+        self.looked_up[device] += len(blocks)
+        self.hit[device] += matched
+        return min(matched * prefix.block_work, cost)
 
     def on_stop(self, ins: Stop) -> None:
         self.run_token.pop(ins.item.id, None)

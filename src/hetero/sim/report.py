@@ -48,10 +48,21 @@ _COLUMNS = (
 )
 
 
+def _cached(results: Sequence[SimResult]) -> bool:
+    """Whether any run modelled a prefix cache and looked prompts up in it."""
+    return any(r.prefix_hit_rate is not None for r in results)
+
+
+def _columns(results: Sequence[SimResult]) -> tuple[str, ...]:
+    return (*_COLUMNS, "cache hits") if _cached(results) else _COLUMNS
+
+
 def _rows(results: Sequence[SimResult]) -> list[list[str]]:
+    cached = _cached(results)
     rows = []
     for r in results:
         m = r.metrics
+        hits = r.prefix_hit_rate
         rows.append(
             [
                 r.policy,
@@ -65,6 +76,7 @@ def _rows(results: Sequence[SimResult]) -> list[list[str]]:
                 percent(m.makespan_efficiency),
                 f"{r.rejected:,}",
                 f"{r.failed:,}",
+                *([percent(hits) if hits is not None else "-"] if cached else []),
             ]
         )
     return rows
@@ -80,9 +92,12 @@ def _legend(results: Sequence[SimResult]) -> str:
     within = (
         f"share of items done within {seconds(slo)}" if slo is not None else "none in the workload"
     )
+    hits = (
+        "; cache hits: share of prompt blocks found in the prefix cache" if _cached(results) else ""
+    )
     return (
         f"mean, p50, p99: latency; SLO: {within}; balance: mean/highest device utilization "
-        "(1.0: all equally busy); efficiency: ideal/actual makespan" + _failures(results)
+        "(1.0: all equally busy); efficiency: ideal/actual makespan" + hits + _failures(results)
     )
 
 
@@ -102,7 +117,7 @@ def comparison_table(results: list[SimResult]) -> Table:
     """One row per policy: throughput, mean/p50/p99 latency, SLO attainment, balance, makespan
     efficiency, rejected, failed; the columns past the console's width go to a table below."""
     table = SplitTable(title="Policy comparison", caption=_legend(results), caption_justify="left")
-    for i, name in enumerate(_COLUMNS):
+    for i, name in enumerate(_columns(results)):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in _rows(results):
         table.add_row(*row)
@@ -218,7 +233,7 @@ def write_html_report(
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Comparison</h2>",
-        _html_table(_COLUMNS, _rows(results)),
+        _html_table(_columns(results), _rows(results)),
     ]
     parts.append(f'<p class="note">{html.escape(_legend(results))}</p>')
     slo = _slo(results)

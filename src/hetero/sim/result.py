@@ -48,6 +48,11 @@ class SimResult:
     costs: npt.NDArray[np.float64]  # of the same items, in the same order
     series: TimeSeries
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    # With a prefix cache modelled: prompt blocks found cached / looked up (None without a cache
+    # or a prompt), and per device (in device_ids' order) the blocks hit and looked up.
+    prefix_hit_rate: float | None = None
+    prefix_hits: npt.NDArray[np.int64] | None = None
+    prefix_lookups: npt.NDArray[np.int64] | None = None
 
     @property
     def events_per_second(self) -> float:
@@ -76,4 +81,5 @@ class SimResult:
             "wall_seconds": self.wall_seconds,
             "events_per_second": self.events_per_second,
             "failure_reasons": dict(self.failure_reasons),
+            "prefix_hit_rate": self.prefix_hit_rate,
         }

@@ -12,10 +12,11 @@ from hetero.config import SchedulerConfig
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
 from hetero.errors import ConfigError, HeteroError
+from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
 from hetero.sched.registry import make_policy, policy_class
 from hetero.sim.engine import Progress, Simulator
 from hetero.sim.result import SimResult
-from hetero.sim.workload import WorkloadSpec, arrival_rate, generate, mean_size
+from hetero.sim.workload import WorkloadSpec, arrival_rate, generate, mean_cost
 
 __all__ = ["devices_from_names", "expected_duration", "simulate"]
 
@@ -51,7 +52,7 @@ def devices_from_names(text: str) -> list[Device]:
 
 def expected_duration(spec: WorkloadSpec, capacity: float) -> float:
     """Roughly how long the workload lasts in simulated seconds (for the sampling interval)."""
-    busy = spec.requests * mean_size(spec) / capacity
+    busy = spec.requests * mean_cost(spec) / capacity
     rate = arrival_rate(spec, capacity)
     return busy if rate is None else max(spec.requests / rate, busy)
 
@@ -75,14 +76,21 @@ def simulate(
     actual_speed: Mapping[str, float] | None = None,
     dispatcher_options: Mapping[str, Any] | None = None,
     progress: Callable[[str], Progress] | None = None,
+    cache_blocks: int | None = None,
 ) -> list[SimResult]:
     """One ``SimResult`` per policy, all on the same workload (same seed, same arrivals).
 
     ``scheduler`` (from a fleet config) gives the queue bound, the timeout and the options of its
-    own ``strategy``; ``dispatcher_options`` override those.
+    own ``strategy``; ``dispatcher_options`` override those. ``cache_blocks`` is each device's
+    prefix cache in blocks; when it is not given, a workload with ``prompts`` gets
+    ``DEFAULT_CAPACITY_BLOCKS`` (what ``prefix_affinity`` assumes) and one without, no cache.
     """
     if slots < 1:
         raise ConfigError([("--slots", f"must be >= 1, got {slots}")])
+    if cache_blocks is not None and cache_blocks < 0:
+        raise ConfigError([("--cache-blocks", f"must be >= 0, got {cache_blocks}")])
+    if cache_blocks is None and workload.prompts is not None:
+        cache_blocks = DEFAULT_CAPACITY_BLOCKS
     options: dict[str, Any] = {}
     if scheduler is not None:
         options.update(
@@ -110,6 +118,7 @@ def simulate(
             unit_rate=unit_rate,
             actual_speed=actual_speed,
             dispatcher_options=options,
+            cache_blocks=cache_blocks,
         )
         result = sim.run(
             generate(workload, sim.capacity),

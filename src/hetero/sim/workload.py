@@ -8,6 +8,7 @@ pairs in time order, lazily and deterministically for a seed::
     requests: 100000
     arrivals: {process: poisson, load: 0.8}      # or rate: 250 (items/s); bursty; closed
     size: {dist: lognormal, mean: 300, sigma: 1.0}
+    prompts: {kind: chat, systems: 20, turns: 6}  # or single, hot: prompts that share prefixes
     memory: 2GB
     priorities: {0: 0.9, 5: 0.1}
     slo: {latency: 2.0}
@@ -16,7 +17,9 @@ pairs in time order, lazily and deterministically for a seed::
 
 Sizes are work units: a device of speed ``s`` takes ``cost / s`` seconds for an item. ``load`` is
 a fraction of the fleet's capacity (its total work units per second), so ``load: 0.8`` keeps any
-fleet 80 % busy on average.
+fleet 80 % busy on average. With ``prompts``, an item's cost is its prompt's prefill (blocks ×
+``block_work``) plus its size (its output), and ``load`` counts the prefill whole: a prefix cache
+that spares some of it leaves the fleet less busy than that.
 
 The models live in :mod:`hetero.sim.workload_spec`, trace files are read by
 :mod:`hetero.sim.trace` and items drawn by :mod:`hetero.sim.arrivals`; this module reads and
@@ -33,16 +36,19 @@ from pydantic import ValidationError
 from hetero._data_files import read_data_file
 from hetero._errors_render import Nested, show, validation_problems
 from hetero.errors import ConfigError
-from hetero.sim.arrivals import arrival_rate, generate, mean_size
+from hetero.sim.arrivals import arrival_rate, generate, mean_cost, mean_size
 from hetero.sim.workload_spec import (
     SLO,
     BurstyArrivals,
+    ChatPrompts,
     ClosedArrivals,
     DeviceFailure,
     DrawnSize,
     FixedSize,
+    HotPrompts,
     LognormalSize,
     PoissonArrivals,
+    SinglePrompts,
     TraceSize,
     UniformSize,
     WorkloadSpec,
@@ -51,18 +57,22 @@ from hetero.sim.workload_spec import (
 __all__ = [
     "SLO",
     "BurstyArrivals",
+    "ChatPrompts",
     "ClosedArrivals",
     "DeviceFailure",
     "DrawnSize",
     "FixedSize",
+    "HotPrompts",
     "LognormalSize",
     "PoissonArrivals",
+    "SinglePrompts",
     "TraceSize",
     "UniformSize",
     "WorkloadSpec",
     "arrival_rate",
     "generate",
     "load_workload",
+    "mean_cost",
     "mean_size",
     "parse_workload",
 ]
@@ -114,6 +124,7 @@ _NESTED: Nested = {
         "lognormal": LognormalSize,
         "trace": TraceSize,
     },
+    "prompts": {"chat": ChatPrompts, "single": SinglePrompts, "hot": HotPrompts},
     "slo": SLO,
     "failures": DeviceFailure,
 }

@@ -1,6 +1,6 @@
 """The models of a workload file, validated by pydantic: arrival processes, size
-distributions (or a trace), memory, priorities, SLO and device failures, all in
-:class:`WorkloadSpec`. :mod:`hetero.sim.workload` reads files into them."""
+distributions (or a trace), prompts that share prefixes, memory, priorities, SLO and device
+failures, all in :class:`WorkloadSpec`. :mod:`hetero.sim.workload` reads files into them."""
 
 from __future__ import annotations
 
@@ -23,15 +23,20 @@ from hetero.errors import ConfigError
 from hetero.sim.trace import Trace, memory_size, read_trace
 
 __all__ = [
+    "MAX_PROMPT_BLOCKS",
     "SLO",
     "Arrivals",
     "BurstyArrivals",
+    "ChatPrompts",
     "ClosedArrivals",
     "DeviceFailure",
     "DrawnSize",
     "FixedSize",
+    "HotPrompts",
     "LognormalSize",
     "PoissonArrivals",
+    "Prompts",
+    "SinglePrompts",
     "Size",
     "TraceSize",
     "UniformSize",
@@ -103,9 +108,9 @@ class ClosedArrivals(_Strict):
     process: Literal["closed"]
 
 
-def _bare_process(value: Any) -> Any:
-    """Accept a bare process name as shorthand: ``arrivals: closed``."""
-    return {"process": value} if isinstance(value, str) else value
+def _bare(key: str) -> BeforeValidator:
+    """Accept a bare tag as shorthand for a tagged section: ``arrivals: closed``."""
+    return BeforeValidator(lambda value: {key: value} if isinstance(value, str) else value)
 
 
 def _bare_size(value: Any) -> Any:
@@ -118,7 +123,7 @@ def _bare_size(value: Any) -> Any:
 Arrivals = Annotated[
     PoissonArrivals | BurstyArrivals | ClosedArrivals,
     Field(discriminator="process"),
-    BeforeValidator(_bare_process),
+    _bare("process"),
 ]
 
 
@@ -187,6 +192,103 @@ DrawnSize = Annotated[
 ]
 
 
+#: The longest prompt a workload may give, in blocks: generating and matching prompts costs time
+#: in their length, and a typo (``turns: 100000``) should not make a run crawl.
+MAX_PROMPT_BLOCKS = 4096
+
+
+class _Prompts(_Strict):
+    """Prompts whose prefixes items share, so that a device's prefix cache can spare their
+    prefill. Each prompt is ``blocks`` (one hash each, ``hetero.sched.prefix``); an item costs
+    its prompt's blocks × ``block_work`` plus an output drawn from ``size``."""
+
+    block_work: float = Field(default=64.0, gt=0, description="work units of one block's prefill")
+
+    @property
+    def longest(self) -> int:
+        """Blocks in the longest prompt."""
+        raise NotImplementedError
+
+    @property
+    def mean_blocks(self) -> float:
+        """Blocks per prompt on average, over a long run."""
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _not_too_long(self) -> _Prompts:
+        if self.longest > MAX_PROMPT_BLOCKS:
+            raise ValueError(
+                f"the longest prompt would be {self.longest} blocks; at most "
+                f"{MAX_PROMPT_BLOCKS} allowed"
+            )
+        return self
+
+
+class ChatPrompts(_Prompts):
+    """Multi-turn chats: ``sessions`` conversations in progress at once, interleaved (each item
+    is the next turn of one picked at random). A conversation starts with one of ``systems``
+    system prompts (``system_blocks`` long) and each turn adds ``turn_blocks`` to its history,
+    so its k-th prompt extends its (k-1)-th; after ``turns`` turns a new one takes its place."""
+
+    kind: Literal["chat"]
+    systems: int = Field(default=20, ge=1, description="distinct system prompts")
+    system_blocks: int = Field(default=16, ge=0)
+    turn_blocks: int = Field(default=4, ge=1, description="blocks each turn adds")
+    turns: int = Field(default=6, ge=1, description="turns per conversation")
+    sessions: int = Field(default=500, ge=1, description="conversations in progress at once")
+
+    @property
+    def longest(self) -> int:
+        return self.system_blocks + self.turns * self.turn_blocks
+
+    @property
+    def mean_blocks(self) -> float:
+        # Every conversation runs turns 1 .. turns, so each turn is equally common.
+        return self.system_blocks + self.turn_blocks * (self.turns + 1) / 2
+
+
+class SinglePrompts(_Prompts):
+    """Single-turn requests that share nothing: every prompt is ``blocks`` blocks of its own."""
+
+    kind: Literal["single"]
+    blocks: int = Field(default=20, ge=1, description="blocks per prompt")
+
+    @property
+    def longest(self) -> int:
+        return self.blocks
+
+    @property
+    def mean_blocks(self) -> float:
+        return self.blocks
+
+
+class HotPrompts(_Prompts):
+    """A few hot prefixes: a ``share`` of the requests start with one of ``systems`` prefixes
+    (``system_blocks`` long), the rest with one of their own as long; each then adds
+    ``turn_blocks`` of its own. What piles every request onto one device if a policy lets it."""
+
+    kind: Literal["hot"]
+    systems: int = Field(default=2, ge=1, description="hot prefixes")
+    system_blocks: int = Field(default=16, ge=1)
+    turn_blocks: int = Field(default=4, ge=0)
+    share: float = Field(default=0.9, ge=0, le=1, description="of requests with a hot prefix")
+
+    @property
+    def longest(self) -> int:
+        return self.system_blocks + self.turn_blocks
+
+    @property
+    def mean_blocks(self) -> float:
+        return self.longest
+
+
+Prompts = Annotated[
+    ChatPrompts | SinglePrompts | HotPrompts,
+    Field(discriminator="kind"),
+    _bare("kind"),
+]
+
+
 class SLO(_Strict):
     latency: float = Field(gt=0, description="seconds from arrival to completion")
 
@@ -217,12 +319,20 @@ class WorkloadSpec(_Strict):
     requests: int = Field(default=10_000, ge=1, description="items to generate")
     arrivals: Arrivals = Field(default_factory=lambda: ClosedArrivals(process="closed"))
     size: Size = Field(default_factory=lambda: FixedSize(dist="fixed", value=1.0))
+    prompts: Prompts | None = None
     memory: Annotated[int, BeforeValidator(memory_size)] | None = None
     kind: str = Field(default="default", min_length=1)
     priorities: dict[int, float] | None = None
     slo: SLO | None = None
     failures: list[DeviceFailure] = Field(default_factory=list)
     seed: int = 0
+
+    @field_validator("prompts")
+    @classmethod
+    def _not_with_a_trace(cls, value: _Prompts | None, info: ValidationInfo) -> _Prompts | None:
+        if value is not None and isinstance(info.data.get("size"), TraceSize):
+            raise ValueError("cannot be combined with size: trace (a trace gives each item's cost)")
+        return value
 
     @field_validator("priorities")
     @classmethod
