@@ -13,6 +13,7 @@ from hetero._lazy import lazy_exports
 #: Each public name and the module that defines it (imported on first use).
 _EXPORTS: dict[str, str] = {
     "HeteroSampler": "hetero.train.sampler",
+    "MemoryEstimate": "hetero.train.memory",
     "RankReport": "hetero.train.report",
     "StepReport": "hetero.train.report",
     "Trainer": "hetero.train.trainer",
@@ -25,6 +26,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.train.memory import MemoryEstimate as MemoryEstimate
     from hetero.train.options import TrainerOptions as TrainerOptions
     from hetero.train.report import RankReport as RankReport
     from hetero.train.report import StepReport as StepReport

@@ -56,12 +56,24 @@ _SHARED_OPTIONS = (
 @dataclass(frozen=True)
 class TrainerOptions:
     """How a ``Trainer`` splits, runs and reports the work. Built on every rank: ``micro_batch``,
-    ``speed``, ``emulate_sample_time``, ``report_path`` and ``report_every`` may differ per rank,
-    the others must be equal on all of them.
+    ``memory_limit``, ``memory_cache``, ``num_workers``, ``prefetch_factor``, ``speed``,
+    ``emulate_sample_time``, ``report_path`` and ``report_every`` may differ per rank, the
+    others must be equal on all of them.
 
     - ``global_batch``: samples per optimizer step over all ranks (``B``).
     - ``micro_batch``: most samples one forward/backward on this rank holds (its memory); a
-      larger share is accumulated over several. ``None``: no cap.
+      larger share is accumulated over several. ``None``: no cap, or the one ``memory_limit``
+      sets.
+    - ``memory_limit``: bytes this rank's device holds for the model, its gradients and one
+      micro-batch (the optimizer's state aside). The largest micro-batch that fits is measured
+      at start (``hetero.train.memory``) and caps the micro-batches; with ``micro_batch`` too,
+      that one is checked against it. Enforced: no micro-batch measured to need more runs.
+    - ``memory_cache``: a JSON file keeping those measurements, keyed by the model, a sample's
+      shapes and the device; ``None``: ``memory_probe.json`` in ``checkpoint_dir`` when there is
+      one, else measured every time.
+    - ``num_workers``, ``prefetch_factor``: the ``DataLoader``'s worker processes that load and
+      collate this rank's next micro-batches while it computes (0: loaded in this process when
+      needed), and how many micro-batches each loads ahead.
     - ``rebalance_every``: steps between rebalancing from measured speeds (0: never).
     - ``profile_steps``: timed micro-batches per rank at start that set the first shares.
     - ``shares``: fixed shares per rank (summing to ``global_batch``): no rebalancing.
@@ -96,6 +108,10 @@ class TrainerOptions:
     report_every: int = 10
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50
+    memory_limit: int | None = None
+    memory_cache: str | None = None
+    num_workers: int = 0
+    prefetch_factor: int = 2
 
     def __post_init__(self) -> None:
         if self.shares is not None and not isinstance(self.shares, (str, bytes)):
@@ -135,6 +151,22 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
             " (the most samples one forward/backward on this rank holds; None for no cap): a"
             " rank that cannot hold one sample cannot train",
         )
+    if o.memory_limit is not None:
+        at_least(
+            "memory_limit",
+            1,
+            " (bytes this rank's device holds for the model, its gradients and one micro-batch; "
+            "None for no limit)",
+        )
+    if o.memory_cache is not None and (not isinstance(o.memory_cache, str) or not o.memory_cache):
+        problems.append(
+            (
+                "memory_cache",
+                f"must be a file path (a non-empty string) or None, got {o.memory_cache!r}",
+            )
+        )
+    at_least("num_workers", 0, " (0: load micro-batches in the training process)")
+    at_least("prefetch_factor", 1, " (micro-batches each worker loads ahead)")
     at_least("rebalance_every", 0, " (0: never)")
     at_least("profile_steps", 1)
     at_least("seed", 0)
@@ -181,13 +213,23 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     return problems
 
 
-def rank_setup(o: TrainerOptions, model: nn.Module, dataset_size: int) -> dict[str, Any]:
-    """What this rank tells the others at start, for ``setup_problems`` to compare."""
+def rank_setup(
+    o: TrainerOptions,
+    model: nn.Module,
+    dataset_size: int,
+    *,
+    micro_batch: int | None = None,
+    memory: str | None = None,
+) -> dict[str, Any]:
+    """What this rank tells the others at start, for ``setup_problems`` to compare:
+    ``micro_batch`` is its cap in effect (``o.micro_batch`` or the one its memory limit sets),
+    ``memory`` why its memory limit cannot be met, if it cannot."""
     return {
         "model": [(n, tuple(t.shape), str(t.dtype)) for n, t in _tensors(model)],
         "options": {name: getattr(o, name) for name in _SHARED_OPTIONS},
         "dataset_size": dataset_size,
-        "micro_batch": o.micro_batch,
+        "micro_batch": o.micro_batch if micro_batch is None else micro_batch,
+        "memory": memory,
     }
 
 
@@ -222,6 +264,9 @@ def setup_problems(
                 f"{o.global_batch}, and drop_last is set: no step would run",
             )
         )
+    for rank, theirs in enumerate(ranks):
+        if theirs.get("memory"):
+            problems.append((f"rank {rank}", theirs["memory"]))
     first = ranks[0]
     for rank, theirs in enumerate(ranks[1:], start=1):
         if theirs["model"] != first["model"]:

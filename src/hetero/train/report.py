@@ -18,10 +18,11 @@ class RankReport:
     rank: int
     samples: int
     micro_batches: int
-    compute_seconds: float  # its micro-batches: data, forward, backward (and emulated pacing)
+    compute_seconds: float  # its micro-batches' forward and backward (and emulated pacing)
     idle_seconds: float  # waiting for the slowest rank's compute to end
     comm_seconds: float  # the all-reduce left after that: what the last backward did not hide
     step_seconds: float  # the whole step, optimizer included
+    data_seconds: float = 0.0  # waiting for its micro-batches and moving them to the device
 
     @property
     def samples_per_second(self) -> float:
@@ -81,14 +82,14 @@ class StepReport:
         """One line: step time against the ideal, shares, and each rank's time split."""
         ms = 1e3
         ranks = "; ".join(
-            f"r{r.rank} {r.compute_seconds * ms:.0f}/{r.comm_seconds * ms:.0f}/"
-            f"{r.idle_seconds * ms:.0f}"
+            f"r{r.rank} {r.compute_seconds * ms:.0f}/{r.data_seconds * ms:.0f}/"
+            f"{r.comm_seconds * ms:.0f}/{r.idle_seconds * ms:.0f}"
             for r in self.ranks
         )
         return (
             f"step {self.step}: {self.step_seconds * ms:.1f} ms, ideal "
             f"{self.ideal_seconds * ms:.1f} ms ({self.efficiency:.0%}), shares "
-            f"{'/'.join(map(str, self.shares))}, compute/comm/idle ms {ranks}"
+            f"{'/'.join(map(str, self.shares))}, compute/data/comm/idle ms {ranks}"
             + (f"; rebalanced to {'/'.join(map(str, self.next_shares))}" if self.rebalanced else "")
         )
 
@@ -101,19 +102,23 @@ def rank_timings(
     synced: float,
     ended: float,
     wall: float,
+    data: float = 0.0,
 ) -> list[float]:
     """This rank's row of a step, for every rank to gather and pass to ``step_report``: its
     samples and micro-batches, then its compute, the tail after it (idle and all-reduce), the
-    whole step and when its compute ended on the wall clock. ``started``, ``computed``
-    (its compute's end), ``synced`` (the all-reduce's end) and ``ended`` are ``perf_counter``
-    instants; ``wall`` turns them into wall-clock ones, comparable across ranks."""
+    whole step, when its compute ended on the wall clock and its data time. ``started``,
+    ``computed`` (its compute's end), ``synced`` (the all-reduce's end) and ``ended`` are
+    ``perf_counter`` instants; ``wall`` turns them into wall-clock ones, comparable across
+    ranks. ``data`` (seconds waiting for micro-batches, between ``started`` and ``computed``)
+    is taken out of the compute."""
     return [
         samples,
         micro_batches,
-        computed - started,
+        computed - started - data,
         synced - computed,
         ended - started,
         computed + wall,
+        data,
     ]
 
 
@@ -127,10 +132,12 @@ def step_report(
     """The step's report from every rank's ``rank_timings`` row, in rank order."""
     slowest = max(row[5] for row in rows)  # when the last rank's compute ended
     reports = []
-    for i, (samples, micro, compute, tail, whole, end) in enumerate(rows):
+    for i, (samples, micro, compute, tail, whole, end, data) in enumerate(rows):
         # What came after its compute: waiting for the slowest rank, then the all-reduce.
         idle = min(max(slowest - end, 0.0), tail)
-        reports.append(RankReport(i, int(samples), int(micro), compute, idle, tail - idle, whole))
+        reports.append(
+            RankReport(i, int(samples), int(micro), compute, idle, tail - idle, whole, data)
+        )
     return StepReport(step, epoch, shares, tuple(throughputs), tuple(reports))
 
 

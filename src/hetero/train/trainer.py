@@ -19,6 +19,12 @@ exposed communication (the rest of the all-reduce, the part the backward did not
 Shares come from ``PerfModel.batch_sizes`` over each rank's throughput (samples/s): measured at
 start on ``profile_steps`` equal micro-batches, then every ``rebalance_every`` steps from the
 compute time of the steps since the last rebalance.
+
+Speed decides a rank's share; memory decides how many micro-batches carry it: with a
+``memory_limit`` the largest micro-batch that fits is measured at start (``memory.py``) and caps
+them. Micro-batches come from a ``DataLoader`` per rank (``pipeline.py``) fed with the rank's
+share of each step, and the time spent waiting for them is the step's data time, apart from
+compute.
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
 from hetero.train.checkpoint import read_checkpoint, write_checkpoint
+from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
+from hetero.train.pipeline import InputPipeline
+from hetero.train.pipeline import chunks as _chunks
 from hetero.train.report import ProgressView, RankReport, StepReport, rank_timings, step_report
 from hetero.train.sampler import HeteroSampler
 from hetero.train.tensors import take_none, to_device
@@ -80,6 +89,10 @@ class Trainer:
     batch. ``dataset`` yields ``(input, target)`` samples, batched by ``collate_fn``.
     ``optimizer`` is an optimizer over ``model``'s parameters or a function that makes one
     from them.
+
+    ``micro_batch`` is the cap on this rank's micro-batches in effect (the option, or what
+    ``memory_limit`` lets it hold; ``None``: none) and ``memory`` what the memory probe found
+    (``None`` without a limit). ``close()`` stops the data loader's worker processes.
     """
 
     def __init__(
@@ -110,19 +123,30 @@ class Trainer:
         self._collate = collate_fn
         self._dataset_size = len(dataset)
         self._device = next(model.parameters()).device
-        self._profile_size = self._agree(model, len(dataset))
+        dtype = PRECISIONS[options.mixed_precision]
+        self._autocast = torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
+        sample = collate_fn([dataset[0]])
+        self.memory, memory_problem = self._probe_memory(sample)
+        self.micro_batch = options.micro_batch if self.memory is None else self.memory.cap or None
+        self._profile_size = self._agree(model, len(dataset), memory_problem)
         self._ddp = self._wrap(model)
         self.optimizer = (
             optimizer
             if isinstance(optimizer, torch.optim.Optimizer)
             else optimizer(model.parameters())
         )
-        dtype = PRECISIONS[options.mixed_precision]
-        self._autocast = torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
         self._scaler = (
             torch.amp.GradScaler(self._device.type) if options.mixed_precision == "fp16" else None
         )
-        self._empty = to_device(take_none(collate_fn([dataset[0]])), self._device)
+        self._empty = to_device(take_none(sample), self._device)
+        self._pipeline = InputPipeline(
+            dataset,
+            collate_fn,
+            self._device,
+            cap=self.micro_batch,
+            num_workers=options.num_workers,
+            prefetch_factor=options.prefetch_factor,
+        )
         self._paced_until = -1.0
         self.steps = 0
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
@@ -187,12 +211,38 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ set-up
 
-    def _agree(self, model: nn.Module, dataset_size: int) -> int:
-        """Check that every rank runs the same model and shared options on a dataset of the same
-        size, raising the same ``ConfigError`` on all of them otherwise; returns the
-        micro-batch size every rank profiles with."""
+    def _probe_memory(self, sample: Any) -> tuple[MemoryEstimate | None, str | None]:
+        """With a ``memory_limit``: the largest micro-batch this rank may run under it, measured
+        on the bare model (see ``memory.py``), and why the limit cannot be met if it cannot
+        (every rank raises that together, in ``_agree``)."""
         o = self.options
-        ranks = comm.all_gather_object(rank_setup(o, model, dataset_size))
+        if o.memory_limit is None:
+            return None, None
+        cache = o.memory_cache or (
+            None if o.checkpoint_dir is None else str(Path(o.checkpoint_dir) / "memory_probe.json")
+        )
+        probe = MemoryProbe(
+            self.model, self._loss_fn, self._dataset, self._collate, autocast=self._autocast
+        )
+        try:
+            return plan_memory(
+                probe,
+                o.memory_limit,
+                most=min(o.global_batch, self._dataset_size),
+                micro_batch=o.micro_batch,
+                cache=None if cache is None else Path(cache),
+                key=cache_key(self.model, sample, self._device, o.mixed_precision),
+            )
+        except ConfigError as exc:
+            return None, str(exc)
+
+    def _agree(self, model: nn.Module, dataset_size: int, memory: str | None = None) -> int:
+        """Check that every rank runs the same model and shared options on a dataset of the same
+        size, and that every rank's memory limit can be met, raising the same ``ConfigError``
+        on all of them otherwise; returns the micro-batch size every rank profiles with."""
+        o = self.options
+        setup = rank_setup(o, model, dataset_size, micro_batch=self.micro_batch, memory=memory)
+        ranks = comm.all_gather_object(setup)
         problems = setup_problems(o, ranks, self.world_size, dataset_size)
         if problems:
             raise ConfigError(problems)
@@ -214,12 +264,13 @@ class Trainer:
         """Every rank's samples/s on ``profile_steps`` micro-batches of one size (after one
         untimed warm-up); the gradients are thrown away."""
         indices = list(range(min(self._profile_size, self._dataset_size)))
+        batch = self._batch(indices)  # loaded once: profiling times the compute
         with self._ddp.no_sync():
-            self._micro_batch(indices, 0.0)  # first-pass allocations and lazy set-up
+            self._micro_batch(batch, len(indices), 0.0)  # first-pass allocations, lazy set-up
             self._paced_until = -1.0  # the timed passes get no credit for the warm-up's pacing
             started = finished = time.perf_counter()
             for _ in range(self.options.profile_steps):
-                finished = self._micro_batch(indices, 0.0)
+                finished = self._micro_batch(batch, len(indices), 0.0)
             seconds = finished - started
         self.model.zero_grad(set_to_none=True)
         rate = len(indices) * self.options.profile_steps / seconds
@@ -246,18 +297,24 @@ class Trainer:
         # partial last one) turns DDP's mean over ranks into the mean over the global batch.
         batch = min(o.global_batch, sampler.dataset_size - position * o.global_batch)
         scale = self.world_size / batch
-        chunks = _chunks(indices, o.micro_batch)
+        chunks = _chunks(indices, self.micro_batch)
 
         self._paced_until = -1.0  # the device idled through the last step's communication
         started = time.perf_counter()
         # Wall-clock instants, to compare with other ranks' (perf_counter's origin is per
         # process); taken once, so the step's own timings stay monotonic.
         wall = time.time() - started
+        self._pipeline.begin(sampler)  # (re)starting the loader, if it must, is data time
+        data = time.perf_counter() - started
         *accumulated, last = chunks or [[]]  # share 0: one empty micro-batch, in the collectives
         with self._ddp.no_sync():
             for chunk in accumulated:
-                self._micro_batch(chunk, scale)
-        computed = self._last_micro_batch(last, scale)  # all-reduces under its backward
+                loaded, waited = self._next_batch()
+                data += waited
+                self._micro_batch(loaded, len(chunk), scale)
+        loaded, waited = self._next_batch() if last else (self._empty, 0.0)
+        data += waited
+        computed = self._last_micro_batch(loaded, len(last), scale)  # all-reduces in backward
         self._sync_device()
         synced = time.perf_counter()
         if self._scaler is not None:
@@ -276,7 +333,7 @@ class Trainer:
         ):
             self.save_checkpoint()
 
-        mine = rank_timings(len(indices), len(chunks), started, computed, synced, ended, wall)
+        mine = rank_timings(len(indices), len(chunks), started, computed, synced, ended, wall, data)
         report = step_report(self.steps, epoch, shares, self.throughputs, self._gather(mine))
         report = self._rebalance(report)
         self.reports.append(report)
@@ -338,15 +395,28 @@ class Trainer:
 
     # ------------------------------------------------------------------------------ passes
 
-    def _micro_batch(self, indices: list[int], scale: float) -> float:
-        """Forward and backward of one micro-batch, paced when this rank emulates a speed;
-        returns when it finished."""
-        started = time.perf_counter()
-        torch.autograd.backward(self._forward(self._batch(indices), scale))
-        self._sync_device()
-        return self._pace(started, len(indices))
+    def close(self) -> None:
+        """Stop the data loader's worker processes (``num_workers``); a later step starts them
+        again. Without workers there is nothing to stop."""
+        self._pipeline.close()
 
-    def _last_micro_batch(self, indices: list[int], scale: float) -> float:
+    def _next_batch(self) -> tuple[Any, float]:
+        """The step's next micro-batch from the pipeline, and the seconds waited for it. An
+        emulated device idles while it waits: its pacing moves on by as much."""
+        batch, waited = self._pipeline.next()
+        if self._paced_until >= 0:
+            self._paced_until += waited
+        return batch, waited
+
+    def _micro_batch(self, batch: Any, samples: int, scale: float) -> float:
+        """Forward and backward of one micro-batch of ``samples`` samples, paced when this
+        rank emulates a speed; returns when it finished."""
+        started = time.perf_counter()
+        torch.autograd.backward(self._forward(batch, scale))
+        self._sync_device()
+        return self._pace(started, samples)
+
+    def _last_micro_batch(self, batch: Any, samples: int, scale: float) -> float:
         """The step's last micro-batch, outside ``no_sync``: its backward all-reduces DDP's
         buckets as they fill. Returns when its compute ended. An emulated rank waits out the
         micro-batch's emulated time before the backward (less the backward's own estimated
@@ -355,11 +425,11 @@ class Trainer:
         plus twice the forward's time (a backward costs about two forwards); what the backward
         takes beyond that is the all-reduce it could not hide."""
         started = time.perf_counter()
-        loss = self._forward(self._batch(indices), scale)
+        loss = self._forward(batch, scale)
         self._sync_device()
         forwarded = time.perf_counter()
         backward = 2 * (forwarded - started)
-        paced = self._pace(started, len(indices), backward)
+        paced = self._pace(started, samples, backward)
         torch.autograd.backward(loss)
         if not self._emulated:
             return forwarded + backward
@@ -370,6 +440,7 @@ class Trainer:
         return paced
 
     def _batch(self, indices: list[int]) -> Any:
+        """``indices`` loaded here, outside the pipeline (for profiling)."""
         if not indices:
             return self._empty
         return to_device(self._collate([self._dataset[i] for i in indices]), self._device)
@@ -413,20 +484,3 @@ class Trainer:
         """``values`` from every rank, identical on all of them (so they split identically)."""
         tensor = torch.tensor(values, dtype=torch.float64, device=self._device)
         return [row.tolist() for row in comm.all_gather(tensor)]
-
-
-# ---------------------------------------------------------------------------------- helpers
-
-
-def _chunks(indices: list[int], cap: int | None) -> list[list[int]]:
-    """``indices`` in as few near-equal micro-batches as ``cap`` allows (none when empty)."""
-    if not indices:
-        return []
-    count = 1 if cap is None else -(-len(indices) // cap)
-    size, extra = divmod(len(indices), count)
-    out, start = [], 0
-    for k in range(count):
-        end = start + size + (k < extra)
-        out.append(indices[start:end])
-        start = end
-    return out
