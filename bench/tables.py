@@ -1322,8 +1322,8 @@ def train(doc: dict[str, Any]) -> str:
         + _table(["configuration", "shares", "step ms", "× ideal", "goal"], rows)
         + f"\n\nhetero's step is **{fig['hetero_speedup_vs_equal']} ×** faster than equal-split "
         f"DDP. Where each rank's time went in hetero's median run (ms per step; comm is the "
-        f"synchronised all-reduce pass, idle the wait at the barrier for the slowest rank; "
-        f"samples/s as measured by the trainer):\n\n"
+        f"communication the last micro-batch's backward did not hide, idle the wait for the "
+        f"slowest rank; samples/s as measured by the trainer):\n\n"
         + _table(["rank", "speed", "share", "samples/s", "compute ms", "comm ms", "idle ms"], ranks)
         + f"\n\nExactness: {exact['steps']} steps with shares "
         f"{'/'.join(map(str, exact['shares']))} and `micro_batch` {exact['micro_batch']} "
