@@ -13,7 +13,13 @@ from hetero._cli_util import fail, print_problems
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:  # the server (and aiohttp) is imported when the command runs, not for --help
-    from hetero.serve.mock_config import Engine, LoadFault, MockConfig, OutputDist
+    from hetero.serve.mock_config import (
+        Engine,
+        EngineModelName,
+        LoadFault,
+        MockConfig,
+        OutputDist,
+    )
 
 __all__ = ["register"]
 
@@ -40,7 +46,11 @@ def mock_replica(
         float, typer.Option(help="Relative speed: service time is divided by it.")
     ] = 1.0,
     slots: Annotated[
-        int, typer.Option(help="Requests served at once; more wait first come, first served.")
+        int,
+        typer.Option(
+            help="Requests served at once; more wait first come, first served (continuous"
+            " model: the most running in its batch)."
+        ),
     ] = 16,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[
@@ -105,7 +115,7 @@ def mock_replica(
         typer.Option(
             metavar="TOKENS",
             help="KV cache capacity, the denominator of the KV usage reported. Default: slots ×"
-            " 2048.",
+            " 2048; continuous model: what the memory fit of --model-shape on --device leaves.",
             show_default=False,
         ),
     ] = None,
@@ -123,6 +133,68 @@ def mock_replica(
             metavar="SECONDS", help="How long a load endpoint takes under --load-fault slow."
         ),
     ] = 5.0,
+    engine_model: Annotated[
+        str,
+        typer.Option(
+            metavar="MODEL",
+            help="How requests are paced: simple (each in a slot, --prefill-time per prompt"
+            " token and --decode-time per output token) or continuous (an emulated engine of"
+            " --model-shape on --device: continuous batching, step times from the batch, KV"
+            " cache with preemption and prefix caching).",
+        ),
+    ] = "simple",
+    model_shape: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="Continuous model: the LLM emulated, a name from `hetero fit`'s table"
+            " (llama-3-8b, qwen2.5-72b, ...) or a path to a Hugging Face config.json.",
+        ),
+    ] = "llama-3-8b",
+    device: Annotated[
+        str,
+        typer.Option(
+            metavar="DEVICE",
+            help="Continuous model: the accelerator emulated, a catalog name (`hetero catalog"
+            " list`): its TFLOPS, memory bandwidth and memory.",
+        ),
+    ] = "H100-SXM-80GB",
+    compute_efficiency: Annotated[
+        float,
+        typer.Option(
+            metavar="SHARE",
+            help="Continuous model: share of the device's peak TFLOPS a step's tokens run at.",
+        ),
+    ] = 0.5,
+    bandwidth_efficiency: Annotated[
+        float,
+        typer.Option(
+            metavar="SHARE",
+            help="Continuous model: share of the device's peak memory bandwidth a step reads"
+            " the weights and the KV cache at.",
+        ),
+    ] = 0.8,
+    step_overhead: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="Continuous model: seconds each engine step costs besides compute and memory.",
+        ),
+    ] = 0.002,
+    request_overhead: Annotated[
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            help="Continuous model: seconds each engine step costs per request in its batch.",
+        ),
+    ] = 0.0,
+    max_num_batched_tokens: Annotated[
+        int,
+        typer.Option(
+            metavar="TOKENS",
+            help="Continuous model: tokens one step computes at most (chunked prefill).",
+        ),
+    ] = 8192,
 ) -> None:
     """Serve an emulated OpenAI-compatible inference replica until Ctrl-C or SIGTERM.
 
@@ -133,12 +205,23 @@ def mock_replica(
     waiting, KV tokens held): SGLang's by default (sglang-router accepts it as a worker), vLLM's,
     or none (openai).
 
+    --engine-model continuous emulates an engine instead of slots: vLLM's scheduler (continuous
+    batching, chunked prefill within --max-num-batched-tokens, at most --slots running) with each
+    step's time from the batch (its tokens at the device's TFLOPS, the weights and the KV cache
+    read at its memory bandwidth, times the efficiencies, plus --step-overhead, plus
+    --request-overhead per request in it), a KV cache of the size the memory fit leaves (or
+    --kv-tokens) that preempts the newest request when full, and a prefix cache of 16-token
+    blocks (64 characters of the prompt); /metrics then publishes its prefix-cache counters,
+    preemptions and block count. --speed and --slowdown still scale its step times.
+
     POST /mock/config with speed, slowdown, fail_rate, garbage_rate, load_fault or load_delay
     changes them at run time; GET /mock/stats counts the requests.
 
     On start it prints one line: hetero mock-replica listening on http://HOST:PORT (...).
 
-    Example: `hetero mock-replica --model llama-8b --speed 2.5 --slots 16 --port 8001`.
+    Example: `hetero mock-replica --model llama-8b --speed 2.5 --slots 16 --port 8001`, or
+    `hetero mock-replica --engine vllm --engine-model continuous --model-shape llama-3-8b
+    --device L4 --slots 64`.
     """
     from hetero.serve.mock_config import MockConfig
 
@@ -161,6 +244,14 @@ def mock_replica(
             kv_tokens=kv_tokens,
             load_fault=cast("LoadFault", load_fault),
             load_delay=load_delay,
+            engine_model=cast("EngineModelName", engine_model),
+            model_shape=model_shape,
+            device=device,
+            compute_efficiency=compute_efficiency,
+            bandwidth_efficiency=bandwidth_efficiency,
+            step_overhead=step_overhead,
+            request_overhead=request_overhead,
+            max_num_batched_tokens=max_num_batched_tokens,
         )
     except ConfigError as exc:
         named = [(_OPTIONS.get(f, "--" + f.replace("_", "-")), m) for f, m in exc.problems]
@@ -182,9 +273,16 @@ async def _serve(config: MockConfig, host: str, port: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     # Scripts read the URL from this line, so it goes to stdout alone and is flushed at once.
+    spec = config.engine_spec
+    engine = (
+        ""
+        if spec is None
+        else f", {spec.shape.name} on {spec.device.model}, {spec.kv_tokens} KV tokens"
+    )
     sys.stdout.write(
         f"hetero mock-replica listening on {url} "
-        f"(model {','.join(config.models)}, speed {config.speed:g}, slots {config.slots})\n"
+        f"(model {','.join(config.models)}, speed {config.speed:g}, slots {config.slots}"
+        f"{engine})\n"
     )
     sys.stdout.flush()
     try:

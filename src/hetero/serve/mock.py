@@ -125,8 +125,8 @@ class MockReplica:
             "completed": state.completed,
             "failed": state.failed,
             "cancelled": state.cancelled,
-            "in_flight": state.slots.size - state.slots.free,
-            "waiting": state.slots.waiting,
+            "in_flight": state.in_flight,
+            "waiting": state.waiting,
             "tokens_out": state.tokens_out,
         }
 
@@ -216,6 +216,7 @@ class MockReplica:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+            await self._state.close()
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response()

@@ -9,12 +9,22 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from hetero.errors import ConfigError
+from hetero.serve.engine_model import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    Calibration,
+    EngineSpec,
+    engine_spec,
+    resolve_device,
+    resolve_shape,
+)
 
 __all__ = [
     "ENGINES",
+    "ENGINE_MODELS",
     "LOAD_FAULTS",
     "OUTPUT_DISTS",
     "Engine",
+    "EngineModelName",
     "LoadFault",
     "MockConfig",
     "OutputDist",
@@ -26,12 +36,15 @@ OutputDist = Literal["lognormal", "pareto", "exponential", "fixed"]
 OUTPUT_DISTS: Final[tuple[str, ...]] = get_args(OutputDist)
 Engine = Literal["sglang", "vllm", "openai"]
 ENGINES: Final[tuple[str, ...]] = get_args(Engine)
+EngineModelName = Literal["simple", "continuous"]
+ENGINE_MODELS: Final[tuple[str, ...]] = get_args(EngineModelName)
 LoadFault = Literal["none", "garbage", "nan", "negative", "huge", "slow", "error"]
 LOAD_FAULTS: Final[tuple[str, ...]] = get_args(LoadFault)
 
 _LOGNORMAL_SIGMA = 1.0
 _PARETO_ALPHA = 1.5
 _KV_TOKENS_PER_SLOT = 2048
+_CALIBRATION = Calibration()
 
 
 def _real(value: object) -> bool:
@@ -53,7 +66,8 @@ class MockConfig:
     speed: float = 1.0
     """Relative speed: service time is divided by it."""
     slots: int = 16
-    """Requests served at once; more wait first come, first served."""
+    """Requests served at once; more wait first come, first served (the continuous model's
+    cap on running requests, vLLM's ``max_num_seqs``)."""
     seed: int = 0
     """Seeds the output lengths (drawn per request in arrival order) and the injected faults."""
     decode_time: float = 0.02
@@ -77,14 +91,37 @@ class MockConfig:
     engine: Engine = "sglang"
     """Whose load endpoints it answers besides the OpenAI API: sglang, vllm or openai (none)."""
     kv_tokens: int | None = None
-    """KV cache capacity in tokens, the denominator of the reported KV usage (None: slots ×
-    2048). Admission is by slots alone: prompts that overflow it read as a full cache."""
+    """KV cache capacity in tokens, the denominator of the reported KV usage. Simple model: None
+    is slots × 2048, and admission is by slots alone (prompts that overflow it read as a full
+    cache). Continuous model: None is what the memory fit of ``model_shape`` on ``device``
+    leaves for it, and a full cache preempts."""
     load_fault: LoadFault = "none"
     """A fault of the load endpoints (never the API): ``garbage`` (200, not the format), ``nan``
     or ``negative`` (gauges), ``huge`` (``/metrics`` of about 10 MB), ``slow`` (answer after
     ``load_delay``), ``error`` (500)."""
     load_delay: float = 5.0
     """Seconds a load endpoint takes to answer under ``load_fault="slow"``."""
+    engine_model: EngineModelName = "simple"
+    """How requests are paced. ``simple``: each in a slot of its own, for ``prefill_time`` per
+    prompt token and ``decode_time`` per output token. ``continuous``: an engine-faithful model
+    (``hetero.serve.engine_model``) of ``model_shape`` on ``device``: continuous batching with
+    chunked prefill, step times from the batch, a paged KV cache with preemption and a prefix
+    cache; ``prefill_time`` and ``decode_time`` are then unused."""
+    model_shape: str = "llama-3-8b"
+    """The continuous model's LLM: a name from ``hetero.plan``'s table or a path to a Hugging
+    Face config.json."""
+    device: str = "H100-SXM-80GB"
+    """The continuous model's device: a catalog name (``hetero catalog list``)."""
+    compute_efficiency: float = _CALIBRATION.compute_efficiency
+    """The share of the device's peak TFLOPS a step's tokens are computed at."""
+    bandwidth_efficiency: float = _CALIBRATION.bandwidth_efficiency
+    """The share of the device's peak memory bandwidth a step reads weights and KV at."""
+    step_overhead: float = _CALIBRATION.step_overhead
+    """Seconds each engine step costs besides its compute and memory time."""
+    request_overhead: float = _CALIBRATION.request_overhead
+    """Seconds each engine step costs per request in its batch."""
+    max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    """Tokens one engine step computes at most (chunked prefill), as vLLM's option."""
 
     def __post_init__(self) -> None:
         if isinstance(self.models, list):  # a list from a caller or a parsed file reads the same
@@ -146,12 +183,53 @@ class MockConfig:
             _real(self.load_delay) and self.load_delay >= 0,
             "a finite number of seconds >= 0",
         )
+        check(
+            "engine_model", self.engine_model in ENGINE_MODELS, f"one of {', '.join(ENGINE_MODELS)}"
+        )
+        calibration = Calibration(
+            self.compute_efficiency,
+            self.bandwidth_efficiency,
+            self.step_overhead,
+            self.request_overhead,
+        )
+        problems += calibration.problems()
+        check(
+            "max_num_batched_tokens",
+            is_integer(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 1,
+            "an integer >= 1",
+        )
+        # Checked whichever model paces: a name that is wrong is wrong.
+        for name, resolve in (("model_shape", resolve_shape), ("device", resolve_device)):
+            try:
+                resolve(getattr(self, name), name)
+            except ConfigError as exc:
+                problems += exc.problems
         if problems:
             raise ConfigError(problems)
+        spec = None
+        if self.engine_model == "continuous":
+            spec = engine_spec(
+                self.model_shape,
+                self.device,
+                calibration=calibration,
+                max_num_seqs=self.slots,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                kv_tokens=self.kv_tokens,
+            )
+        object.__setattr__(self, "_spec", spec)
+
+    @property
+    def engine_spec(self) -> EngineSpec | None:
+        """The continuous model's engine (None for the simple model)."""
+        spec: EngineSpec | None = self.__dict__["_spec"]
+        return spec
 
     @property
     def kv_capacity(self) -> int:
-        """KV cache capacity in tokens: ``kv_tokens``, or slots × 2048."""
+        """KV cache capacity in tokens: ``kv_tokens``, or slots × 2048 (simple model), or the
+        engine's (continuous model)."""
+        if self.engine_spec is not None:
+            return self.engine_spec.kv_tokens
         return self.kv_tokens if self.kv_tokens is not None else self.slots * _KV_TOKENS_PER_SLOT
 
 

@@ -55,7 +55,9 @@ class LoadRoutes:
             return faulty
         state, cfg = self._state, self._state.config
         page_of = state.metrics.vllm_page if cfg.engine == "vllm" else state.metrics.sglang_page
-        page = page_of(state.load_now(), cfg.kv_capacity, state.gauge, state.cancelled)
+        page = page_of(
+            state.load_now(), cfg.kv_capacity, state.gauge, state.cancelled, state.cache_figures()
+        )
         if cfg.load_fault == "huge":
             page = huge_padding() + page
         return web.Response(body=page.encode(), headers={"Content-Type": PROM_TYPE})
@@ -89,6 +91,7 @@ class LoadRoutes:
         running, waiting, used, rate = self._state.load_now()
         total = used + self._state.waiting_tokens
         g = self._state.gauge
+        cache = self._state.cache_figures()
         return {
             "timestamp": time.time(),
             "dp_rank": 0,
@@ -103,7 +106,7 @@ class LoadRoutes:
             "max_running_requests": cfg.slots,
             "token_usage": g(round(min(1.0, used / cfg.kv_capacity), 4)),
             "gen_throughput": g(round(rate, 2)),
-            "cache_hit_rate": g(0.0),
+            "cache_hit_rate": g(0.0 if cache is None else cache.hit_rate),
             "utilization": g(0.0),
             "total_prefill_uncached_tokens": self._state.metrics.prompt_total,
             "total_prefill_busy_us": 0,
@@ -262,4 +265,4 @@ class LoadRoutes:
         if faulty is not None:
             return faulty
         state = self._state
-        return self._json({"server_load": state.gauge(len(state.running) + state.slots.waiting)})
+        return self._json({"server_load": state.gauge(state.in_flight + state.waiting)})

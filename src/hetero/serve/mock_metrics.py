@@ -14,7 +14,7 @@ from typing import Any, Final
 from hetero.serve.mock_config import Engine
 from hetero.serve.mock_requests import Generation
 
-__all__ = ["PROM_TYPE", "EngineMetrics", "huge_padding", "loads_prometheus"]
+__all__ = ["PROM_TYPE", "CacheFigures", "EngineMetrics", "huge_padding", "loads_prometheus"]
 
 PROM_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Bucket bounds of the engines' default histograms.
@@ -109,6 +109,22 @@ class _Tally:
     requests: int = 0
     prompt_tokens: int = 0
     generated: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """The continuous model's prefix cache (tokens looked up and found), preemptions and KV
+    blocks, which the engines' pages publish as the real engine does."""
+
+    queries: int
+    hits: int
+    preemptions: int
+    block_size: int
+    num_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
 
 
 @functools.cache
@@ -215,11 +231,13 @@ class EngineMetrics:
         kv_capacity: int,
         reading: Callable[[float], float],
         cancelled: int,
+        cache: CacheFigures | None = None,
     ) -> str:
         """vLLM's v1 engine page (``vllm/v1/metrics/loggers.py``, PrometheusStatLogger): its
         scheduler gauges, prefix cache, token and request counters (each with the ``_created``
         sample prometheus_client adds) and two of its histograms, labelled engine and
-        model_name."""
+        model_name. With ``cache`` (the continuous model), its prefix cache and preemptions,
+        and the cache config whose blocks give the KV capacity; without, no prefix cached."""
         running, waiting, used, _ = load
         usage = min(1.0, used / kv_capacity)
         labels = self._vllm_labels
@@ -281,15 +299,17 @@ class EngineMetrics:
         counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            [("", self.prompt_total)],
+            [("", self.prompt_total if cache is None else cache.queries)],
         )
         counter(
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
-            [("", 0)],  # the mock caches no prefix
+            [("", 0 if cache is None else cache.hits)],
         )
         counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", [("", 0)]
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            [("", 0 if cache is None else cache.preemptions)],
         )
         counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", [("", self.prompt_total)]
@@ -315,6 +335,19 @@ class EngineMetrics:
             "Histogram of e2e request latency in seconds.",
             self._vllm_e2e,
         )
+        if cache is not None:
+            # An info metric as a gauge of 1 (CacheConfig.metrics_info), a few of its labels.
+            info = {
+                "block_size": str(cache.block_size),
+                "cache_dtype": "auto",
+                "enable_prefix_caching": "True",
+                "engine": "0",
+                "num_cpu_blocks": "None",
+                "num_gpu_blocks": str(cache.num_blocks),
+            }
+            name = "vllm:cache_config_info"
+            out.append(_head(name, "gauge", "Information of the LLMEngine CacheConfig"))
+            out.append(f"{name}{_labels(info)} 1.0\n")
         return "".join(out)
 
     def sglang_page(
@@ -323,6 +356,7 @@ class EngineMetrics:
         kv_capacity: int,
         reading: Callable[[float], float],
         cancelled: int,
+        cache: CacheFigures | None = None,
     ) -> str:
         """SGLang's page (``sglang/srt/observability/metrics_collector.py``), as its
         multiprocess prometheus registry writes it (labels sorted, no ``_created``): the
@@ -340,7 +374,11 @@ class EngineMetrics:
                 0,
             ),
             ("sglang:gen_throughput", "The generation throughput (token/s).", rate),
-            ("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0),
+            (
+                "sglang:cache_hit_rate",
+                "The prefix cache hit rate.",
+                0.0 if cache is None else cache.hit_rate,
+            ),
             ("sglang:token_usage", "The token usage.", min(1.0, used / kv_capacity)),
             ("sglang:num_used_tokens", "The number of used tokens.", used),
             (

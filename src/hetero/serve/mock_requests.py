@@ -26,6 +26,7 @@ __all__ = [
     "json_object",
     "max_tokens",
     "openai_error",
+    "prompt_text",
     "show",
 ]
 
@@ -66,21 +67,26 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 
 def chat_prompt_tokens(body: dict[str, Any]) -> int:
+    return count_tokens(sum(map(len, _chat_texts(body))))
+
+
+def _chat_texts(body: dict[str, Any]) -> list[str]:
+    """The texts of the messages (text parts only), in order."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest(
             400, f"'messages' must be a non-empty list of messages, got {show(messages)}"
         )
-    chars = 0
+    texts: list[str] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise BadRequest(400, f"'messages[{i}]' must be an object, got {show(message)}")
         content = message.get("content")
         if isinstance(content, str):
-            chars += len(content)
+            texts.append(content)
         elif isinstance(content, list):  # content parts: only text parts count
-            chars += sum(
-                len(part["text"])
+            texts += (
+                part["text"]
                 for part in content
                 if isinstance(part, dict) and isinstance(part.get("text"), str)
             )
@@ -90,7 +96,7 @@ def chat_prompt_tokens(body: dict[str, Any]) -> int:
                 f"'messages[{i}].content' must be a string, a list of parts or null, "
                 f"got {show(content)}",
             )
-    return count_tokens(chars)
+    return texts
 
 
 def completion_prompt_tokens(body: dict[str, Any]) -> int:
@@ -106,6 +112,19 @@ def completion_prompt_tokens(body: dict[str, Any]) -> int:
         400,
         f"'prompt' must be a string, a list of strings or a list of token ids, got {show(prompt)}",
     )
+
+
+def prompt_text(body: dict[str, Any], *, chat: bool) -> str:
+    """The text of a prompt already counted (so valid): four characters to a token, token ids
+    written four characters each, so that 64 characters are a block of 16 tokens either way."""
+    if chat:
+        return "".join(_chat_texts(body))
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    if all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    return "".join(f"{p % 0x10000:04x}" for p in prompt)
 
 
 def max_tokens(body: dict[str, Any], default: int) -> int:

@@ -1,5 +1,6 @@
 """What an emulated replica's routes share: its config of the moment, its slots (handed out
-first come, first served), the requests holding them and how fast they go, and its counters."""
+first come, first served), the requests holding them and how fast they go, and its counters;
+under the continuous model, its engine instead of the slots."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from hetero.serve.engine_model import BLOCK_SIZE
 from hetero.serve.mock_config import MockConfig
-from hetero.serve.mock_metrics import EngineMetrics
+from hetero.serve.mock_engine import EngineDriver, EngineRun
+from hetero.serve.mock_metrics import CacheFigures, EngineMetrics
 from hetero.serve.mock_requests import Generation
 
 __all__ = ["ReplicaState", "Service"]
@@ -72,6 +75,10 @@ class Service:
     prefill_s: float
     token_s: float
 
+    @property
+    def first_token_at(self) -> float:
+        return self.start + self.prefill_s + self.token_s
+
     def held(self, now: float) -> int:
         """Tokens it holds in the KV cache at ``now``: its prompt, then each token generated."""
         decoding = now - self.start - self.prefill_s
@@ -90,10 +97,12 @@ class ReplicaState:
         self.config = config
         self.slots = _Slots(config.slots)
         self.created = time.time()
-        self.waiting_tokens = 0  # prompt tokens of the requests waiting for a slot
+        self._waiting_tokens = 0  # prompt tokens of the requests waiting for a slot
         self.running: dict[int, Service] = {}
         self._keys = itertools.count()
         self.metrics = EngineMetrics(config.models[0], self.created)
+        spec = config.engine_spec
+        self.engine = None if spec is None else EngineDriver(spec, self._scale)
         self.requests = 0
         self.completed = 0
         self.failed = 0
@@ -105,11 +114,11 @@ class ReplicaState:
         """Hold a slot for the body of the ``with``; yields the service as it starts, paced by
         the config of that moment."""
         try:
-            self.waiting_tokens += prompt_tokens
+            self._waiting_tokens += prompt_tokens
             try:
                 await self.slots.acquire()
             finally:
-                self.waiting_tokens -= prompt_tokens
+                self._waiting_tokens -= prompt_tokens
             cfg = self.config
             scale = cfg.slowdown / cfg.speed
             service = Service(
@@ -130,15 +139,82 @@ class ReplicaState:
             self.cancelled += 1
             raise
 
-    def finish(self, job: Generation, service: Service, arrival: float) -> None:
+    def _scale(self) -> float:
+        return self.config.slowdown / self.config.speed
+
+    @contextlib.asynccontextmanager
+    async def engine_run(
+        self, prompt_tokens: int, out_tokens: int, blocks: tuple[int, ...]
+    ) -> AsyncIterator[EngineRun]:
+        """The continuous model's :meth:`slot`: the request in the engine for the body of the
+        ``with``."""
+        assert self.engine is not None
+        try:
+            async with self.engine.run(prompt_tokens, out_tokens, blocks) as run:
+                yield run
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being served: holding a slot, or running in the engine."""
+        if self.engine is not None:
+            return len(self.engine.model.running)
+        return self.slots.size - self.slots.free
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot, or in the engine's queue."""
+        if self.engine is not None:
+            return len(self.engine.model.waiting)
+        return self.slots.waiting
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Tokens the waiting requests have yet to prefill."""
+        if self.engine is not None:
+            return sum(r.num_tokens - r.computed for r in self.engine.model.waiting)
+        return self._waiting_tokens
+
+    @property
+    def must_wait(self) -> bool:
+        """Whether a request arriving now would wait."""
+        if self.engine is not None:
+            model = self.engine.model
+            return bool(model.waiting) or len(model.running) >= model.spec.max_num_seqs
+        return self.slots.must_wait
+
+    def cache_figures(self) -> CacheFigures | None:
+        """The continuous model's prefix cache and preemptions, for the engines' pages."""
+        if self.engine is None:
+            return None
+        model = self.engine.model
+        return CacheFigures(
+            queries=model.prefix_queries,
+            hits=model.prefix_hits,
+            preemptions=model.preemptions,
+            block_size=BLOCK_SIZE,
+            num_blocks=model.spec.num_blocks,
+        )
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await self.engine.close()
+
+    def finish(self, job: Generation, first_token_at: float, arrival: float) -> None:
         """Count a completed generation in the engine's counters and histograms."""
         now = asyncio.get_running_loop().time()
-        first_token = service.start + service.prefill_s + service.token_s - arrival
-        self.metrics.observe(self.config.engine, job, first_token, now - arrival)
+        first_token = max(0.0, first_token_at - arrival)
+        self.metrics.observe(self.config.engine, job, first_token, max(0.0, now - arrival))
 
     def load_now(self) -> tuple[int, int, int, float]:
         """``(running, waiting, KV tokens held, tokens generated per second now)``: a pass over
         the requests holding a slot, none at idle."""
+        if self.engine is not None:
+            model = self.engine.model
+            used = model.used_blocks * BLOCK_SIZE
+            return len(model.running), len(model.waiting), used, self.engine.gen_rate
         now = asyncio.get_running_loop().time()
         used = 0
         rate = 0.0
