@@ -113,6 +113,84 @@ def prefix(doc: dict[str, Any]) -> str:
     )
 
 
+def emulator(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["concurrency"],
+            r["requests"],
+            r["real_latency_s"],
+            r["emulated_latency_s"],
+            r["ratio"],
+            r["real_ttft_s"],
+            r["emulated_ttft_s"],
+        ]
+        for r in doc["rows"]
+    ]
+    engine, cal = doc["engine"], doc["calibration"]
+    shape = engine["shape"]
+    return (
+        "## The engine-faithful emulator against vLLM\n\n"
+        f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {engine['vllm']} on one core"
+        f" of this machine, a model made locally ({engine['model']['parameters']:,} parameters,"
+        f" {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']},"
+        f" {engine['model']['dtype']}), and `hetero mock-replica --engine-model continuous` of"
+        " the same shape, its step time calibrated from short probes of the real engine"
+        f" (compute efficiency {cal['compute_efficiency']}, bandwidth efficiency"
+        f" {cal['bandwidth_efficiency']}, {cal['step_overhead'] * 1000:.2f} ms a step,"
+        f" {cal['request_overhead'] * 1000:.2f} ms a request). Requests of"
+        f" {doc['workload']['prompt']} prompt and {doc['workload']['output']} output tokens,"
+        f" {doc['workload']['rounds']} rounds at each concurrency; mean latency and time to"
+        f" first token in seconds. Worst error {doc['worst_error']:.0%} (target: within 25%).\n\n"
+        + _table(
+            [
+                "concurrent",
+                "requests",
+                "vLLM latency",
+                "emulated latency",
+                "emulated / vLLM",
+                "vLLM TTFT",
+                "emulated TTFT",
+            ],
+            rows,
+        )
+    )
+
+
+def serve_prefix(doc: dict[str, Any]) -> str:
+    setup = doc["setup"]
+    rows = []
+    for r in doc["results"]:
+        if "skipped" in r:
+            rows.append([r["label"], "skipped: " + r["skipped"], "", "", "", "", ""])
+            continue
+        lat = r["latency_s"]
+        rows.append(
+            [
+                r["label"],
+                f"{r['slo_attainment']:.1%}",
+                r["goodput_rps"],
+                lat["p50"],
+                lat["p99"],
+                r["prefix_hit_rate"],
+                f"{r['answered']}/{r['requests']}",
+            ]
+        )
+    return (
+        "## Prefix-cache affinity on an emulated two-type fleet\n\n"
+        f"`{doc['command']}` — {setup['fast']}× {setup['fast_device']} and {setup['slow']}×"
+        f" {setup['slow_device']} engine-faithful mock replicas of `{setup['model_shape']}`"
+        f" (continuous batching, paged KV cache, prefix cache), multi-turn chat:"
+        f" {setup['systems']} system prompts of about {setup['system_tokens']} tokens,"
+        f" {setup['sessions']} conversations in progress, {setup['turn_tokens']} tokens a turn,"
+        f" {setup['max_tokens']} output tokens; Poisson arrivals at {setup['rate']} requests/s for"
+        f" {setup['duration']} s ({doc['requests']} requests, {doc['prompt_tokens_mean']} prompt"
+        f" tokens on average), the same for every router, each on fresh replicas. SLO: answered"
+        f" within {setup['slo']} s; goodput in requests/s within it; latency in seconds; the hit"
+        " rate is the replicas' own prefix-cache counters (tokens).\n\n"
+        + _table(["router", "SLO", "goodput", "p50", "p99", "cache hit rate", "answered"], rows)
+    )
+
+
 def quality(doc: dict[str, Any]) -> str:
     rows = [
         [
@@ -1383,6 +1461,8 @@ def main() -> int:
         ("serve.json", serve),
         ("serve_profile.json", serve_profile),
         ("serve_real.json", serve_real),
+        ("serve_prefix.json", serve_prefix),
+        ("emulator.json", emulator),
         ("train.json", train),
     ):
         doc = _load(name)
