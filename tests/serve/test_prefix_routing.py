@@ -64,3 +64,35 @@ async def test_the_index_evicts_at_the_kv_capacity_the_engine_publishes(serve: S
     assert index.held(0) > 8
     fleet.router.load_read(state, "vllm", LoadSample(running=0, waiting=0, kv_tokens=1024))
     assert index.held(0) == 8  # 1,024 tokens: eight 128-token blocks
+
+
+async def test_bad_and_huge_prompts_are_answered_and_the_index_stays_bounded(
+    serve: Serve,
+) -> None:
+    options = RouterOptions(
+        strategy="prefix_affinity", strategy_options={"capacity_blocks": 64, "sessions": 20}
+    )
+    fleet = await serve(Spec(), Spec(), options=options)
+    policy = fleet.router.policy
+    # A 1 MB prompt: hashed up to MAX_BLOCKS, placed, answered.
+    status, _ = await fleet.post(chat("z" * 1_000_000, max_tokens=2))
+    assert status == 200
+    # An empty message: no blocks, placed by delay alone. No messages at all: the replica's
+    # own 400, passed on.
+    status, _ = await fleet.post(chat("", max_tokens=2))
+    assert status == 200
+    status, answer = await fleet.post({"model": "m", "messages": [], "max_tokens": 2})
+    assert status == 400 and "messages" in answer["error"]["message"]
+    # Not JSON (binary): a 400 naming the problem, and nothing admitted.
+    async with fleet.session.post(fleet.url + "/v1/chat/completions", data=b"\xff\xfe\x00") as r:
+        assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
+    # Many sessions: the policy keeps the most recent ones only.
+    for k in range(30):
+        status, _ = await fleet.post(
+            chat("s" * 600, max_tokens=1), headers={"x-session-id": f"u{k}"}
+        )
+        assert status == 200
+    assert len(policy._sessions) == 20  # type: ignore[attr-defined]
+    index = policy.index  # type: ignore[attr-defined]
+    # At most the capacity set, or what the engine publishes once its load is read.
+    assert all(index.held(i) <= index.capacity(i) for i in range(2))

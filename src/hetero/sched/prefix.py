@@ -89,6 +89,10 @@ class PrefixIndex:
     def n(self) -> int:
         return len(self._lru)
 
+    def capacity(self, device: int) -> int:
+        """The most blocks device ``device`` keeps."""
+        return self._capacity[device]
+
     def held(self, device: int) -> int:
         """Blocks device ``device`` holds now."""
         return len(self._lru[device])
