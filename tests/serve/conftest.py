@@ -167,3 +167,10 @@ async def serve() -> AsyncIterator[Serve]:
             await fleet.server.stop()
         for m in mocks:
             await m.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session, closed after the test."""
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -44,12 +44,6 @@ async def replica() -> AsyncIterator[tuple[MockReplica, str]]:
     assert (stats["in_flight"], stats["waiting"]) == (0, 0), "a request stayed in the engine"
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def test_chat_whole_and_streamed(
     replica: tuple[MockReplica, str], http: aiohttp.ClientSession
 ) -> None:

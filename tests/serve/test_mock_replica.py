@@ -64,12 +64,6 @@ async def start() -> AsyncIterator[Start]:
         assert (stats["in_flight"], stats["waiting"]) == (0, 0), "a slot leaked"
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 def sse_events(text: str) -> list[str]:
     """The ``data:`` payloads of a server-sent event stream, in order."""
     events = [e for e in text.split("\n\n") if e]

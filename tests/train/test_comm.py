@@ -25,7 +25,7 @@ from hetero import comm
 from hetero.commands.launch import free_port
 from hetero.config import parse_config
 from hetero.errors import BackendError, ConfigError, HeteroError
-from tests.train._ranks import Outcome, run_scenarios
+from tests.train._ranks import Outcome, each, recorded, run_scenarios
 
 WORLD = 3
 
@@ -161,14 +161,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     out = tmp_path_factory.mktemp("comm")
     mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
-
-
-def each(ranks: list[dict[str, Outcome]], name: str) -> list[Any]:
-    """Every rank's value for ``name``, failing the test if a rank raised."""
-    outcomes = [r[name] for r in ranks]
-    assert all(kind == "ok" for kind, _ in outcomes), outcomes
-    return [value for _, value in outcomes]
+    return recorded(out, WORLD)
 
 
 def test_init_from_the_environment_joins_three_gloo_ranks(ranks: list[dict[str, Outcome]]) -> None:

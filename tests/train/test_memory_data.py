@@ -30,9 +30,9 @@ from torch.utils.data import Dataset, TensorDataset
 from hetero import comm
 from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
-from hetero.train import HeteroSampler, Trainer, TrainerOptions
+from hetero.train import Trainer, TrainerOptions
 from hetero.train.memory import MemoryProbe, largest_fitting
-from tests.train._ranks import Outcome, run_scenarios
+from tests.train._ranks import Outcome, each, errors, one_process, recorded, run_scenarios
 
 WORLD = 3
 STEPS = 5
@@ -73,25 +73,8 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
 
 
 def _reference(options: TrainerOptions, steps: int) -> nn.Module:
-    """One process, no DDP: each step the mean loss of the whole global batch, in the
-    sampler's order (global batch k of an epoch is order[k*B:(k+1)*B])."""
-    dataset, model = _data(), _model()
-    optimizer = _sgd(model.parameters())
-    size, batch = len(dataset), options.global_batch
-    done, epoch = 0, 0
-    while done < steps:
-        order = HeteroSampler.global_order(size, options.seed, epoch, options.shuffle)
-        for k in range(0, size, batch):
-            if done == steps:
-                break
-            x, y = dataset[order[k : k + batch]]
-            loss = LOSS(model(x), y) / len(x)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            done += 1
-        epoch += 1
-    return model
+    model = _model()
+    return one_process(model, _data(), _sgd(model.parameters()), LOSS, options, steps)
 
 
 def _relative_difference(model: nn.Module, reference: nn.Module) -> float:
@@ -216,20 +199,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     out = tmp_path_factory.mktemp("memory_data")
     mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
-
-
-def each(ranks: list[dict[str, Outcome]], name: str) -> list[Any]:
-    outcomes = [r[name] for r in ranks]
-    assert all(kind == "ok" for kind, _ in outcomes), outcomes
-    return [value for _, value in outcomes]
-
-
-def errors(ranks: list[dict[str, Outcome]], name: str) -> str:
-    outcomes = [r[name] for r in ranks]
-    assert all(kind == "error" for kind, _ in outcomes), outcomes
-    assert len({message for _, message in outcomes}) == 1, outcomes
-    return str(outcomes[0][1])
+    return recorded(out, WORLD)
 
 
 # ----------------------------------------------------------------------------------- memory

@@ -31,8 +31,8 @@ from torch.utils.data import TensorDataset
 from hetero import comm
 from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
-from hetero.train import HeteroSampler, StepReport, Trainer, TrainerOptions
-from tests.train._ranks import Outcome, run_scenarios
+from hetero.train import StepReport, Trainer, TrainerOptions
+from tests.train._ranks import Outcome, each, errors, one_process, recorded, run_scenarios
 
 WORLD = 3
 STEPS = 5
@@ -62,25 +62,8 @@ def _adam(params: Any) -> torch.optim.Optimizer:
 def _reference(
     make_optimizer: Callable[[Any], torch.optim.Optimizer], options: TrainerOptions, steps: int
 ) -> nn.Module:
-    """One process, no DDP: each step the mean loss of the whole global batch, the batches in
-    the sampler's order (global batch k of an epoch is order[k*B:(k+1)*B])."""
-    dataset, model = _data(), _model()
-    optimizer = make_optimizer(model.parameters())
-    size, batch = len(dataset), options.global_batch
-    done, epoch = 0, 0
-    while done < steps:
-        order = HeteroSampler.global_order(size, options.seed, epoch, options.shuffle)
-        for k in range(0, size, batch):
-            if done == steps:
-                break
-            x, y = dataset[order[k : k + batch]]
-            loss = LOSS(model(x), y) / len(x)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            done += 1
-        epoch += 1
-    return model
+    model = _model()
+    return one_process(model, _data(), make_optimizer(model.parameters()), LOSS, options, steps)
 
 
 def _exact(
@@ -212,22 +195,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ranks(out: Path) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
-    return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
-
-
-def each(ranks: list[dict[str, Outcome]], name: str) -> list[Any]:
-    """Every rank's value for ``name``, failing the test if a rank raised."""
-    outcomes = [r[name] for r in ranks]
-    assert all(kind == "ok" for kind, _ in outcomes), outcomes
-    return [value for _, value in outcomes]
-
-
-def errors(ranks: list[dict[str, Outcome]], name: str) -> str:
-    """The error ``name`` raised, the same on every rank."""
-    outcomes = [r[name] for r in ranks]
-    assert all(kind == "error" for kind, _ in outcomes), outcomes
-    assert len({message for _, message in outcomes}) == 1, outcomes
-    return str(outcomes[0][1])
+    return recorded(out, WORLD)
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam", "share0"])
