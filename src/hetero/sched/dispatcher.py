@@ -173,8 +173,7 @@ class Dispatcher:
         self._running_heap: list[tuple[int, int, ItemRecord]] = []
         self._deadlines: list[tuple[float, int, ItemRecord]] = []
         self._wake_at = math.inf  # the earliest deadline announced with WakeAt
-        self.waiting = 0  # pending + queued
-        self.queued_total = 0
+        self.waiting = 0  # pending + queued (view.queued of them on devices)
         self.active = 0  # admitted and not terminal
         self._enqueues = 0  # items queued behind others so far (for _steal's shortcut)
         self._drain_heap: list[tuple[float, int]] = []  # see _most_queued
@@ -605,6 +604,11 @@ class Dispatcher:
         return out
 
     @property
+    def queued_total(self) -> int:
+        """Items waiting in device queues (the rest of ``waiting`` is pending)."""
+        return self.view.queued
+
+    @property
     def members(self) -> list[str]:
         """The ids of the devices in the fleet now (not removed)."""
         return [d for i, d in enumerate(self.view.ids) if i not in self._removed]
@@ -798,7 +802,7 @@ class Dispatcher:
         view.queued_work[i] += item.cost
         if item.memory:
             view.mem_used_at[i] += item.memory
-        self.queued_total += 1
+        view.queued += 1
         self._note_growth(i)
 
     def _run_now(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
@@ -853,7 +857,7 @@ class Dispatcher:
         if self._size_order:
             view.note_queued(i, rec.size_class, rec.item.cost, -1)
         self._free_slots -= 1
-        self.queued_total -= 1
+        view.queued -= 1
         self.waiting -= 1
         self._running[i].add(rec)
         if self.preemption:
@@ -883,7 +887,7 @@ class Dispatcher:
             self._running[i].discard(rec)
         else:
             view.queued_work[i] -= item.cost
-            self.queued_total -= 1
+            view.queued -= 1
             if self._size_order:
                 view.note_queued(i, rec.size_class, item.cost, -1)
             if view.in_flight_at[i] == view.running_at[i]:
@@ -939,7 +943,7 @@ class Dispatcher:
         if view.usable_at[i]:
             if view.in_flight_at[i] > view.running_at[i]:
                 self._start_ready(i, out)
-            if self.stealing and self.queued_total and view.running_at[i] == 0:
+            if self.stealing and view.queued and view.running_at[i] == 0:
                 self._steal(i, out)
         if self._pending:
             self._drain_pending(out)
@@ -1176,7 +1180,6 @@ class Dispatcher:
                     "queued_below drifted"
                 )
                 assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
-                assert view.queued == self.queued_total, "the view's queued count drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
         # A device may run more than its slots only after set_slots lowered them.
         free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())

@@ -132,7 +132,7 @@ class FleetView:
         # every device is a contiguous slice.
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
-        self.queued = 0  # items in the size-ordered queues, on every device
+        self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
         self._class_base: float | None = None
         self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
         self._bind_cells()
@@ -237,11 +237,9 @@ class FleetView:
         np.add(below, sign * cost, below)
         counts = self.queued_from[:k, index]
         np.add(counts, sign, counts)
-        self.queued += sign
 
     def clear_queue(self, index: int) -> None:
         """Device ``index``'s queue is empty: drop the float drift of its sums."""
-        self.queued -= int(self.queued_from[0, index])
         self.queued_below[:, index] = 0.0
         self.queued_from[:, index] = 0.0
 

@@ -37,7 +37,7 @@ from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.driver import Driver
 from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
-from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
+from hetero.sched.prefix import BLOCK_CHARS, Prefix, PrefixIndex, prefix_blocks
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
@@ -69,9 +69,12 @@ class Router(Driver):
         devices = [r.device(c.slots) for r, c in zip(replicas, limits, strict=True)]
         self.perf = PerfModel(devices, unit_rate=options.unit_rate)
         self.policy = make_policy(options.strategy, options.strategy_options)
-        # Whether requests carry their prompt's blocks: only a policy that weighs caches reads
-        # them, and hashing a long prompt is not free.
-        self.prefix_aware = isinstance(self.policy, PrefixAffinity)
+        # The index of a policy that weighs prefix caches: only then do requests carry their
+        # prompt's blocks (hashing a long prompt is not free), and it follows the engines.
+        self.prefix_index: PrefixIndex | None = (
+            self.policy.index if isinstance(self.policy, PrefixAffinity) else None
+        )
+        self.prefix_aware = self.prefix_index is not None
         # Work units one cached block saves: its tokens' prefill.
         self._block_work = BLOCK_CHARS / CHARS_PER_TOKEN * options.prefill_weight
         self.dispatcher = Dispatcher(
@@ -279,10 +282,10 @@ class Router(Driver):
         state.load = sample
         state.load_at = self.clock.now()
         state.load_error = ""
-        if sample.kv_tokens and isinstance(self.policy, PrefixAffinity):
+        if sample.kv_tokens and self.prefix_index is not None:
             # The engine's cache evicts at its KV capacity: the index follows it.
             blocks = max(1, round(sample.kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
-            self.policy.index.set_capacity(state.index, blocks)
+            self.prefix_index.set_capacity(state.index, blocks)
         capacity = state.capacity
         capacity.set_cap(sample.cap)
         if sample.waiting is not None:
@@ -557,8 +560,8 @@ class Router(Driver):
     def remove(self, name: str) -> None:
         state = self.state_of(name)
         self.apply(self.dispatcher.remove_device(name, "replica removed"))
-        if isinstance(self.policy, PrefixAffinity):
-            self.policy.index.forget(state.index)  # it comes back, if ever, with a cold cache
+        if self.prefix_index is not None:
+            self.prefix_index.forget(state.index)  # it comes back, if ever, with a cold cache
         self._model_masks.clear()
 
     def set_models(self, state: ReplicaState, models: set[str]) -> None:
