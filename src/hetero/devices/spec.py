@@ -134,7 +134,8 @@ class Device:
     """One schedulable device: identity, spec and live state.
 
     ``speed`` is the device's relative speed (a V100 is 1.0). It comes from the catalog unless the
-    fleet config sets it; an emulated device paces its work by it.
+    fleet config sets it; an emulated device paces its work by it. ``parent`` names the physical
+    GPU a MIG slice is carved from (its UUID): slices of one GPU never join one collective.
     """
 
     id: str
@@ -149,6 +150,7 @@ class Device:
     uuid: str | None = None
     pci_bus_id: str | None = None
     tags: frozenset[str] = frozenset()
+    parent: str | None = None
 
     def __post_init__(self) -> None:
         if self.state.memory_total == 0:
@@ -192,6 +194,7 @@ class Device:
             "local_index": self.local_index,
             "uuid": self.uuid,
             "pci_bus_id": self.pci_bus_id,
+            "parent": self.parent,
             "emulated": self.emulated,
             "speed": round(self.speed, 4),
             "cores": self.cores,
