@@ -194,15 +194,16 @@ async def test_a_replica_given_by_url_alone_learns_its_engine_cap(serve: Serve) 
     assert r0["speed"] is None and r0["declared_slots"] is None
     await wait_for(lambda: router.replicas[1].engine == "openai", "openai detected")
     r1 = fleet.status_of("r1")
-    assert r1["slots"] == 8 and not r1["load"]["known"]  # the starting guess, no load page
+    assert r1["slots"] == 1 and not r1["load"]["known"]  # the starting guess, no load page
     assert "publishes no load" in r1["load"]["why"]
     assert all(s == 200 for s, _ in await asyncio.gather(*(fleet.post(chat()) for _ in range(8))))
 
 
 async def test_capacity_follows_the_engine_queue(serve: Serve) -> None:
-    # vLLM publishes no cap: the router starts at 8 and learns 2 when the engine queues.
+    # vLLM publishes no cap: the router starts at the declared 8 and learns 2 when the engine
+    # queues.
     engine = mock(slots=2, engine="vllm", decode_time=0.01, output_mean=60)
-    fleet = await serve(Spec(engine, speed=None, slots=None))
+    fleet = await serve(Spec(engine, speed=None, slots=8))
     await wait_for(lambda: fleet.router.replicas[0].engine == "vllm", "vllm detected")
     answers = asyncio.gather(*(fleet.post(chat(f"q{i}")) for i in range(8)))
     await wait_for(lambda: fleet.status_of("r0")["slots"] == 2, "capacity learned from the queue")

@@ -117,7 +117,7 @@ async def test_urls_alone_learn_engine_speed_and_capacity(
     assert small["completed"] > large["completed"]
     # The replica that took most of the load moved from the starting guess of 8 by what its
     # replies showed (the large one may never have been full).
-    assert small["capacity"]["why"] != "initial" and small["slots"] != 8
+    assert small["capacity"]["why"] != "initial" and small["slots"] > 1
     assert seen_running, "the engines' running gauges were read during the load"
 
 

@@ -148,9 +148,10 @@ def serve(
         int,
         typer.Option(
             help="Requests at once, to start with, on a replica that declares no slots and "
-            "whose engine publishes no cap; it grows while the replica keeps up."
+            "whose engine publishes no cap; it doubles each round trip while the replica "
+            "keeps up."
         ),
-    ] = 8,
+    ] = 1,
     capacity_tolerance: Annotated[
         float,
         typer.Option(
