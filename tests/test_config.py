@@ -70,7 +70,8 @@ def test_unknown_key_names_key_and_allowed() -> None:
 def test_unknown_top_level_key() -> None:
     path, msg = only({"devices": [{"type": "cpu"}], "schedular": {}})
     assert path == "schedular"
-    assert "allowed keys: backend, communication, devices, logging, replicas, scheduler" in msg
+    allowed = "backend, communication, devices, logging, nodes, replicas, scheduler"
+    assert f"allowed keys: {allowed}" in msg
 
 
 def test_wrong_type_names_field_and_value() -> None:

@@ -27,6 +27,7 @@ from pydantic import (
 from hetero._data_files import read_data_file
 from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
+from hetero.devices.mig import split_slice_name
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 from hetero.log import config_log_level
@@ -43,6 +44,8 @@ __all__ = [
     "DeviceConfig",
     "HeteroConfig",
     "LoggingConfig",
+    "NicConfig",
+    "NodeConfig",
     "ReplicaConfig",
     "SchedulerConfig",
     "load_config",
@@ -109,6 +112,8 @@ class DeviceConfig(_Strict):
             return None
         catalog = get_catalog()
         if value not in catalog:
+            if split_slice_name(value) is not None:  # a MIG slice: its GPU's profiles
+                raise ValueError(catalog.why_unknown(value))
             close = catalog.closest(value)
             hint = f"; closest catalog names: {', '.join(close)}" if close else ""
             raise ValueError(f"unknown model {value!r}{hint} (see `hetero catalog list`)")
@@ -288,12 +293,36 @@ class ReplicaConfig(_Strict):
         return DeviceConfig._known_model(value)
 
 
+class NicConfig(_Strict):
+    """One network interface of a node: its name, fabric and link speed in Gb/s each way."""
+
+    name: str = Field(min_length=1)
+    fabric: Annotated[Literal["ethernet", "infiniband"], _any_case(str.lower)] = "ethernet"
+    gbps: float = Field(gt=0, le=1_000_000, allow_inf_nan=False, description="Gb/s each way")
+
+
+class NodeConfig(_Strict):
+    """One entry of ``nodes:``: what a node has besides its devices (its NICs)."""
+
+    nics: list[NicConfig] = Field(default_factory=list)
+
+    @field_validator("nics")
+    @classmethod
+    def _distinct_names(cls, nics: list[NicConfig]) -> list[NicConfig]:
+        names = [nic.name for nic in nics]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"NIC {twice[0]!r} is listed twice; each name once per node")
+        return nics
+
+
 class HeteroConfig(_Strict):
     """A whole ``hetero_config.yaml``: ``devices`` for the engine and the simulator,
     ``replicas`` for ``hetero serve`` (a file needs one or the other, unless the backend is a
     Ray cluster, whose nodes declare their own devices)."""
 
     devices: list[DeviceConfig] = Field(default_factory=list, min_length=1)
+    nodes: dict[str, NodeConfig] = Field(default_factory=dict)
     replicas: list[ReplicaConfig] = Field(default_factory=list)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     communication: CommunicationConfig = Field(default_factory=CommunicationConfig)
@@ -326,6 +355,7 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
             with contextlib.suppress(ValidationError):  # already reported above
                 valid.append((i, DeviceConfig.model_validate(entry)))
     problems += [p for p in _device_problems(valid) if p not in problems]
+    problems += _node_problems(data.get("nodes"), valid)
     if problems:
         raise ConfigError(problems)
     assert config is not None
@@ -350,8 +380,8 @@ def load_config(path: str | Path) -> HeteroConfig:
 def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
     model: type[BaseModel] = HeteroConfig
     for part in loc:
-        if isinstance(part, int):
-            continue
+        if isinstance(part, int) or str(part) not in model.model_fields:
+            continue  # a list index, or a key of a mapping (``nodes.<name>``)
         annotation = model.model_fields[str(part)].annotation
         args = getattr(annotation, "__args__", ())
         nested = [
@@ -394,6 +424,26 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
             problems.append((path, f"{message} (got {show(value)})"))
     # Union members each report the same bad value; keep one line per path and message.
     return list(dict.fromkeys(problems))
+
+
+def _node_problems(nodes: Any, devices: list[tuple[int, DeviceConfig]]) -> list[tuple[str, str]]:
+    """A ``nodes:`` entry must name a node some device is on (a misspelt name would describe
+    a node that is not there)."""
+    if not isinstance(nodes, dict) or not devices:
+        return []
+    used = list(dict.fromkeys(dev.node for _, dev in devices))
+    problems = []
+    for name in nodes:
+        if name not in used:
+            close = difflib.get_close_matches(str(name), used, n=3)
+            hint = f"; closest: {', '.join(close)}" if close else ""
+            problems.append(
+                (
+                    f"nodes.{name}",
+                    f"no device is on node {name!r}{hint}; devices are on: {', '.join(used)}",
+                )
+            )
+    return problems
 
 
 def _device_problems(devices: list[tuple[int, DeviceConfig]]) -> list[tuple[str, str]]:

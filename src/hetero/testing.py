@@ -4,9 +4,10 @@ benchmarks on machines without accelerators.
 - ``MockReplica`` / ``MockConfig``: a real OpenAI-compatible HTTP server that takes as long as a
   replica of a given speed would, and speaks the load endpoints of vLLM or SGLang
   (``hetero.serve.mock``; ``hetero mock-replica`` runs one from the command line).
-- ``FakeNVML`` and the built-in boxes ``mixed_box()``, ``nvswitch_box()``, ``pcie_box()``: a box
-  of GPUs described without one, to pass to ``get_device_list(nvml=...)`` or
-  ``read_topology(nvml=...)`` (``hetero.devices.fake_nvml``).
+- ``FakeNVML`` and the built-in boxes ``mixed_box()``, ``nvswitch_box()``, ``pcie_box()`` and
+  ``mig_box()`` (GPUs split into MIG slices, ``FakeMigDevice``): a box of GPUs described without
+  one, to pass to ``get_device_list(nvml=...)`` or ``read_topology(nvml=...)``
+  (``hetero.devices.fake_nvml``).
 
 Emulated devices themselves need no double: a fleet config entry with ``emulate: true`` (see
 docs/config.md) builds them. Names load on first use, so ``import hetero.testing`` does not import
@@ -22,8 +23,10 @@ from hetero._lazy import lazy_exports
 #: Each name and the module that defines it (imported on first use).
 _EXPORTS: dict[str, str] = {
     "FakeGPU": "hetero.devices.fake_nvml",
+    "FakeMigDevice": "hetero.devices.fake_nvml",
     "FakeNVML": "hetero.devices.fake_nvml",
     "FakeTopology": "hetero.devices.fake_nvml",
+    "mig_box": "hetero.devices.fake_nvml",
     "mixed_box": "hetero.devices.fake_nvml",
     "nvswitch_box": "hetero.devices.fake_nvml",
     "pcie_box": "hetero.devices.fake_nvml",
@@ -38,8 +41,10 @@ if _TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
     from hetero.devices.fake_nvml import FakeGPU as FakeGPU
+    from hetero.devices.fake_nvml import FakeMigDevice as FakeMigDevice
     from hetero.devices.fake_nvml import FakeNVML as FakeNVML
     from hetero.devices.fake_nvml import FakeTopology as FakeTopology
+    from hetero.devices.fake_nvml import mig_box as mig_box
     from hetero.devices.fake_nvml import mixed_box as mixed_box
     from hetero.devices.fake_nvml import nvswitch_box as nvswitch_box
     from hetero.devices.fake_nvml import pcie_box as pcie_box

@@ -12,7 +12,8 @@ import pytest
 from hetero.devices.catalog import get_catalog
 from hetero.devices.discovery import get_device_list
 from hetero.devices.spec import DeviceKind
-from hetero.devices.topology import LinkKind, read_topology
+from hetero.devices.topology import LinkKind
+from hetero.devices.topology_nvml import read_topology
 
 
 def _nvml_gpu_count() -> int:

@@ -5,6 +5,7 @@ import itertools
 import json
 import logging
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,17 +17,23 @@ from typer.testing import CliRunner
 from hetero.commands.topology import register
 from hetero.devices.catalog import get_catalog
 from hetero.devices.fake_nvml import FakeGPU, FakeNVML, mixed_box, nvswitch_box, pcie_box
+from hetero.devices.network import Nic
+from hetero.devices.rings import device_bandwidth, rank_order, ring_order
+from hetero.devices.spec import Device
 from hetero.devices.topology import (
     PCIE_PATH_FACTOR,
     Link,
     LinkKind,
+    NodeLink,
+    NodeTopology,
     Topology,
     TopologyDevice,
     best_group_indices,
     nvlink_gbs_per_link,
     pcie_gbs,
-    read_topology,
 )
+from hetero.devices.topology_file import read_topology_file
+from hetero.devices.topology_nvml import read_topology
 from hetero.errors import AllocationError, ConfigError, DeviceError
 
 GIB = 1024**3
@@ -424,5 +431,288 @@ def test_cli_help_explains_every_option_with_an_example(cli: typer.Typer) -> Non
     result = runner.invoke(cli, ["topology", "--help"])
     assert result.exit_code == 0
     flat = " ".join(result.output.replace("│", " ").split())  # undo rich's wrapping
-    for text in ("--fake", "Example: --fake pcie", "--group", "Example: --group 4", "--json"):
+    for text in (
+        "--fake",
+        "Example: --fake pcie",
+        "Example: --file box.json",
+        "Example: --config cluster.yaml",
+        "--group",
+        "Example: --group 4",
+        "--json",
+    ):
         assert text in flat
+
+
+# --- rank order --------------------------------------------------------------------------------
+
+
+def devices_of(topo: Topology, order: list[int], node: str = "box") -> list[Device]:
+    """The GPUs of ``topo`` at positions ``order``, as fleet devices on ``node``."""
+    catalog = get_catalog()
+    return [
+        Device(id=topo.ids[i], spec=catalog.get(topo.devices[i].model), node=node) for i in order
+    ]
+
+
+def ring_links(matrix: np.ndarray, order: list[int]) -> list[float]:
+    return [float(matrix[order[k], order[(k + 1) % len(order)]]) for k in range(len(order))]
+
+
+def test_rank_order_puts_the_fast_pairs_side_by_side() -> None:
+    topo = read(pcie_box())
+    # Given as gpu:0, gpu:2, gpu:1, gpu:3, the ring would cross the sockets four times.
+    devices = devices_of(topo, [0, 2, 1, 3])
+    order = rank_order(devices, topo)
+    assert [devices[i].id for i in order] == ["gpu:0", "gpu:1", "gpu:2", "gpu:3"]
+    assert ring_links(device_bandwidth(devices, topo), order) == [
+        64.0,
+        32.0,
+        pytest.approx(57.6),
+        32.0,
+    ]
+    mixed = read(mixed_box())
+    devices = devices_of(mixed, [0, 2, 1, 3])
+    order = rank_order(devices, mixed)
+    # Each NVLink pair side by side: the ring crosses the sockets twice, not four times.
+    assert [devices[i].id for i in order] == ["gpu:0", "gpu:1", "gpu:2", "gpu:3"]
+    assert ring_links(device_bandwidth(devices, mixed), order) == [600.0, 16.0, 300.0, 16.0]
+    # An order that is already as good stays as it is.
+    devices = devices_of(mixed, [0, 2, 3, 1])
+    assert rank_order(devices, mixed) == [0, 1, 2, 3]
+
+
+def test_rank_order_keeps_rank_zero_and_equal_links_in_order() -> None:
+    topo = read(nvswitch_box())
+    devices = devices_of(topo, [5, 1, 7, 0])
+    assert rank_order(devices, topo) == [0, 1, 2, 3]
+    assert rank_order([], topo) == [] and rank_order(devices[:1], topo) == [0]
+
+
+def test_rank_order_keeps_each_node_together() -> None:
+    topo = read(pcie_box())
+    a, b = devices_of(topo, [0, 2, 1, 3], "a"), devices_of(topo, [0, 2, 1, 3], "b")
+    interleaved = [a[0], b[0], a[1], b[1], a[2], b[2], a[3], b[3]]
+    order = rank_order(interleaved, {"a": topo, "b": topo})
+    assert [(interleaved[i].node, interleaved[i].id) for i in order] == [
+        ("a", "gpu:0"),
+        ("a", "gpu:1"),
+        ("a", "gpu:2"),
+        ("a", "gpu:3"),
+        ("b", "gpu:2"),
+        ("b", "gpu:3"),
+        ("b", "gpu:0"),
+        ("b", "gpu:1"),
+    ]
+    # Each node's chain is opened at a SYS link: only the two node crossings are slower.
+    matrix = device_bandwidth(interleaved, {"a": topo, "b": topo})
+    assert sorted(ring_links(matrix, order))[:2] == [0.0, 0.0]
+    assert min(sorted(ring_links(matrix, order))[2:]) == 32.0
+
+
+def test_rank_order_follows_the_node_links() -> None:
+    nics = {
+        "a": [Nic("ib0", "infiniband", 400)],
+        "edge": [Nic("eth0", "ethernet", 25)],
+        "b": [Nic("ib0", "infiniband", 400), Nic("eth0", "ethernet", 100)],
+        "c": [Nic("ib0", "infiniband", 200), Nic("eth0", "ethernet", 25)],
+    }
+    nodes = NodeTopology.from_nics(nics)
+    catalog = get_catalog()
+    devices = [Device(id=f"{n}/cpu", spec=catalog.get("T4"), node=n) for n in nics]
+    order = rank_order(devices, {}, nodes=nodes)
+    # Node a has InfiniBand only, so the edge node (Ethernet only) cannot neighbour it: it sits
+    # between b and c, and the slowest link of the ring is Ethernet, not nothing.
+    assert [devices[i].node for i in order] == ["a", "b", "edge", "c"]
+
+
+def test_rank_order_rejects_one_topology_for_several_nodes() -> None:
+    topo = read(pcie_box())
+    devices = devices_of(topo, [0], "a") + devices_of(topo, [1], "b")
+    with pytest.raises(ConfigError, match="topology: one Topology describes one machine, but"):
+        rank_order(devices, topo)
+    with pytest.raises(ConfigError, match=r"topology\['a'\]: expected a Topology, got 1"):
+        rank_order(devices, {"a": 1})  # type: ignore[dict-item]
+
+
+@settings(max_examples=150, deadline=None)
+@given(matrices())
+def test_ring_order_is_a_ring_from_zero_no_worse_than_the_given_order(
+    case: tuple[np.ndarray, int],
+) -> None:
+    matrix, _ = case
+    n = len(matrix)
+    order = ring_order(matrix)
+    assert sorted(order) == list(range(n)) and (n == 0 or order[0] == 0)
+    if n > 2:
+        slowest = min(ring_links(matrix, order))
+        assert slowest >= min(ring_links(matrix, list(range(n))))
+        best = max(
+            min(ring_links(matrix, [0, *rest])) for rest in itertools.permutations(range(1, n))
+        )
+        assert slowest <= best
+
+
+def test_ring_order_rejects_a_non_square_matrix() -> None:
+    with pytest.raises(ConfigError, match="bandwidth: must be a square matrix"):
+        ring_order(np.zeros((2, 3)))
+
+
+# --- contradictions ----------------------------------------------------------------------------
+
+
+def test_a_topology_that_contradicts_itself_is_refused() -> None:
+    a, b = TopologyDevice("gpu:0", "A100-80GB"), TopologyDevice("gpu:1", "A100-80GB")
+    nv, pix = Link(LinkKind.NVLINK, 600.0, 12), Link(LinkKind.PIX, 64.0)
+    self_ = Link(LinkKind.SELF, 0.0)
+    with pytest.raises(ConfigError) as info:
+        Topology((a, b), ((self_, nv), (pix, self_)))
+    assert str(info.value) == (
+        "links[1][0]: gpu:0 → gpu:1 is NV12 at 600 GB/s but gpu:1 → gpu:0 is PIX at 64 GB/s; "
+        "a link is the same both ways"
+    )
+    with pytest.raises(ConfigError, match=r"devices\[1\]\.id: 'gpu:0' is listed twice"):
+        Topology((a, a), ((self_, nv), (nv, self_)))
+    with pytest.raises(ConfigError, match="the link of gpu:0 to itself must be X, got NV12"):
+        Topology((a, b), ((nv, nv), (nv, self_)))
+    with pytest.raises(ConfigError, match=r"X \(a device itself\) between two devices"):
+        Topology((a, b), ((self_, self_), (self_, self_)))
+    slower = Link(LinkKind.NVLINK, 300.0, 12)
+    with pytest.raises(ConfigError, match=r"bandwidth_gbs\[1\]\[0\]: .* NV12 at 300 GB/s"):
+        Topology((a, b), ((self_, nv), (slower, self_)))
+
+
+# --- between nodes -----------------------------------------------------------------------------
+
+
+def test_node_links_take_the_best_shared_fabric_at_the_slower_node() -> None:
+    nodes = NodeTopology.from_nics(
+        {
+            "dgx-a": [Nic(f"ib{i}", "infiniband", 400) for i in range(4)]
+            + [Nic("eth0", "ethernet", 100)],
+            "dgx-b": [Nic("ib0", "infiniband", 400), Nic("eth0", "ethernet", 200)],
+            "edge": [Nic("eth0", "ethernet", 25)],
+            "dark": [],
+        }
+    )
+    assert nodes.link("dgx-a", "dgx-b") == NodeLink("infiniband", 400)
+    assert nodes.link("dgx-a", "dgx-b").label == "IB 400G"
+    assert nodes.link("dgx-a", "dgx-b").gbs == 100  # 400 Gb/s each way: 100 GB/s both ways
+    assert nodes.link("edge", "dgx-b") == NodeLink("ethernet", 25)
+    assert (
+        nodes.link("dark", "edge") == NodeLink(None, 0) and nodes.link("dark", "edge").label == "-"
+    )
+    assert nodes.bandwidth[0].tolist() == [0.0, 100.0, 6.25, 0.0]
+    text = nodes.format_matrix()
+    assert text.splitlines()[0].split() == ["dgx-a", "dgx-b", "edge", "dark"]
+    assert text.splitlines()[1].split() == ["dgx-a", "X", "IB", "400G", "ETH", "25G", "-"]
+    assert "dark   none known" in text
+    data = json.loads(json.dumps(nodes.to_dict()))
+    assert data["links"][2] == ["ETH 25G", "ETH 25G", "X", "-"]
+    assert data["nodes"][2] == {
+        "name": "edge",
+        "nics": [{"name": "eth0", "fabric": "ethernet", "gbps": 25}],
+    }
+    with pytest.raises(DeviceError, match="no node 'x' in this topology; it has dgx-a"):
+        nodes.link("x", "edge")
+    with pytest.raises(ConfigError, match=r"nodes\[1\]: 'a' is listed twice"):
+        NodeTopology(("a", "a"), ((), ()))
+
+
+def test_device_bandwidth_links_nodes_through_their_nics() -> None:
+    topo = read(pcie_box())
+    devices = devices_of(topo, [0, 1], "a") + devices_of(topo, [0], "b")
+    nodes = NodeTopology.from_nics(
+        {"a": [Nic("ib0", "infiniband", 200)], "b": [Nic("ib0", "infiniband", 400)]}
+    )
+    matrix = device_bandwidth(devices, {"a": topo}, nodes)
+    assert matrix.tolist() == [[0.0, 64.0, 50.0], [64.0, 0.0, 50.0], [50.0, 50.0, 0.0]]
+    assert device_bandwidth(devices, {"a": topo})[0, 2] == 0.0  # no node links known
+
+
+# --- CLI: files and nodes ----------------------------------------------------------------------
+
+
+def test_cli_reads_back_what_json_wrote(cli: typer.Typer, tmp_path: Path) -> None:
+    written = runner.invoke(cli, ["topology", "--fake", "mixed", "--json"])
+    path = tmp_path / "box.json"
+    path.write_text(written.stdout)
+    result = runner.invoke(cli, ["topology", "--file", str(path), "--group", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"4 GPUs (file:{path})" in result.output
+    assert "best group of 2: gpu:0, gpu:1; slowest link NV12, 600 GB/s" in result.output
+    assert read_topology_file(path) == read(mixed_box())
+
+
+def test_cli_names_every_contradiction_of_a_file(cli: typer.Typer, tmp_path: Path) -> None:
+    data = read(mixed_box()).to_dict()
+    data["links"][1][0] = "PIX"
+    data["devices"][3]["id"] = "gpu:2"
+    path = tmp_path / "box.json"
+    path.write_text(json.dumps(data))
+    result = runner.invoke(cli, ["topology", "--file", str(path)])
+    assert result.exit_code == 1
+    lines = " ".join(result.stderr.split())
+    assert (
+        f"error: --file {path}: devices[3].id: 'gpu:2' is listed twice (also devices[2])" in lines
+    )
+    assert f"{path}: links[1][0]: gpu:0 → gpu:1 is NV12 at 600 GB/s but gpu:1 → gpu:0 is PIX" in (
+        lines
+    )
+
+
+def test_cli_node_matrix_from_a_fleet_config(cli: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        """
+devices:
+  - {type: gpu, model: H100-SXM-80GB, emulate: true, count: 8, node: dgx-a}
+  - {type: gpu, model: H100-SXM-80GB, emulate: true, count: 8, node: dgx-b}
+  - {type: gpu, model: L4, emulate: true, node: edge}
+nodes:
+  dgx-a:
+    nics: [{name: ib0, fabric: infiniband, gbps: 400}, {name: ib1, fabric: infiniband, gbps: 400}]
+  dgx-b:
+    nics: [{name: ib0, fabric: InfiniBand, gbps: 400}, {name: eth0, gbps: 100}]
+"""
+    )
+    result = runner.invoke(cli, ["topology", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"3 nodes (config:{path})" in result.stdout
+    assert result.stdout.splitlines()[2].split() == ["dgx-a", "X", "IB", "400G", "-"]
+    assert "no NICs known for edge: declare them under nodes:" in result.stderr
+    result = runner.invoke(cli, ["topology", "--config", str(path), "--json"])
+    data = json.loads(result.stdout)
+    assert data["source"] == f"config:{path}"
+    assert data["bandwidth_gbs"][0] == [0.0, 100.0, 0.0]
+
+
+def test_cli_node_matrix_reads_this_machines_nics_for_localhost(
+    cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "local.yaml"
+    path.write_text(
+        "devices: [{type: cpu}, {type: gpu, model: T4, emulate: true, node: other}]\n"
+        "nodes: {other: {nics: [{name: eth0, gbps: 10}]}}\n"
+    )
+    monkeypatch.setattr(
+        "hetero.commands.topology.read_nics", lambda: [Nic("eth0", "ethernet", 25.0)]
+    )
+    result = runner.invoke(cli, ["topology", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[2].split() == ["localhost", "X", "ETH", "10G"]
+    assert "localhost: NICs read from this machine (/sys/class/net)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--fake", "pcie", "--file", "x.json"], "give at most one of --fake, --file or --config"),
+        (["--config", "c.yaml", "--group", "2"], "--group picks GPUs of one machine"),
+        (["--file", "missing.json"], "error: --file cannot read topology 'missing.json'"),
+        (["--config", "missing.yaml"], "error: --config missing.yaml: cannot read config"),
+    ],
+)
+def test_cli_source_errors(cli: typer.Typer, args: list[str], message: str) -> None:
+    result = runner.invoke(cli, ["topology", *args])
+    assert result.exit_code == 1
+    assert message in " ".join(result.stderr.split())

@@ -19,10 +19,12 @@ from hetero.errors import ConfigError
 from hetero.plan.match import (
     CRITERIA,
     MEMORY_BOUND_SHIFT,
+    TRAINING_FLOPS_PER_PARAMETER,
     Requirements,
     ScoreWeights,
     known_capabilities,
     match,
+    training_flops,
 )
 from hetero.plan.memory import FitRequest, memory_breakdown
 from hetero.plan.models import get_model
@@ -104,6 +106,14 @@ def by_id(matches: list) -> dict:
             "latency: est. 0.2 s per request (compute-bound), over SLO 0.1 s: rejected",
         ),
         (
+            # 1e12 FLOPs at 10 TFLOPS x 0.5: 5 requests/s; at 100 TFLOPS x 0.5: 50.
+            Requirements(work_flops=1e12, min_throughput=20),
+            device("a", spec(tflops=10)),
+            device("b"),
+            "throughput",
+            "throughput: est. 5 requests/s, below 20/s: rejected",
+        ),
+        (
             Requirements(max_price_per_hour=2.0),
             device("a", spec(price=2.5)),
             device("b", spec(price=2.0)),
@@ -139,6 +149,7 @@ def test_every_device_gets_a_reason_per_filter_and_criterion() -> None:
             "memory",
             "capabilities",
             "latency",
+            "throughput",
             "price",
             *CRITERIA,
         ]
@@ -173,7 +184,7 @@ def test_scores_are_divided_by_the_best_eligible_device() -> None:
     assert "features: 1 of 2 preferred (fp8), 0.50 of the best" in result["slow"].reasons
     # An ineligible device better than every eligible one is capped at 1 and says so.
     assert result["sick"].scores["compute"] == 1.0
-    assert "above the best eligible" in result["sick"].reasons[5]
+    assert "above the best eligible" in result["sick"].criteria[0].reason
 
 
 def test_cost_weight_puts_the_cheapest_eligible_first() -> None:
@@ -231,6 +242,26 @@ def test_cost_uses_requests_per_dollar_when_work_size_is_known() -> None:
     assert "cost: 90,000 requests per $ at $2.00/h, 1.00 of the best" in m.reasons
 
 
+def test_training_counts_samples_and_judges_throughput() -> None:
+    # 6 x 8e9 parameters x 2048 tokens ≈ 9.8e13 FLOPs a sample: 0.98 s at 200 TFLOPS x 0.5.
+    req = Requirements(work_flops=9.8e13, train=True, min_throughput=2, max_price_per_hour=10)
+    assert req.unit == "sample"
+    result = by_id(match([device("fast", spec(tflops=800)), device("slow", spec(tflops=200))], req))
+    fast, slow = result["fast"], result["slow"]
+    assert fast.eligible and not slow.eligible
+    assert fast.estimated_throughput == pytest.approx(800e12 * 0.5 / 9.8e13)
+    assert "latency: est. 0.98 s per sample (compute-bound), no SLO" in slow.reasons
+    assert "throughput: est. 1.02 samples/s, below 2/s: rejected" in slow.reasons
+    assert "throughput: est. 4.08 samples/s, at least 2/s" in fast.reasons
+    assert any(r.startswith("cost: 14,694 samples per $") for r in fast.reasons)
+
+
+def test_training_flops_are_six_per_parameter_and_token() -> None:
+    shape = get_model("llama-3-8b")
+    assert training_flops(shape, 2048) == 6 * shape.active_params * 2048
+    assert TRAINING_FLOPS_PER_PARAMETER == 6
+
+
 def test_ties_are_broken_by_device_id_whatever_the_input_order() -> None:
     devices = [device(name) for name in ("c", "a", "b")]
     expected = ["a", "b", "c"]
@@ -254,8 +285,9 @@ def test_to_dict_is_json() -> None:
     data = json.loads(json.dumps(m.to_dict(), allow_nan=False))
     assert data["device"] == "a" and data["eligible"] is True
     assert data["filters"] == dict.fromkeys(
-        ["health", "memory", "capabilities", "latency", "price"], True
+        ["health", "memory", "capabilities", "latency", "throughput", "price"], True
     )
+    assert data["estimated_throughput"] == pytest.approx(50)
     assert set(data["scores"]) == set(CRITERIA)
     assert data["estimated_seconds"] == pytest.approx(0.02)
     assert Requirements(require=frozenset({"fp8"})).to_dict()["require"] == ["fp8"]
@@ -293,6 +325,7 @@ requirements = st.builds(
     work_flops=st.none() | st.floats(1e9, 1e15),
     bytes_moved=st.none() | st.floats(1e6, 1e12),
     max_price_per_hour=st.none() | st.floats(0, 10),
+    train=st.booleans(),
 )
 weights = (
     st.tuples(*[st.floats(0, 10) for _ in CRITERIA])
@@ -313,7 +346,7 @@ def test_scores_are_normalised_ranked_and_summed(
         assert all(0.0 <= s <= 1.0 for s in m.scores.values())
         assert m.total == pytest.approx(sum(effective[c] * m.scores[c] for c in CRITERIA))
         assert m.eligible == all(f.passed for f in m.filters)
-        assert len(m.reasons) == 5 + len(CRITERIA)
+        assert len(m.reasons) == 6 + len(CRITERIA)
     flags = [m.eligible for m in result]
     assert flags == sorted(flags, reverse=True)  # no ineligible device above an eligible one
     for group in (True, False):
@@ -343,6 +376,14 @@ def test_scores_are_normalised_ranked_and_summed(
         ({"work_flops": 0.0}, "work_flops", "got 0.0; expected a number > 0"),
         ({"bytes_moved": math.nan}, "bytes_moved", "expected a number > 0"),
         ({"latency_slo": 1.0}, "latency_slo", "needs work_flops or bytes_moved"),
+        ({"min_throughput": 1.0}, "min_throughput", "needs work_flops or bytes_moved"),
+        ({"min_throughput": -2, "work_flops": 1e9}, "min_throughput", "expected a number > 0"),
+        ({"train": "yes"}, "train", "got 'yes'; expected true or false"),
+        (
+            {"train": True, "work_flops": 1e12, "latency_slo": 1.0},
+            "latency_slo",
+            "applies to inference requests; training is judged by its throughput",
+        ),
         ({"max_price_per_hour": -1.0}, "max_price_per_hour", "expected a number >= 0"),
         ({"compute_efficiency": 1.5}, "compute_efficiency", "expected a number > 0 and <= 1"),
         ({"bandwidth_efficiency": 0.0}, "bandwidth_efficiency", "expected a number > 0 and <= 1"),
@@ -491,6 +532,8 @@ def test_cli_help_gives_an_example_for_every_option() -> None:
         "--flops",
         "--bytes",
         "--slo",
+        "--train",
+        "--min-throughput",
         "--max-price",
         "--weights",
         "--compute-efficiency",
@@ -513,6 +556,46 @@ def test_model_option_needs_what_hetero_fit_estimates() -> None:
     assert doc["requirements"]["memory_bytes"] == sum(memory_breakdown(shape, request).values())
     eligible = {m["model"]: m["eligible"] for m in doc["matches"]}
     assert eligible == {"A100-80GB": True, "L4": False}
+
+
+def test_train_with_a_model_needs_the_training_fit_and_six_flops_per_parameter() -> None:
+    # Training llama-3-8b needs about 126 GiB (16 bytes a parameter and activations): the
+    # B200 and H200 hold it; the B200 alone trains 15 samples of 1,024 tokens a second.
+    code, out, _ = cli(
+        "--fleet", "B200,H200-141GB,A100-80GB", "--train", "--model", "llama-3-8b",
+        "--seq", "1024", "--min-throughput", "15", "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    doc = json.loads(out)
+    shape = get_model("llama-3-8b")
+    fit = FitRequest(seq=1024, batch=1, train=True).resolved(shape)
+    requirements = doc["requirements"]
+    assert requirements["memory_bytes"] == sum(memory_breakdown(shape, fit).values())
+    assert requirements["work_flops"] == training_flops(shape, 1024)
+    assert requirements["train"] is True and requirements["min_throughput"] == 15
+    by_model = {m["model"]: m for m in doc["matches"]}
+    assert by_model["B200"]["eligible"] is True
+    assert by_model["H200-141GB"]["filters"] == {
+        "health": True,
+        "memory": True,
+        "capabilities": True,
+        "latency": True,
+        "throughput": False,
+        "price": True,
+    }
+    assert by_model["A100-80GB"]["filters"]["memory"] is False
+    assert "samples/s, below 15/s: rejected" in by_model["H200-141GB"]["reasons"][4]
+    # --flops wins over the 6N rule; --slo is for inference.
+    code, out, _ = cli("--fleet", "L4", "--train", "--flops", "1e12", "--json")
+    assert json.loads(out)["requirements"]["work_flops"] == 1e12
+    code, _, err = cli("--fleet", "L4", "--train", "--flops", "1e12", "--slo", "1")
+    assert code == 1
+    assert "--slo: applies to inference requests" in err and "--min-throughput" in err
+
+
+def test_min_throughput_needs_a_work_size() -> None:
+    code, _, err = cli("--fleet", "L4", "--min-throughput", "5")
+    assert code == 1 and "--min-throughput: needs --flops or --bytes" in err
 
 
 def test_model_and_memory_together_is_an_error() -> None:

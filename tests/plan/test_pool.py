@@ -1,5 +1,6 @@
 """DevicePool: every constraint and its error, all-or-nothing commits, waiting, threads, and a
-stateful model check against a brute-force oracle."""
+stateful model check against a brute-force oracle. Topology, MIG slices, membership and leases
+are in test_pool_changes.py."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceSpec
 from hetero.errors import AllocationError, ConfigError, DeviceError
 from hetero.plan import pool as pool_module
-from hetero.plan.pool import Allocation, DevicePool
+from hetero.plan.allocation import Allocation, EndCause
+from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
+from hetero.sched.clock import ManualClock
 
 GIB = 2**30
 CATALOG = get_catalog()
@@ -36,8 +39,16 @@ def dev(
     node: str = "a",
     tags: Iterable[str] = (),
     memory: int | None = None,
+    parent: str | None = None,
 ) -> Device:
-    return Device(id=device_id, spec=spec, node=node, tags=frozenset(tags), memory_limit=memory)
+    return Device(
+        id=device_id,
+        spec=spec,
+        node=node,
+        tags=frozenset(tags),
+        memory_limit=memory,
+        parent=parent,
+    )
 
 
 def two_nodes() -> DevicePool:
@@ -540,11 +551,13 @@ IDS = ("n0a", "n0b", "n0t", "n1a", "n1t", "n2a")
 
 
 def small_fleet() -> list[Device]:
-    """Six devices on three nodes with a few bytes each, so memory runs out quickly."""
+    """Six devices on three nodes with a few bytes each, so memory runs out quickly; n0a and
+    n0b are two MIG slices of one GPU."""
     nodes = {"n0": ("n0a", "n0b", "n0t"), "n1": ("n1a", "n1t"), "n2": ("n2a",)}
     memory = {"n0a": 8, "n0b": 8, "n0t": 4, "n1a": 8, "n1t": 4, "n2a": 6}
+    parents = {"n0a": "GPU-0", "n0b": "GPU-0"}
     return [
-        dev(i, T4 if i.endswith("t") else A100, node=node, memory=memory[i])
+        dev(i, T4 if i.endswith("t") else A100, node=node, memory=memory[i], parent=parents.get(i))
         for node, ids in nodes.items()
         for i in ids
     ]
@@ -580,6 +593,9 @@ def feasible(
     """Brute force: does any set of ``request.count`` devices meet every constraint?"""
     fitting = [d for d in devices if suits(d, request, held, now, away)]
     for chosen in itertools.combinations(fitting, request.count):
+        gpus = [d.parent for d in chosen if d.parent is not None]
+        if len(set(gpus)) < len(gpus):
+            continue  # two slices of one GPU never share an allocation
         nodes = [d.node for d in chosen]
         if request.grouping == "one_node" and len(set(nodes)) > 1:
             continue
@@ -593,8 +609,10 @@ class PoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.devices = small_fleet()
-        self.pool = DevicePool(self.devices)
+        self.clock = ManualClock()
+        self.pool = DevicePool(self.devices, clock=self.clock)
         self.held: dict[str, Allocation] = {}
+        self.expires: dict[str, float] = {}
 
     @rule(
         count=st.integers(1, 3),
@@ -604,6 +622,7 @@ class PoolMachine(RuleBasedStateMachine):
         grouping=st.sampled_from(["any", "one_node", "spread"]),
         level=st.sampled_from(["device", "node"]),
         avoid=st.sets(st.sampled_from(IDS), max_size=2),
+        lease=st.none() | st.sampled_from([5.0, 10.0]),
         data=st.data(),
     )
     def allocate(
@@ -615,6 +634,7 @@ class PoolMachine(RuleBasedStateMachine):
         grouping: str,
         level: str,
         avoid: set[str],
+        lease: float | None,
         data: st.DataObject,
     ) -> None:
         others = data.draw(st.sets(st.sampled_from(sorted(self.held) or ["-"]), max_size=2))
@@ -631,6 +651,7 @@ class PoolMachine(RuleBasedStateMachine):
                 allocations=sorted(others),
                 level=level,
             ),
+            lease=lease,
         )
         away = {i for name in others for i in self.held[name].device_ids}
         if level == "node":
@@ -657,15 +678,42 @@ class PoolMachine(RuleBasedStateMachine):
             usable = [d.id for d in self.devices if suits(d, request, self.held, True, away)]
             assert free[chosen] == min(free[i] for i in usable)
         self.held[allocation.name] = allocation
+        if lease is not None:
+            self.expires[allocation.name] = self.clock.now() + lease
 
     @precondition(lambda self: bool(self.held))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(self.held)))
         allocation = self.held.pop(name)
+        self.expires.pop(name, None)
         allocation.release()
         with pytest.raises(AllocationError, match="already released"):
             allocation.release()
+
+    @rule(seconds=st.sampled_from([1.0, 4.0, 6.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        due = {n for n, at in self.expires.items() if at <= self.clock.now()}
+        ended = {a.name for a in self.pool.expire()}
+        assert ended == due
+        for name in due:
+            end = self.held.pop(name).end
+            assert end is not None and end.cause is EndCause.LEASE_EXPIRED
+            del self.expires[name]
+
+    @rule(device_id=st.sampled_from(IDS))
+    def remove_and_add_back(self, device_id: str) -> None:
+        holding = {n for n, a in self.held.items() if device_id in a.device_ids}
+        ended = self.pool.remove_device(device_id, reason="swapped")
+        assert {a.name for a in ended} == holding
+        for name in holding:
+            end = self.held.pop(name).end
+            assert end is not None and end.cause is EndCause.DEVICE_REMOVED
+            self.expires.pop(name, None)
+        assert device_id not in {u.id for u in self.pool.snapshot().devices}
+        (device,) = [d for d in self.devices if d.id == device_id]
+        self.pool.add_device(device)
 
     @rule(device_id=st.sampled_from(IDS), healthy=st.booleans())
     def set_health(self, device_id: str, healthy: bool) -> None:
@@ -690,6 +738,7 @@ class PoolMachine(RuleBasedStateMachine):
         for name, allocation in self.held.items():
             assert snapshot.allocations[name] == allocation.device_ids
             assert len(allocation.device_ids) == allocation.request.count
+        assert dict(snapshot.expires) == self.expires
 
 
 TestPoolMachine = PoolMachine.TestCase

@@ -31,6 +31,7 @@ from hetero.plan.match import (
     Requirements,
     ScoreWeights,
     match,
+    training_flops,
 )
 from hetero.plan.memory import FitRequest, memory_breakdown
 from hetero.plan.models import get_model
@@ -47,6 +48,8 @@ _OPTION = {
     "work_flops": "--flops",
     "bytes_moved": "--bytes",
     "latency_slo": "--slo",
+    "min_throughput": "--min-throughput",
+    "train": "--train",
     "max_price_per_hour": "--max-price",
     "compute_efficiency": "--compute-efficiency",
     "bandwidth_efficiency": "--bandwidth-efficiency",
@@ -128,13 +131,21 @@ def _size(option: str, text: str) -> int:
         raise ConfigError([(option, str(exc))]) from None
 
 
-def _needed_memory(memory: str | None, model: str | None, seq: int, batch: int) -> int:
+def _work(
+    memory: str | None, model: str | None, seq: int, batch: int, train: bool, flops: float | None
+) -> tuple[int, float | None]:
+    """Bytes each device needs and FLOPs per request (sample): as given, or with ``model``
+    what ``hetero fit`` estimates (``--train``: the training fit, and 6 × parameters × seq
+    FLOPs per sample unless ``flops`` is given)."""
     if model is None:
-        return 0 if memory is None else _size("--memory", memory)
+        return (0 if memory is None else _size("--memory", memory)), flops
     if memory is not None:
         raise ConfigError([("--memory", "give --memory or --model, not both")])
     shape = get_model(model)
-    return sum(memory_breakdown(shape, FitRequest(seq=seq, batch=batch).resolved(shape)).values())
+    fit = FitRequest(seq=seq, batch=batch, train=train).resolved(shape)
+    if train and flops is None:
+        flops = training_flops(shape, seq)
+    return sum(memory_breakdown(shape, fit).values()), flops
 
 
 def _table(matches: list[Match], weights: dict[str, float]) -> Table:
@@ -190,16 +201,30 @@ def match_command(
     model: Annotated[
         str | None,
         typer.Option(
-            help="Instead of --memory: what this model needs for inference at --seq and --batch "
-            "(as `hetero fit` estimates it), e.g. --model llama-3-8b.",
+            help="Instead of --memory: what this model needs at --seq and --batch, for inference "
+            "or with --train for training (as `hetero fit` estimates it), e.g. --model llama-3-8b.",
         ),
     ] = None,
     seq: Annotated[
         int, typer.Option(min=1, help="With --model: context length in tokens, e.g. --seq 8192.")
     ] = 4096,
     batch: Annotated[
-        int, typer.Option(min=1, help="With --model: sequences at once, e.g. --batch 8.")
+        int,
+        typer.Option(
+            min=1,
+            help="With --model: sequences at once (with --train, the micro-batch per device), "
+            "e.g. --batch 8.",
+        ),
     ] = 1,
+    train: Annotated[
+        bool,
+        typer.Option(
+            "--train",
+            help="Training work: times and throughput per sample; with --model, training memory "
+            "(weights, gradients, optimizer states, activations) and 6 × parameters × --seq "
+            "FLOPs per sample unless --flops is given, e.g. --train --model llama-3-8b.",
+        ),
+    ] = False,
     require: Annotated[
         str,
         typer.Option(
@@ -229,7 +254,9 @@ def match_command(
     flops: Annotated[
         float | None,
         typer.Option(
-            "--flops", help="FLOPs per request, for the latency estimate, e.g. --flops 2e12."
+            "--flops",
+            help="FLOPs per request (per sample with --train), for the time estimate, "
+            "e.g. --flops 2e12.",
         ),
     ] = None,
     bytes_moved: Annotated[
@@ -240,6 +267,13 @@ def match_command(
         float | None,
         typer.Option(
             help="Reject devices whose estimated seconds per request exceed this, e.g. --slo 0.5."
+        ),
+    ] = None,
+    min_throughput: Annotated[
+        float | None,
+        typer.Option(
+            help="Reject devices whose estimated requests (samples with --train) per second "
+            "fall below this, e.g. --min-throughput 20.",
         ),
     ] = None,
     max_price: Annotated[
@@ -273,14 +307,17 @@ def match_command(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rank devices for a piece of work: filter (health, memory, capabilities, latency SLO,
-    price), then score (compute, bandwidth, features, cost), with every device's reasons.
+    """Rank devices for a piece of work, inference or training: filter (health, memory,
+    capabilities, latency SLO, minimum throughput, price), then score (compute, bandwidth,
+    features, cost), with every device's reasons.
 
-    Example: hetero match --fleet A100-80GB:2,T4:4 --memory 40GB --require bf16 --top 3
+    Examples: hetero match --fleet A100-80GB:2,T4:4 --memory 40GB --require bf16 --top 3;
+    hetero match --fleet H100-SXM-80GB,A100-80GB,L4 --train --model llama-3-8b --seq 2048
+    --min-throughput 5
     """
     try:
         devices = _devices(fleet, config, catalog, kind or [])
-        needed = _needed_memory(memory, model, seq, batch)
+        needed, work_flops = _work(memory, model, seq, batch, train, flops)
         try:
             requirements = Requirements(
                 memory_bytes=needed,
@@ -288,12 +325,14 @@ def match_command(
                 prefer=_names(prefer),
                 dtype=dtype,
                 memory_bound=memory_bound,
-                work_flops=flops,
+                work_flops=work_flops,
                 bytes_moved=None if bytes_moved is None else _size("--bytes", bytes_moved),
                 latency_slo=slo,
                 max_price_per_hour=max_price,
                 compute_efficiency=compute_efficiency,
                 bandwidth_efficiency=bandwidth_efficiency,
+                train=train,
+                min_throughput=min_throughput,
             )
             score_weights = ScoreWeights() if weights is None else ScoreWeights.parse(weights)
         except ConfigError as exc:

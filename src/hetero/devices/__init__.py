@@ -1,4 +1,5 @@
-"""Devices: specs, the accelerator catalog, discovery, topology and fleets built from config."""
+"""Devices: specs, the accelerator catalog, discovery (MIG slices included), topology and fleets
+built from config."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ _EXPORTS: dict[str, str] = {
     "get_catalog": "hetero.devices.catalog",
     "get_device_list": "hetero.devices.discovery",
     "build_fleet": "hetero.devices.fleet",
+    "shared_parents": "hetero.devices.mig",
     "DTYPES": "hetero.devices.spec",
     "Device": "hetero.devices.spec",
     "DeviceKind": "hetero.devices.spec",
@@ -22,8 +24,13 @@ _EXPORTS: dict[str, str] = {
     "DeviceGroup": "hetero.devices.topology",
     "Link": "hetero.devices.topology",
     "LinkKind": "hetero.devices.topology",
+    "NodeTopology": "hetero.devices.topology",
     "Topology": "hetero.devices.topology",
-    "read_topology": "hetero.devices.topology",
+    "rank_order": "hetero.devices.rings",
+    "read_topology": "hetero.devices.topology_nvml",
+    "read_topology_file": "hetero.devices.topology_file",
+    "Nic": "hetero.devices.network",
+    "read_nics": "hetero.devices.network",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -37,6 +44,10 @@ if _TYPE_CHECKING:
     from hetero.devices.catalog import get_catalog as get_catalog
     from hetero.devices.discovery import get_device_list as get_device_list
     from hetero.devices.fleet import build_fleet as build_fleet
+    from hetero.devices.mig import shared_parents as shared_parents
+    from hetero.devices.network import Nic as Nic
+    from hetero.devices.network import read_nics as read_nics
+    from hetero.devices.rings import rank_order as rank_order
     from hetero.devices.spec import DTYPES as DTYPES
     from hetero.devices.spec import Device as Device
     from hetero.devices.spec import DeviceKind as DeviceKind
@@ -46,5 +57,7 @@ if _TYPE_CHECKING:
     from hetero.devices.topology import DeviceGroup as DeviceGroup
     from hetero.devices.topology import Link as Link
     from hetero.devices.topology import LinkKind as LinkKind
+    from hetero.devices.topology import NodeTopology as NodeTopology
     from hetero.devices.topology import Topology as Topology
-    from hetero.devices.topology import read_topology as read_topology
+    from hetero.devices.topology_file import read_topology_file as read_topology_file
+    from hetero.devices.topology_nvml import read_topology as read_topology

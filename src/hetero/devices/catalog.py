@@ -3,15 +3,18 @@
 Lookups accept the canonical name (``A100-80GB``) or any name a driver reports
 (``NVIDIA A100-SXM4-80GB``), ignoring case, spaces, dashes and underscores. An unknown name
 gets the generic spec of its kind with a warning, never a crash, so a new GPU still schedules.
+A MIG slice is named by its GPU and profile (``A100-80GB/3g.40gb``, or the driver's
+``NVIDIA A100-SXM4-80GB MIG 3g.40gb``): its GPU's spec scaled (``hetero.devices.mig``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from hetero.devices.mig import MigLayout, profile_key, slice_spec, split_slice_name
 from hetero.devices.spec import DeviceKind, DeviceSpec
 from hetero.errors import DeviceError
 
@@ -60,9 +64,15 @@ class CatalogComparison:
 
 
 class Catalog:
-    """An immutable set of ``DeviceSpec`` rows with name and alias lookup."""
+    """An immutable set of ``DeviceSpec`` rows with name and alias lookup, and the MIG layouts
+    of the GPUs that have one (``mig``: model -> layout), whose slices it names too."""
 
-    def __init__(self, specs: list[DeviceSpec], price_date: str = "") -> None:
+    def __init__(
+        self,
+        specs: list[DeviceSpec],
+        price_date: str = "",
+        mig: Mapping[str, MigLayout] | None = None,
+    ) -> None:
         self.price_date = price_date
         self._specs: dict[str, DeviceSpec] = {}
         self._index: dict[str, str] = {}
@@ -77,12 +87,29 @@ class Catalog:
                     raise DeviceError(
                         f"catalog: name {name!r} used by both {owner} and {spec.model}"
                     )
+        self._mig = dict(mig or {})
+        self._slices: dict[tuple[str, str], DeviceSpec] = {}
+        for model, layout in self._mig.items():
+            if model not in self._specs:
+                raise DeviceError(f"catalog: MIG layout for {model!r}, which has no row")
+            for profile in layout.profiles:
+                self._slices[model, profile.name] = slice_spec(
+                    self._specs[model],
+                    profile.name,
+                    layout.share(profile),
+                    profile.memory_bytes,
+                    layout.source,
+                )
 
     @classmethod
     def from_yaml(cls, text: str) -> Catalog:
         data = yaml.safe_load(text)
-        specs = [_spec_from_row(row) for row in data["accelerators"]]
-        return cls(specs, price_date=str(data.get("price_date", "")))
+        rows = data["accelerators"]
+        specs = [_spec_from_row(row) for row in rows]
+        mig = {
+            row["name"]: MigLayout.from_row(row["name"], row["mig"]) for row in rows if "mig" in row
+        }
+        return cls(specs, price_date=str(data.get("price_date", "")), mig=mig)
 
     def __len__(self) -> int:
         return len(self._specs)
@@ -91,20 +118,71 @@ class Catalog:
         return iter(self._specs.values())
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and _normalize(name) in self._index
+        if not isinstance(name, str):
+            return False
+        if _normalize(name) in self._index:
+            return True
+        try:
+            return self._slice(name) is not None
+        except DeviceError:
+            return False
 
     @property
     def names(self) -> list[str]:
         return list(self._specs)
 
     def get(self, name: str) -> DeviceSpec:
-        """The spec named ``name`` (canonical or alias); ``DeviceError`` naming close ones."""
+        """The spec named ``name`` (canonical or alias, or ``MODEL/PROFILE`` for a MIG slice);
+        ``DeviceError`` naming close ones, or for a slice the profiles its GPU has."""
         model = self._index.get(_normalize(name))
+        if model is not None:
+            return self._specs[model]
+        found = self._slice(name)
+        if found is None:
+            raise DeviceError(self._unknown(name))
+        return found
+
+    def why_unknown(self, name: str) -> str:
+        """What ``get(name)`` says of a name the catalog lacks: the close names, or for a MIG
+        slice its unknown GPU or the profiles its GPU has. Empty for a name it knows."""
+        try:
+            self.get(name)
+        except DeviceError as exc:
+            return str(exc)
+        return ""
+
+    def mig_layout(self, model: str) -> MigLayout | None:
+        """How the catalog model ``model`` divides into MIG slices; ``None`` when unrecorded."""
+        return self._mig.get(model)
+
+    def _unknown(self, name: str) -> str:
+        close = self.closest(name)
+        hint = f"; closest: {', '.join(close)}" if close else ""
+        return f"unknown device model {name!r}{hint} (see `hetero catalog list`)"
+
+    def _slice(self, name: str) -> DeviceSpec | None:
+        """The MIG slice ``name`` names; ``None`` when it names none, ``DeviceError`` when its GPU
+        is unknown or has no such profile."""
+        parts = split_slice_name(name)
+        if parts is None:
+            return None
+        parent, profile = parts
+        model = self._index.get(_normalize(parent))
         if model is None:
-            close = self.closest(name)
-            hint = f"; closest: {', '.join(close)}" if close else ""
-            raise DeviceError(f"unknown device model {name!r}{hint} (see `hetero catalog list`)")
-        return self._specs[model]
+            raise DeviceError(self._unknown(parent))
+        layout = self._mig.get(model)
+        if layout is None:
+            raise DeviceError(
+                f"the catalog has no MIG profiles for {model}; models with MIG profiles: "
+                f"{', '.join(self._mig) or 'none'}"
+            )
+        found = self._slices.get((model, profile_key(profile)))
+        if found is None:
+            raise DeviceError(
+                f"{model} has no MIG profile {profile!r}; allowed: {', '.join(layout.names)} "
+                f"(e.g. {model}/{layout.names[-1]})"
+            )
+        return found
 
     def closest(self, name: str, n: int = 3) -> list[str]:
         """Canonical names that look most like ``name``.
@@ -143,6 +221,10 @@ class Catalog:
         model = self._index.get(_normalize(reported_name))
         if model is not None:
             return self._specs[model]
+        with contextlib.suppress(DeviceError):  # a slice of an unrecorded profile: generic
+            found = self._slice(reported_name)
+            if found is not None:
+                return found
         generic = self._specs[_GENERIC.get(kind, "GPU")]
         log.warning(
             "device %r is not in the catalog; using the generic %s spec (%.1f fp32 TFLOPS). "

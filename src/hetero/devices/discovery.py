@@ -1,7 +1,8 @@
 """What this machine has: the CPU (psutil) and NVIDIA GPUs (NVML), with torch as a fallback.
 
 A missing driver or library is never an error: discovery then reports what it can (at least
-the CPU). ``CUDA_VISIBLE_DEVICES`` is honoured as CUDA itself reads it.
+the CPU). ``CUDA_VISIBLE_DEVICES`` is honoured as CUDA itself reads it. A GPU in MIG mode is not
+itself a device: each of its MIG slices is (``hetero.devices.mig``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import psutil
 
 from hetero.devices.catalog import get_catalog
+from hetero.devices.mig import compute_slices_of, measured_share, slice_spec, split_slice_name
 from hetero.devices.spec import Device, DeviceKind, DeviceState
 
 __all__ = [
@@ -27,13 +29,20 @@ __all__ = [
     "discover_cpu",
     "discover_nvidia_gpus",
     "get_device_list",
+    "mig_slices",
     "nvml_text",
     "optional_module",
     "visible_gpu_indices",
+    "visible_gpus",
 ]
 
 log = logging.getLogger("hetero.discovery")
 T = TypeVar("T")
+
+_MIB = 1024**2
+
+#: One GPU as discovery lists it: ``(nvml index, uuid, pci bus id)``.
+Listed = tuple[int, str, str]
 
 
 def get_device_list(
@@ -128,46 +137,81 @@ def bus_id_key(bus_id: str) -> str:
     return ":".join(bus_id.strip().lower().split(":")[-2:])
 
 
-def visible_gpu_indices(spec: str | None, gpus: list[tuple[int, str, str]]) -> list[int]:
-    """NVML indices visible under ``CUDA_VISIBLE_DEVICES=spec``, in CUDA's order.
+def visible_gpus(
+    spec: str | None, gpus: list[Listed], slices: Mapping[str, int] | None = None
+) -> list[tuple[int, str | None]]:
+    """What ``CUDA_VISIBLE_DEVICES=spec`` leaves visible, in CUDA's order: ``(index, None)`` for
+    a whole GPU, ``(index, uuid)`` for the MIG slice ``uuid`` of GPU ``index``.
 
-    ``gpus`` lists ``(nvml index, uuid, pci bus id)``. Entries are indices, UUIDs (or unique
-    prefixes, with or without ``GPU-``) or PCI bus ids; like CUDA, the first invalid entry ends
-    the list.
+    ``gpus`` lists ``(nvml index, uuid, pci bus id)``; ``slices`` maps each MIG slice's UUID to
+    its GPU's index (``None``: whole GPUs only are listed). Entries are indices, UUIDs (or unique
+    prefixes, with or without ``GPU-``), PCI bus ids or MIG UUIDs (``MIG-...``); like CUDA, the
+    first invalid entry ends the list, with a warning naming it.
     """
     if spec is None:
-        return [g[0] for g in gpus]
+        return [(g[0], None) for g in gpus]
     spec = spec.strip()
     if spec in ("", "-1", "NoDevFiles"):
         return []
-    chosen: list[int] = []
+    chosen: list[tuple[int, str | None]] = []
     for raw in spec.split(","):
         entry = raw.strip()
-        found = _match_entry(entry, gpus)
+        found = _match_entry(entry, gpus, slices)
         if found is None:
-            log.warning(
-                "CUDA_VISIBLE_DEVICES: %r matches no GPU; ignoring it and what follows", entry
-            )
+            _warn_unmatched(entry, slices)
             break
         if found not in chosen:
             chosen.append(found)
     return chosen
 
 
-def _match_entry(entry: str, gpus: list[tuple[int, str, str]]) -> int | None:
+def visible_gpu_indices(spec: str | None, gpus: list[Listed]) -> list[int]:
+    """NVML indices of the whole GPUs visible under ``CUDA_VISIBLE_DEVICES=spec``, in CUDA's
+    order (see :func:`visible_gpus`; a MIG entry ends the list here)."""
+    return [index for index, _ in visible_gpus(spec, gpus)]
+
+
+def _match_entry(
+    entry: str, gpus: list[Listed], slices: Mapping[str, int] | None
+) -> tuple[int, str | None] | None:
     low = entry.lower()
     if low.isdigit():
-        index = int(low)
-        return index if any(g[0] == index for g in gpus) else None
+        return (int(low), None) if any(g[0] == int(low) for g in gpus) else None
     if low.startswith("mig-"):
-        log.warning("CUDA_VISIBLE_DEVICES: MIG instance %r is not scheduled separately", entry)
-        return None
+        uuid = _unique_prefix(low, {u.lower(): u for u in slices or {}})
+        return None if uuid is None or slices is None else (slices[uuid], uuid)
     if ":" in low:
         key = bus_id_key(low)
-        return next((g[0] for g in gpus if g[2] and bus_id_key(g[2]) == key), None)
-    prefix = low.removeprefix("gpu-")
-    matches = [g[0] for g in gpus if g[1].lower().removeprefix("gpu-").startswith(prefix)]
+        return next(((g[0], None) for g in gpus if g[2] and bus_id_key(g[2]) == key), None)
+    index = _unique_prefix(
+        low.removeprefix("gpu-"), {g[1].lower().removeprefix("gpu-"): g[0] for g in gpus}
+    )
+    return None if index is None else (index, None)
+
+
+def _unique_prefix(prefix: str, named: Mapping[str, T]) -> T | None:
+    """The value of the one name in ``named`` that begins with ``prefix``; ``None`` if none or
+    several do."""
+    matches = [value for name, value in named.items() if name.startswith(prefix)]
     return matches[0] if prefix and len(matches) == 1 else None
+
+
+def _warn_unmatched(entry: str, slices: Mapping[str, int] | None) -> None:
+    if not entry.lower().startswith("mig-"):
+        log.warning("CUDA_VISIBLE_DEVICES: %r matches no GPU; ignoring it and what follows", entry)
+    elif slices is None:
+        log.warning(
+            "CUDA_VISIBLE_DEVICES: %r is a MIG slice, and only whole GPUs are listed here; "
+            "ignoring it and what follows",
+            entry,
+        )
+    else:
+        log.warning(
+            "CUDA_VISIBLE_DEVICES: MIG slice %r is on no GPU of this machine (destroyed, or "
+            "re-created under a new UUID); ignoring it and what follows. MIG slices here: %s",
+            entry,
+            ", ".join(slices) or "none",
+        )
 
 
 def nvml_text(value: Any) -> str:
@@ -176,11 +220,12 @@ def nvml_text(value: Any) -> str:
 
 
 def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device] | None:
-    """The NVIDIA GPUs that ``CUDA_VISIBLE_DEVICES`` leaves visible, through an NVML module.
+    """The NVIDIA GPUs, and the MIG slices of those in MIG mode, that ``CUDA_VISIBLE_DEVICES``
+    leaves visible, through an NVML module.
 
     ``None`` when NVML has no GPUs to report (driver missing, none installed, or NVML failing),
     so the caller may ask torch instead; ``[]`` when GPUs exist but all are hidden, which torch
-    would honour too."""
+    would honour too. A GPU named in ``CUDA_VISIBLE_DEVICES`` stands for all of its slices."""
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError or a loader error: no NVIDIA GPUs
@@ -190,48 +235,21 @@ def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device] 
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         if not handles:
             return None
-
-        def query(fn: Callable[..., T], *args: Any) -> T | None:
-            try:
-                return fn(*args)
-            except Exception as exc:  # unsupported queries leave a field empty
-                log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), exc)
-                return None
-
-        listed = []
+        listed: list[Listed] = []
         for i, h in enumerate(handles):
-            uuid = query(nvml.nvmlDeviceGetUUID, h)
-            pci = query(nvml.nvmlDeviceGetPciInfo, h)
+            uuid = _query(nvml.nvmlDeviceGetUUID, h)
+            pci = _query(nvml.nvmlDeviceGetPciInfo, h)
             listed.append((i, nvml_text(uuid) if uuid else "", nvml_text(pci.busId) if pci else ""))
-        order = visible_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES"), listed)
-        catalog = get_catalog()
-        devices = []
-        for ordinal, index in enumerate(order):
-            h = handles[index]
-            name = nvml_text(query(nvml.nvmlDeviceGetName, h) or "GPU")
-            spec = catalog.resolve(name, DeviceKind.GPU)
-            memory = query(nvml.nvmlDeviceGetMemoryInfo, h)
-            util = query(nvml.nvmlDeviceGetUtilizationRates, h)
-            temp = query(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
-            power = query(nvml.nvmlDeviceGetPowerUsage, h)
-            state = DeviceState(
-                memory_total=int(memory.total) if memory else spec.memory_bytes,
-                memory_used=int(memory.used) if memory else 0,
-                utilization=util.gpu / 100 if util else 0.0,
-                temperature_c=float(temp) if temp is not None else None,
-                power_w=power / 1000 if power is not None else None,
-            )
-            _, uuid, bus = listed[index]
-            devices.append(
-                Device(
-                    id=f"gpu:{ordinal}",
-                    spec=spec,
-                    local_index=ordinal,
-                    state=state,
-                    uuid=uuid or None,
-                    pci_bus_id=bus or None,
-                )
-            )
+        migs = [mig_slices(nvml, h) for h in handles]
+        owners = {uuid: i for i, found in enumerate(migs) for uuid in found or {}}
+        chosen = visible_gpus(environ.get("CUDA_VISIBLE_DEVICES"), listed, owners)
+        devices: list[Device] = []
+        for index, slice_ in _expand(chosen, migs):
+            ordinal = len(devices)
+            if slice_ is None:
+                devices.append(_whole_gpu(nvml, handles[index], listed[index], ordinal))
+            else:
+                devices.append(_mig_device(nvml, handles[index], slice_, listed[index], ordinal))
         return devices
     except Exception as exc:  # a driver failing mid-way is not the caller's error
         log.warning("NVML failed while listing GPUs (%s); continuing without them", exc)
@@ -239,6 +257,119 @@ def discover_nvidia_gpus(nvml: Any, environ: Mapping[str, str]) -> list[Device] 
     finally:
         with contextlib.suppress(Exception):  # shutting down after a failure
             nvml.nvmlShutdown()
+
+
+def _query(fn: Callable[..., T], *args: Any) -> T | None:
+    try:
+        return fn(*args)
+    except Exception as exc:  # unsupported queries leave a field empty
+        log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), exc)
+        return None
+
+
+def mig_slices(nvml: Any, handle: Any) -> dict[str, Any] | None:
+    """The MIG slices of a GPU by UUID, in NVML's order; ``None`` when it is not in MIG mode."""
+    mode = _query(nvml.nvmlDeviceGetMigMode, handle)  # [current, pending]
+    if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+        return None
+    found: dict[str, Any] = {}
+    for k in range(_query(nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
+        mig = _query(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, k)  # an empty slot: None
+        uuid = _query(nvml.nvmlDeviceGetUUID, mig) if mig is not None else None
+        if uuid:
+            found[nvml_text(uuid)] = mig
+    return found
+
+
+def _expand(
+    chosen: list[tuple[int, str | None]], migs: list[dict[str, Any] | None]
+) -> list[tuple[int, tuple[str, Any] | None]]:
+    """``chosen`` as devices: ``(index, None)`` for a whole GPU, ``(index, (uuid, handle))`` for
+    a slice; a GPU in MIG mode stands for all of its slices, and each slice comes once."""
+    out: list[tuple[int, tuple[str, Any] | None]] = []
+    for index, mig in chosen:
+        slices = migs[index]
+        if slices is None:
+            wanted: list[tuple[int, tuple[str, Any] | None]] = [(index, None)]
+        elif mig is not None:
+            wanted = [(index, (mig, slices[mig]))]
+        else:
+            if not slices:
+                log.warning("GPU %d is in MIG mode without MIG slices: nothing runs on it", index)
+            wanted = [(index, item) for item in slices.items()]
+        out.extend(w for w in wanted if w not in out)
+    return out
+
+
+def _whole_gpu(nvml: Any, h: Any, listed: Listed, ordinal: int) -> Device:
+    name = nvml_text(_query(nvml.nvmlDeviceGetName, h) or "GPU")
+    spec = get_catalog().resolve(name, DeviceKind.GPU)
+    memory = _query(nvml.nvmlDeviceGetMemoryInfo, h)
+    util = _query(nvml.nvmlDeviceGetUtilizationRates, h)
+    temp = _query(nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+    power = _query(nvml.nvmlDeviceGetPowerUsage, h)
+    state = DeviceState(
+        memory_total=int(memory.total) if memory else spec.memory_bytes,
+        memory_used=int(memory.used) if memory else 0,
+        utilization=util.gpu / 100 if util else 0.0,
+        temperature_c=float(temp) if temp is not None else None,
+        power_w=power / 1000 if power is not None else None,
+    )
+    _, uuid, bus = listed
+    return Device(
+        id=f"gpu:{ordinal}",
+        spec=spec,
+        local_index=ordinal,
+        state=state,
+        uuid=uuid or None,
+        pci_bus_id=bus or None,
+    )
+
+
+def _mig_device(
+    nvml: Any, parent: Any, slice_: tuple[str, Any], listed: Listed, ordinal: int
+) -> Device:
+    """The MIG slice ``slice_`` (its UUID and handle) as a device: its GPU's spec scaled by its
+    share (SMs as NVML counts them, memory slices as the catalog records them), its own UUID and
+    memory; its GPU's UUID as ``parent``, its GPU's bus id and temperature."""
+    uuid, mig = slice_
+    catalog = get_catalog()
+    parent_spec = catalog.resolve(nvml_text(_query(nvml.nvmlDeviceGetName, parent) or "GPU"))
+    attrs = _query(nvml.nvmlDeviceGetAttributes, mig)
+    memory = _query(nvml.nvmlDeviceGetMemoryInfo, mig)
+    parent_memory = _query(nvml.nvmlDeviceGetMemoryInfo, parent)
+    total = int(memory.total) if memory else int(attrs.memorySizeMB) * _MIB if attrs else 0
+    parts = split_slice_name(nvml_text(_query(nvml.nvmlDeviceGetName, mig) or ""))
+    gpu_slices = int(attrs.gpuInstanceSliceCount) if attrs else 0
+    # A driver that names no profile: the one its figures make.
+    profile = parts[1] if parts else f"{gpu_slices}g.{round(total / 1024**3)}gb"
+    share = measured_share(
+        catalog.mig_layout(parent_spec.model),
+        profile,
+        sms=int(attrs.multiprocessorCount) if attrs else 0,
+        gpu_slices=gpu_slices or compute_slices_of(profile),
+        max_slices=_query(nvml.nvmlDeviceGetMaxMigDeviceCount, parent) or 7,
+        memory_bytes=total,
+        parent_memory=int(parent_memory.total) if parent_memory else parent_spec.memory_bytes,
+    )
+    util = _query(nvml.nvmlDeviceGetUtilizationRates, mig)  # most drivers: not for a slice
+    temp = _query(nvml.nvmlDeviceGetTemperature, parent, nvml.NVML_TEMPERATURE_GPU)
+    state = DeviceState(
+        memory_total=total,
+        memory_used=int(memory.used) if memory else 0,
+        utilization=util.gpu / 100 if util else 0.0,
+        temperature_c=float(temp) if temp is not None else None,
+    )
+    _, parent_uuid, bus = listed
+    return Device(
+        id=f"gpu:{ordinal}",
+        spec=slice_spec(parent_spec, profile, share, total),
+        local_index=ordinal,
+        state=state,
+        uuid=uuid,
+        pci_bus_id=bus or None,
+        parent=parent_uuid or None,
+    )
 
 
 def _discover_torch(torch: Any) -> list[Device]:

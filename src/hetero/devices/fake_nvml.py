@@ -3,18 +3,31 @@ a GPU: tests, demos and users planning a fleet pass it to ``get_device_list(nvml
 ``read_topology(nvml=...)``.
 
 It answers the same calls, with the same names and constants, that discovery and topology make of
-the real module. Three boxes are built in: ``mixed_box()``, ``nvswitch_box()`` and ``pcie_box()``.
+the real module, MIG included (a ``FakeGPU`` whose ``mig`` lists its ``FakeMigDevice`` slices).
+Four boxes are built in: ``mixed_box()``, ``nvswitch_box()``, ``pcie_box()`` and ``mig_box()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FakeGPU", "FakeNVML", "FakeTopology", "mixed_box", "nvswitch_box", "pcie_box"]
+__all__ = [
+    "MIG_PROFILES",
+    "FakeGPU",
+    "FakeMigDevice",
+    "FakeNVML",
+    "FakeTopology",
+    "mig_box",
+    "mig_slices",
+    "mixed_box",
+    "nvswitch_box",
+    "pcie_box",
+]
 
 _GIB = 1024**3
+_MIB = 1024**2
 
 # The values pynvml defines for these names (checked against nvidia-ml-py 12/13).
 NVML_NVLINK_MAX_LINKS = 36
@@ -29,6 +42,29 @@ NVML_TOPOLOGY_MULTIPLE = 20
 NVML_TOPOLOGY_HOSTBRIDGE = 30
 NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_SYSTEM = 50
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+
+#: What NVML reports of each MIG profile of two GPUs, by the name NVML gives the GPU:
+#: ``(GPU instance slices, SMs, memory MiB)``, as ``nvidia-smi mig -lgip`` prints them.
+MIG_PROFILES: Mapping[str, Mapping[str, tuple[int, int, int]]] = {
+    "NVIDIA A100-SXM4-80GB": {
+        "1g.10gb": (1, 14, 9728),
+        "1g.20gb": (1, 14, 19968),
+        "2g.20gb": (2, 28, 19968),
+        "3g.40gb": (3, 42, 40192),
+        "4g.40gb": (4, 56, 40192),
+        "7g.80gb": (7, 98, 80896),
+    },
+    "NVIDIA H100 80GB HBM3": {
+        "1g.10gb": (1, 16, 9984),
+        "1g.20gb": (1, 26, 20096),
+        "2g.20gb": (2, 32, 20096),
+        "3g.40gb": (3, 60, 40448),
+        "4g.40gb": (4, 64, 40448),
+        "7g.80gb": (7, 132, 81152),
+    },
+}
 
 # The PCI bus id an NVSwitch link reports as its remote end.
 _NVSWITCH_BUS_ID = "00000000:C0:00.0"
@@ -56,9 +92,38 @@ class _PciInfo:
     busId: str  # the field name NVML uses
 
 
+@dataclass(frozen=True, slots=True)
+class _Attributes:
+    """``nvmlDeviceGetAttributes`` of a MIG device (the field names NVML uses)."""
+
+    multiprocessorCount: int
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+    memorySizeMB: int
+    sharedCopyEngineCount: int = 1
+    sharedDecoderCount: int = 0
+    sharedEncoderCount: int = 0
+    sharedJpegCount: int = 0
+    sharedOfaCount: int = 0
+
+
+@dataclass(slots=True)
+class FakeMigDevice:
+    """One MIG slice as NVML would describe it: its profile (``3g.40gb``), GPU instance slices,
+    SMs and memory; NVML names it ``<its GPU's name> MIG <profile>``."""
+
+    profile: str
+    slices: int
+    sms: int
+    memory_mb: int
+    uuid: str = ""
+    memory_used: int = 0
+
+
 @dataclass(slots=True)
 class FakeGPU:
-    """One GPU as NVML would describe it."""
+    """One GPU as NVML would describe it. ``mig`` is ``None`` with MIG mode off; with it on, the
+    slices it is carved into (none yet: an empty list), of at most ``max_mig_devices``."""
 
     name: str
     memory_total: int
@@ -70,6 +135,8 @@ class FakeGPU:
     pci_bus_id: str = ""
     pcie_generation: int = 4
     pcie_width: int = 16
+    mig: list[FakeMigDevice] | None = None
+    max_mig_devices: int = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +199,8 @@ class FakeNVML:
     NVML_TOPOLOGY_HOSTBRIDGE: int = NVML_TOPOLOGY_HOSTBRIDGE
     NVML_TOPOLOGY_NODE: int = NVML_TOPOLOGY_NODE
     NVML_TOPOLOGY_SYSTEM: int = NVML_TOPOLOGY_SYSTEM
+    NVML_DEVICE_MIG_DISABLE: int = NVML_DEVICE_MIG_DISABLE
+    NVML_DEVICE_MIG_ENABLE: int = NVML_DEVICE_MIG_ENABLE
     initialized: bool = False
 
     def _check(self, name: str) -> None:
@@ -158,35 +227,92 @@ class FakeNVML:
             raise NVMLError(f"Invalid Argument: no GPU {index}")
         return self.gpus[index]
 
-    def nvmlDeviceGetName(self, handle: FakeGPU) -> str:
+    def nvmlDeviceGetName(self, handle: FakeGPU | FakeMigDevice) -> str:
         self._check("nvmlDeviceGetName")
+        if isinstance(handle, FakeMigDevice):
+            return f"{self._parent(handle).name} MIG {handle.profile}"
         return handle.name
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGPU) -> _Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGPU | FakeMigDevice) -> _Memory:
         self._check("nvmlDeviceGetMemoryInfo")
+        if isinstance(handle, FakeMigDevice):
+            total = handle.memory_mb * _MIB
+            return _Memory(total, handle.memory_used, total - handle.memory_used)
         return _Memory(
             handle.memory_total, handle.memory_used, handle.memory_total - handle.memory_used
         )
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeGPU) -> _Utilization:
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGPU | FakeMigDevice) -> _Utilization:
         self._check("nvmlDeviceGetUtilizationRates")
-        return _Utilization(handle.utilization, 0)
+        return _Utilization(self._whole(handle, "nvmlDeviceGetUtilizationRates").utilization, 0)
 
-    def nvmlDeviceGetTemperature(self, handle: FakeGPU, sensor: int) -> int:
+    def nvmlDeviceGetTemperature(self, handle: FakeGPU | FakeMigDevice, sensor: int) -> int:
         self._check("nvmlDeviceGetTemperature")
-        return handle.temperature
+        return self._whole(handle, "nvmlDeviceGetTemperature").temperature
 
-    def nvmlDeviceGetPowerUsage(self, handle: FakeGPU) -> int:
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGPU | FakeMigDevice) -> int:
         self._check("nvmlDeviceGetPowerUsage")
-        return handle.power_mw
+        return self._whole(handle, "nvmlDeviceGetPowerUsage").power_mw
 
-    def nvmlDeviceGetUUID(self, handle: FakeGPU) -> str:
+    def nvmlDeviceGetUUID(self, handle: FakeGPU | FakeMigDevice) -> str:
         self._check("nvmlDeviceGetUUID")
         return handle.uuid
 
-    def nvmlDeviceGetPciInfo(self, handle: FakeGPU) -> Any:
+    def nvmlDeviceGetPciInfo(self, handle: FakeGPU | FakeMigDevice) -> Any:
         self._check("nvmlDeviceGetPciInfo")
-        return _PciInfo(handle.pci_bus_id)
+        return _PciInfo(self._whole(handle, "nvmlDeviceGetPciInfo").pci_bus_id)
+
+    # MIG queries. Like the real driver, a MIG device answers its identity and memory; board
+    # queries (utilization, temperature, power, PCI) are for its GPU's handle only.
+
+    def _whole(self, handle: FakeGPU | FakeMigDevice, name: str) -> FakeGPU:
+        if isinstance(handle, FakeMigDevice):
+            raise NVMLError(f"{name}: Not Supported on a MIG device")
+        return handle
+
+    def _parent(self, handle: FakeMigDevice) -> FakeGPU:
+        # By identity: two slices may be described by equal values.
+        for gpu in self.gpus:
+            if any(mig is handle for mig in gpu.mig or ()):
+                return gpu
+        raise NVMLError("Invalid Argument: not a MIG device of this box")
+
+    def nvmlDeviceGetMigMode(self, handle: FakeGPU) -> list[int]:
+        """``[current, pending]`` mode, as pynvml returns them."""
+        self._check("nvmlDeviceGetMigMode")
+        mode = NVML_DEVICE_MIG_DISABLE if handle.mig is None else NVML_DEVICE_MIG_ENABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGPU) -> int:
+        self._check("nvmlDeviceGetMaxMigDeviceCount")
+        return handle.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGPU, index: int) -> FakeMigDevice:
+        self._check("nvmlDeviceGetMigDeviceHandleByIndex")
+        if handle.mig is None:
+            raise NVMLError("Invalid Argument: MIG mode is disabled")
+        if not 0 <= index < len(handle.mig):
+            raise NVMLError(f"Not Found: no MIG device {index}")
+        return handle.mig[index]
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeMigDevice) -> FakeGPU:
+        self._check("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+        return self._parent(handle)
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeGPU | FakeMigDevice) -> bool:
+        self._check("nvmlDeviceIsMigDeviceHandle")
+        return isinstance(handle, FakeMigDevice)
+
+    def nvmlDeviceGetAttributes(self, handle: FakeGPU | FakeMigDevice) -> _Attributes:
+        self._check("nvmlDeviceGetAttributes")
+        if not isinstance(handle, FakeMigDevice):
+            raise NVMLError("nvmlDeviceGetAttributes: Not Supported on a whole GPU")
+        return _Attributes(
+            multiprocessorCount=handle.sms,
+            gpuInstanceSliceCount=handle.slices,
+            computeInstanceSliceCount=handle.slices,
+            memorySizeMB=handle.memory_mb,
+        )
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeGPU) -> int:
         self._check("nvmlDeviceGetMaxPcieLinkGeneration")
@@ -340,3 +466,42 @@ def pcie_box() -> FakeNVML:
         numa_nodes=(0, 0, 1, 1),
     )
     return _box("NVIDIA L4", 24 * _GIB, 4, topology, generation=4)
+
+
+def mig_slices(gpu_name: str, profiles: Sequence[str], gpu_index: int) -> list[FakeMigDevice]:
+    """Slices of the named profiles (``MIG_PROFILES``) for GPU ``gpu_index`` of a box, each with a
+    UUID of its own."""
+    table = MIG_PROFILES[gpu_name]
+    return [
+        FakeMigDevice(
+            profile,
+            *table[profile],
+            uuid=f"MIG-{gpu_index:x}{k:x}c0ffee-1111-5222-8333-444455556666",
+        )
+        for k, profile in enumerate(profiles)
+    ]
+
+
+def mig_box() -> FakeNVML:
+    """2× A100-SXM4-80GB + 2× H100-SXM5-80GB, three of them in MIG mode: GPU 0 is split into
+    3g.40gb + 2g.20gb + 2× 1g.10gb, GPU 1 is whole, GPU 2 is 4g.40gb + 3g.40gb and GPU 3 one
+    7g.80gb: eight devices to schedule on, seven of them slices."""
+    layout: list[tuple[str, list[str] | None]] = [
+        ("NVIDIA A100-SXM4-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]),
+        ("NVIDIA A100-SXM4-80GB", None),
+        ("NVIDIA H100 80GB HBM3", ["4g.40gb", "3g.40gb"]),
+        ("NVIDIA H100 80GB HBM3", ["7g.80gb"]),
+    ]
+    return FakeNVML(
+        [
+            FakeGPU(
+                name=name,
+                memory_total=80 * _GIB,
+                uuid=f"GPU-{i:08x}-aaaa-bbbb-cccc-ddddeeeeffff",
+                pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+                pcie_generation=4 if "A100" in name else 5,
+                mig=None if profiles is None else mig_slices(name, profiles, i),
+            )
+            for i, (name, profiles) in enumerate(layout)
+        ]
+    )

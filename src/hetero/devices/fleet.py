@@ -104,11 +104,7 @@ def _real(i: int, entry: DeviceConfig, discovered: list[Device]) -> Device:
         wanted = 0 if entry.id is None else entry.id
         found_or_none = next((d for d in candidates if _matches(d, wanted)), None)
         if found_or_none is None:
-            have = ", ".join(f"{d.local_index} ({d.model})" for d in candidates) or "none"
-            raise DeviceError(
-                f"{where}.id: no {entry.type.value} {wanted!r} on this machine; found: {have}. "
-                "Set emulate: true with a model to run it emulated."
-            )
+            raise DeviceError(f"{where}.id: {_not_found(entry.type, wanted, candidates)}")
         found = found_or_none
     if entry.memory_limit is not None and entry.memory_limit > found.spec.memory_bytes:
         raise DeviceError(
@@ -126,6 +122,24 @@ def _real(i: int, entry: DeviceConfig, discovered: list[Device]) -> Device:
     if entry.name is not None:
         found.id = entry.name
     return found
+
+
+def _not_found(kind: DeviceKind, wanted: int | str, candidates: list[Device]) -> str:
+    """Why no device of ``candidates`` is ``wanted``, and what there is instead."""
+    have = ", ".join(
+        f"{d.local_index} ({d.model}{f', {d.uuid}' if d.parent else ''})" for d in candidates
+    )
+    text = str(wanted).strip()
+    if any(d.parent and d.parent.lower() == text.lower() for d in candidates):
+        why = f"GPU {text} is in MIG mode, so its slices are the devices: name one by its UUID"
+    elif text.lower().startswith("mig-"):
+        why = (
+            f"no MIG slice {text} on this machine: it was destroyed, or re-created under a new "
+            "UUID (re-creating a MIG instance changes its UUID)"
+        )
+    else:
+        why = f"no {kind.value} {wanted!r} on this machine"
+    return f"{why}; found: {have or 'none'}. Set emulate: true with a model to run it emulated."
 
 
 def _matches(device: Device, wanted: int | str) -> bool:

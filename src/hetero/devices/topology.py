@@ -1,10 +1,13 @@
 """How the GPUs of one machine are wired, and which of them work best together.
 
-``read_topology`` asks NVML (or a ``FakeNVML``) how every pair of GPUs is connected — through the
-NVSwitch fabric, by direct NVLinks, or along a PCIe path named as ``nvidia-smi topo -m`` names it
-(PIX, PXB, PHB, NODE, SYS) — and where each GPU sits (NUMA node, CPU affinity). The result is a
-``Topology``: link kinds, a bandwidth matrix, and ``best_group(k)``, the k GPUs whose slowest link
-is the fastest.
+``read_topology`` (``topology_nvml.py``) asks NVML (or a ``FakeNVML``) how every pair of GPUs is
+connected — through the NVSwitch fabric, by direct NVLinks, or along a PCIe path named as
+``nvidia-smi topo -m`` names it (PIX, PXB, PHB, NODE, SYS) — and where each GPU sits (NUMA node, CPU
+affinity). The result is a ``Topology``: link kinds, a bandwidth matrix, and ``best_group(k)``, the
+k GPUs whose slowest link is the fastest. A topology that contradicts itself (a device listed twice,
+a link that differs by direction) is refused. ``rank_order`` (``rings.py``) orders the ranks of a
+job so that ring neighbours share the fastest links; ``NodeTopology`` links the nodes of a cluster
+through the NICs each reports.
 
 Bandwidths are bidirectional GB/s, the convention of the catalog's ``interconnect_gbs``; they are
 nominal link rates, not measurements. docs/topology.md gives the figures and their sources.
@@ -12,24 +15,20 @@ nominal link rates, not measurements. docs/topology.md gives the figures and the
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
-import os
 import re
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hetero.devices.catalog import get_catalog
-from hetero.devices.discovery import bus_id_key, nvml_text, optional_module, visible_gpu_indices
-from hetero.devices.spec import DeviceKind, DeviceSpec
+from hetero.devices.network import Nic
+from hetero.devices.spec import DeviceSpec
 from hetero.errors import AllocationError, ConfigError, DeviceError
 
 __all__ = [
@@ -39,12 +38,14 @@ __all__ = [
     "DeviceGroup",
     "Link",
     "LinkKind",
+    "NodeLink",
+    "NodeTopology",
     "Topology",
     "TopologyDevice",
     "best_group_indices",
+    "catalog_pcie_generation",
     "nvlink_gbs_per_link",
     "pcie_gbs",
-    "read_topology",
 ]
 
 log = logging.getLogger("hetero.topology")
@@ -86,13 +87,10 @@ PCIE_PATH_FACTOR: Mapping[LinkKind, float] = {
 # PCIe generation assumed when neither NVML nor the catalog tells it: Gen3, the oldest in use in
 # data centers, so an unknown link is never overrated.
 _DEFAULT_PCIE_GENERATION = 3
-_DEFAULT_PCIE_WIDTH = 16
+DEFAULT_PCIE_WIDTH = 16
 
 #: Largest number of devices ``best_group_indices`` searches exactly; above it, greedy.
 EXACT_SEARCH_LIMIT = 16
-
-# 64-bit words asked of nvmlDeviceGetCpuAffinity: room for 1,024 CPUs.
-_CPU_SET_WORDS = 16
 
 
 def nvlink_gbs_per_link(spec: DeviceSpec) -> float:
@@ -104,7 +102,7 @@ def nvlink_gbs_per_link(spec: DeviceSpec) -> float:
 
 
 def pcie_gbs(
-    kind: LinkKind, generation: int = _DEFAULT_PCIE_GENERATION, width: int = _DEFAULT_PCIE_WIDTH
+    kind: LinkKind, generation: int = _DEFAULT_PCIE_GENERATION, width: int = DEFAULT_PCIE_WIDTH
 ) -> float:
     """Bidirectional GB/s between two GPUs on PCIe ``generation`` x``width`` along path ``kind``.
 
@@ -119,6 +117,12 @@ def pcie_gbs(
             raise ConfigError([(name, f"{value} is not a PCIe {name}; it must be at least 1")])
     x16 = 8.0 * 2.0 ** (generation - 1)
     return x16 * width / 16 * PCIE_PATH_FACTOR[kind]
+
+
+def catalog_pcie_generation(spec: DeviceSpec) -> int:
+    """The PCIe generation of ``spec``'s ``PCIeN`` interconnect; Gen3 when it names none."""
+    found = re.fullmatch(r"pcie(\d+)", spec.interconnect.casefold())
+    return int(found.group(1)) if found else _DEFAULT_PCIE_GENERATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +147,6 @@ class Link:
             "nvlinks": self.nvlinks,
             "gbs": round(self.gbs, 3),
         }
-
-
-_SELF = Link(LinkKind.SELF, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +210,9 @@ class Topology:
         n = len(self.devices)
         if len(self.links) != n or any(len(row) != n for row in self.links):
             raise DeviceError(f"topology: links must be a {n}×{n} matrix, one row per device")
+        problems = _contradictions(self.devices, self.links)
+        if problems:
+            raise ConfigError(problems)
 
     def __len__(self) -> int:
         return len(self.devices)
@@ -296,6 +300,190 @@ def _grid(corner: str, header: Sequence[str], rows: Sequence[str], cells: list[l
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in table
     )
+
+
+def _contradictions(
+    devices: Sequence[TopologyDevice], links: Sequence[Sequence[Link]]
+) -> list[tuple[str, str]]:
+    """What a topology says that cannot be true: a device listed twice, a device whose link to
+    itself is not ``X``, ``X`` between two devices, a link that differs by direction."""
+    problems: list[tuple[str, str]] = []
+    first: dict[str, int] = {}
+    for i, device in enumerate(devices):
+        if device.id in first:
+            problems.append(
+                (
+                    f"devices[{i}].id",
+                    f"{device.id!r} is listed twice (also devices[{first[device.id]}])",
+                )
+            )
+        first.setdefault(device.id, i)
+    for i, row in enumerate(links):
+        for j, link in enumerate(row):
+            a, b = devices[i].id, devices[j].id
+            if i == j and link.kind is not LinkKind.SELF:
+                problems.append(
+                    (f"links[{i}][{j}]", f"the link of {a} to itself must be X, got {link.label}")
+                )
+            elif i != j and link.kind is LinkKind.SELF:
+                problems.append(
+                    (f"links[{i}][{j}]", f"X (a device itself) between two devices, {a} and {b}")
+                )
+            elif i < j and link != links[j][i]:
+                # Same label, other rate: the bandwidth is what contradicts itself.
+                matrix = "bandwidth_gbs" if link.label == links[j][i].label else "links"
+                problems.append(
+                    (
+                        f"{matrix}[{j}][{i}]",
+                        f"{a} → {b} is {_in_words(link)} but {b} → {a} is "
+                        f"{_in_words(links[j][i])}; a link is the same both ways",
+                    )
+                )
+    return problems
+
+
+def _in_words(link: Link) -> str:
+    return f"{link.label} at {link.gbs:g} GB/s"
+
+
+# --- between nodes -------------------------------------------------------------------------------
+
+
+#: Short names of the fabrics in link labels.
+_FABRIC_LABEL: Mapping[str, str] = {"infiniband": "IB", "ethernet": "ETH"}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLink:
+    """How two nodes reach each other: the fabric they share and its rate, Gb/s each way (the
+    slower node's NICs on that fabric, summed); ``fabric`` is ``None`` when they share none, or
+    for a node and itself."""
+
+    fabric: str | None
+    gbps: float
+
+    @property
+    def gbs(self) -> float:
+        """Bidirectional GB/s, the unit of GPU links: Gb/s each way × 2 / 8."""
+        return self.gbps / 4
+
+    @property
+    def label(self) -> str:
+        """``IB 1600G``, ``ETH 100G``, ``-`` (no shared fabric)."""
+        if self.fabric is None:
+            return "-"
+        return f"{_FABRIC_LABEL.get(self.fabric, self.fabric)} {self.gbps:g}G"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fabric": self.fabric, "label": self.label, "gbps": self.gbps, "gbs": self.gbs}
+
+
+_NO_NODE_LINK = NodeLink(None, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """The nodes of a cluster and the NICs each reports; ``link(a, b)`` is the best fabric
+    both have (see ``NodeLink``). A node with no NICs known reaches no other."""
+
+    nodes: tuple[str, ...]
+    nics: tuple[tuple[Nic, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nics) != len(self.nodes):
+            raise DeviceError(
+                f"node topology: {len(self.nodes)} nodes but NICs for {len(self.nics)}"
+            )
+        problems: list[tuple[str, str]] = []
+        first: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node in first:
+                problems.append(
+                    (f"nodes[{i}]", f"{node!r} is listed twice (also nodes[{first[node]}])")
+                )
+            first.setdefault(node, i)
+        if problems:
+            raise ConfigError(problems)
+
+    @classmethod
+    def from_nics(cls, nics: Mapping[str, Sequence[Nic]]) -> NodeTopology:
+        """Nodes in the mapping's order, each with its NICs."""
+        return cls(tuple(nics), tuple(tuple(n) for n in nics.values()))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def index(self, node: str) -> int:
+        if node in self.nodes:
+            return self.nodes.index(node)
+        raise DeviceError(
+            f"no node {node!r} in this topology; it has {', '.join(self.nodes) or 'no nodes'}"
+        )
+
+    def link(self, a: str, b: str) -> NodeLink:
+        """The link between nodes ``a`` and ``b``: for each fabric both have, the slower node's
+        total Gb/s on it; the fastest such fabric (InfiniBand on a tie)."""
+        i, j = self.index(a), self.index(b)
+        if i == j:
+            return _NO_NODE_LINK
+        totals = [_fabric_totals(self.nics[i]), _fabric_totals(self.nics[j])]
+        shared = [
+            (min(totals[0][f], totals[1][f]), f == "infiniband", f)
+            for f in totals[0]
+            if f in totals[1]
+        ]
+        if not shared:
+            return _NO_NODE_LINK
+        gbps, _, fabric = max(shared)
+        return NodeLink(fabric, gbps)
+
+    @property
+    def bandwidth(self) -> npt.NDArray[np.float64]:
+        """Bidirectional GB/s between every pair of nodes; 0 on the diagonal and where they
+        share no fabric."""
+        return np.array([[self.link(a, b).gbs for b in self.nodes] for a in self.nodes])
+
+    def format_matrix(self) -> str:
+        """The fabric and rate of every pair, then GB/s, then each node's NICs."""
+        if not self.nodes:
+            return "no nodes"
+        gbs = [
+            ["-" if a == b else f"{round(self.link(a, b).gbs, 1):g}" for b in self.nodes]
+            for a in self.nodes
+        ]
+        nics = [
+            [", ".join(f"{n.name} {n.fabric} {n.gbps:g} Gb/s" for n in node_nics) or "none known"]
+            for node_nics in self.nics
+        ]
+        return (
+            _grid("", self.nodes, self.nodes, self._labels())
+            + "\n\n"
+            + _grid("GB/s", self.nodes, self.nodes, gbs)
+            + "\n\n"
+            + _grid("node", ["NICs"], self.nodes, nics)
+            + "\n\nIB #G / ETH #G: the fabric both nodes have, # Gb/s each way (the slower "
+            "node's NICs on it, summed); -: no shared fabric; GB/s: both ways, as GPU links"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [
+                {"name": node, "nics": [n.to_dict() for n in nics]}
+                for node, nics in zip(self.nodes, self.nics, strict=True)
+            ],
+            "links": self._labels(),
+            "bandwidth_gbs": [[round(v, 3) for v in row] for row in self.bandwidth.tolist()],
+        }
+
+    def _labels(self) -> list[list[str]]:
+        return [["X" if a == b else self.link(a, b).label for b in self.nodes] for a in self.nodes]
+
+
+def _fabric_totals(nics: Sequence[Nic]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for nic in nics:
+        totals[nic.fabric] = totals.get(nic.fabric, 0.0) + nic.gbps
+    return totals
 
 
 # --- choosing a group ---------------------------------------------------------------------------
@@ -386,195 +574,3 @@ def _greedy(matrix: npt.NDArray[np.float64], k: int) -> tuple[int, ...]:
         if score > best[0]:
             best = (score, chosen)
     return best[1]
-
-
-# --- reading NVML --------------------------------------------------------------------------------
-
-
-def read_topology(nvml: Any | None = None, *, environ: Mapping[str, str] | None = None) -> Topology:
-    """The topology of this machine's NVIDIA GPUs through NVML (``nvml`` replaces ``pynvml``,
-    e.g. with a ``FakeNVML``).
-
-    Devices are the GPUs ``CUDA_VISIBLE_DEVICES`` (from ``environ``, default ``os.environ``)
-    leaves visible, with the ids discovery gives them (``gpu:0``, ...). A missing library or driver
-    is not an error: the topology is then empty. A query the driver does not support degrades its
-    answer (see docs/topology.md) instead of failing.
-    """
-    module = nvml if nvml is not None else optional_module("pynvml")
-    if module is None:
-        return Topology()
-    try:
-        module.nvmlInit()
-    except Exception as exc:  # NVMLError or a loader error: no NVIDIA GPUs
-        log.debug("NVML unavailable: %s", exc)
-        return Topology()
-    try:
-        return _Reader(module).read(os.environ if environ is None else environ)
-    except Exception as exc:  # a driver failing mid-way is not the caller's error
-        log.warning("NVML failed while reading the GPU topology (%s); reporting no GPUs", exc)
-        return Topology()
-    finally:
-        with contextlib.suppress(Exception):  # shutting down after a failure
-            module.nvmlShutdown()
-
-
-@dataclass(slots=True)
-class _NvLinks:
-    """Where one GPU's active NVLinks go."""
-
-    active: int = 0
-    to_gpu: Counter[int] = field(default_factory=Counter)  # NVML index of the peer -> links
-    to_switch: int = 0
-
-
-class _Reader:
-    """One pass over NVML; every query that fails is logged and answered ``None``."""
-
-    def __init__(self, nvml: Any) -> None:
-        self.nvml = nvml
-        self.levels: dict[int, LinkKind] = {
-            nvml.NVML_TOPOLOGY_INTERNAL: LinkKind.PIX,  # GPUs on one board: an on-board switch
-            nvml.NVML_TOPOLOGY_SINGLE: LinkKind.PIX,
-            nvml.NVML_TOPOLOGY_MULTIPLE: LinkKind.PXB,
-            nvml.NVML_TOPOLOGY_HOSTBRIDGE: LinkKind.PHB,
-            nvml.NVML_TOPOLOGY_NODE: LinkKind.NODE,
-            nvml.NVML_TOPOLOGY_SYSTEM: LinkKind.SYS,
-        }
-
-    def query(self, fn: Callable[..., Any], *args: Any) -> Any | None:
-        try:
-            return fn(*args)
-        except Exception as exc:  # unsupported queries degrade the answer
-            log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), exc)
-            return None
-
-    def read(self, environ: Mapping[str, str]) -> Topology:
-        nvml = self.nvml
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        buses = []
-        listed = []
-        for i, h in enumerate(handles):
-            uuid = self.query(nvml.nvmlDeviceGetUUID, h)
-            pci = self.query(nvml.nvmlDeviceGetPciInfo, h)
-            buses.append(nvml_text(pci.busId) if pci else "")
-            listed.append((i, nvml_text(uuid) if uuid else "", buses[-1]))
-        order = visible_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES"), listed)
-        by_bus = {bus_id_key(bus): i for i, bus in enumerate(buses) if bus}
-        catalog = get_catalog()
-        names = {i: self.query(nvml.nvmlDeviceGetName, handles[i]) or "GPU" for i in order}
-        specs = {i: catalog.resolve(nvml_text(name), DeviceKind.GPU) for i, name in names.items()}
-        nvlinks = {i: self.nvlinks(handles[i], by_bus) for i in order}
-        numa, cpus = self.placement([handles[i] for i in order])
-        devices = tuple(
-            TopologyDevice(f"gpu:{o}", specs[i].model, buses[i] or None, numa[o], cpus[o])
-            for o, i in enumerate(order)
-        )
-        links = tuple(
-            tuple(
-                _SELF if a == b else self.link(handles, a, b, specs, nvlinks, (numa[x], numa[y]))
-                for y, b in enumerate(order)
-            )
-            for x, a in enumerate(order)
-        )
-        return Topology(devices, links)
-
-    def nvlinks(self, handle: Any, by_bus: Mapping[str, int]) -> _NvLinks:
-        """Count one GPU's active NVLinks by the peer (a GPU or the NVSwitch) each reaches.
-
-        Links are numbered from 0; the first one NVML rejects ends the list (a GPU without
-        NVLink rejects link 0).
-        """
-        nvml = self.nvml
-        found = _NvLinks()
-        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
-            try:
-                active = nvml.nvmlDeviceGetNvLinkState(handle, link)
-            except Exception as exc:  # past the last link, or no NVLink at all
-                log.debug("NVML nvmlDeviceGetNvLinkState(link %d) failed: %s", link, exc)
-                break
-            if not active:
-                continue
-            found.active += 1
-            remote = self.query(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
-            if remote is None:
-                continue  # active, but to an unknown end: counted only in ``active``
-            peer = by_bus.get(bus_id_key(nvml_text(remote.busId)))
-            if peer is not None:
-                found.to_gpu[peer] += 1
-                continue
-            kind = self.query(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
-            # Older drivers cannot tell the remote type; a non-GPU end is then taken as a switch.
-            if kind is None or kind == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
-                found.to_switch += 1
-        return found
-
-    def link(
-        self,
-        handles: Sequence[Any],
-        a: int,
-        b: int,
-        specs: Mapping[int, DeviceSpec],
-        nvlinks: Mapping[int, _NvLinks],
-        numa: tuple[int | None, int | None],
-    ) -> Link:
-        nvml = self.nvml
-        per_link = min(nvlink_gbs_per_link(specs[a]), nvlink_gbs_per_link(specs[b]))
-        direct = max(nvlinks[a].to_gpu[b], nvlinks[b].to_gpu[a])
-        if direct:
-            return Link(LinkKind.NVLINK, direct * per_link, direct)
-        p2p = self.query(
-            nvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], nvml.NVML_P2P_CAPS_INDEX_NVLINK
-        )
-        switched = min(nvlinks[a].to_switch, nvlinks[b].to_switch)
-        # Two GPUs on the fabric reach each other unless NVML says peer access over NVLink fails.
-        if switched and p2p in (None, nvml.NVML_P2P_STATUS_OK):
-            return Link(LinkKind.NVSWITCH, switched * per_link, switched)
-        shared = min(nvlinks[a].active, nvlinks[b].active)
-        if p2p == nvml.NVML_P2P_STATUS_OK and shared:
-            # NVLink works between them but NVML cannot say where the links go: nvidia-smi's
-            # NV# reading, the links the pair could share.
-            return Link(LinkKind.NVLINK, shared * per_link, shared)
-        ancestor = self.query(nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
-        kind = None if ancestor is None else self.levels.get(ancestor)
-        if kind is None:  # no PCIe answer: the NUMA nodes still tell a socket crossing
-            same_node = numa[0] is not None and numa[0] == numa[1]
-            kind = LinkKind.NODE if same_node else LinkKind.SYS
-        (gen_a, width_a), (gen_b, width_b) = (self.pcie_link(handles[x], specs[x]) for x in (a, b))
-        return Link(kind, pcie_gbs(kind, min(gen_a, gen_b), min(width_a, width_b)))
-
-    def pcie_link(self, handle: Any, spec: DeviceSpec) -> tuple[int, int]:
-        """(generation, width) of a GPU's PCIe link: NVML's maximum, else the catalog's
-        ``PCIeN`` interconnect, else Gen3 x16."""
-        generation = self.query(self.nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
-        if not generation:
-            found = re.fullmatch(r"pcie(\d+)", spec.interconnect.casefold())
-            generation = int(found.group(1)) if found else _DEFAULT_PCIE_GENERATION
-        width = self.query(self.nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
-        return int(generation), int(width or _DEFAULT_PCIE_WIDTH)
-
-    def placement(self, handles: Sequence[Any]) -> tuple[list[int | None], list[tuple[int, ...]]]:
-        """NUMA node and local CPUs of each GPU.
-
-        The NUMA node comes from ``nvmlDeviceGetNumaNodeId`` where the driver has it; otherwise
-        GPUs with the same CPU affinity share a node, numbered in the order of their lowest CPU.
-        """
-        nvml = self.nvml
-        cpus = []
-        for h in handles:
-            words = self.query(nvml.nvmlDeviceGetCpuAffinity, h, _CPU_SET_WORDS)
-            cpus.append(_cpu_ids(words) if words is not None else ())
-        numa: list[int | None] = []
-        for h in handles:
-            node = self.query(nvml.nvmlDeviceGetNumaNodeId, h)
-            numa.append(int(node) if node is not None and int(node) >= 0 else None)
-        if all(n is None for n in numa):  # mixing the two numberings would not compare
-            classes = sorted({c for c in cpus if c})
-            numa = [classes.index(c) if c else None for c in cpus]
-        return numa, cpus
-
-
-def _cpu_ids(words: Sequence[int]) -> tuple[int, ...]:
-    """The CPU ids set in an NVML CPU mask (64-bit words, lowest CPUs first)."""
-    return tuple(
-        64 * w + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1
-    )

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from hetero.plan.allocation import (
+    Allocation,
+    AllocationEnd,
+    DeviceUsage,
+    EndCause,
+    PoolSnapshot,
+)
 from hetero.plan.match import Match, Requirements, ScoreWeights, match
 from hetero.plan.memory import FitRequest, MemoryFit, fit_memory, kv_bytes_per_token, weight_bytes
 from hetero.plan.models import ModelShape, get_model, load_hf_config, model_names
-from hetero.plan.pool import Allocation, DevicePool, DeviceUsage, PoolSnapshot
+from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
 from hetero.plan.sizing import FleetPlan, InfeasiblePlan, SingleTypeFleet, TypePlan, plan_fleet
 from hetero.plan.sizing_spec import (
@@ -21,10 +28,12 @@ from hetero.plan.verification import Verification, plan_verified, verify
 __all__ = [
     "Affinity",
     "Allocation",
+    "AllocationEnd",
     "AllocationRequest",
     "AntiAffinity",
     "DevicePool",
     "DeviceUsage",
+    "EndCause",
     "FitRequest",
     "FleetPlan",
     "InfeasiblePlan",

@@ -1,10 +1,11 @@
 """Which devices of a fleet suit a piece of work: filter out the ones that cannot run it, then
 score and rank the rest.
 
-Filters (all run on every device, so each one gets every reason): health, free memory, required
-capabilities, an estimated-latency SLO and a price ceiling. Criteria: compute (peak TFLOPS of the
-dtype), bandwidth (memory GB/s), features (share of preferred capabilities) and cost efficiency
-(work per dollar). Each criterion is divided by the best *eligible* device's figure, so a score
+The work is inference (requests) or training (samples). Filters (all run on every device, so
+each one gets every reason): health, free memory, required capabilities, an estimated-latency
+SLO, a minimum throughput and a price ceiling. Criteria: compute (peak TFLOPS of the dtype),
+bandwidth (memory GB/s), features (share of preferred capabilities) and cost efficiency (work
+per dollar). Each criterion is divided by the best *eligible* device's figure, so a score
 reads "this fraction of the best", and the total is the weighted sum. See ``docs/matching.md``.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, Device, DeviceSpec
 from hetero.errors import ConfigError
+from hetero.plan.models import ModelShape
 from hetero.units import format_size
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "DEFAULT_BANDWIDTH_EFFICIENCY",
     "DEFAULT_COMPUTE_EFFICIENCY",
     "MEMORY_BOUND_SHIFT",
+    "TRAINING_FLOPS_PER_PARAMETER",
     "Criterion",
     "FilterResult",
     "Match",
@@ -34,6 +37,7 @@ __all__ = [
     "ScoreWeights",
     "known_capabilities",
     "match",
+    "training_flops",
 ]
 
 #: The scored criteria, in the order tables and weights list them.
@@ -51,6 +55,19 @@ DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
 #: every weight once per step, so its speed follows bandwidth (the roofline's slanted side); a
 #: quarter stays on compute for the compute-bound parts around it (prefill, batching).
 MEMORY_BOUND_SHIFT = 0.75
+
+#: FLOPs to train one token per parameter it passes through: 2 forward, 4 backward (Kaplan et
+#: al., "Scaling Laws for Neural Language Models", 2020: C ≈ 6N per token).
+TRAINING_FLOPS_PER_PARAMETER = 6
+
+
+def training_flops(model: ModelShape, seq: int) -> float:
+    """FLOPs to train on one sample of ``seq`` tokens: 6 × active parameters × tokens.
+
+    Attention's own FLOPs (which grow with ``seq``) and recomputation under activation
+    checkpointing (a second forward pass: 8 instead of 6) are left out.
+    """
+    return float(TRAINING_FLOPS_PER_PARAMETER * model.active_params * seq)
 
 
 @cache
@@ -93,9 +110,12 @@ def _number_problems(
 class Requirements:
     """What one piece of work needs from a device (validated on construction).
 
-    ``work_flops`` and ``bytes_moved`` describe one request; with either, a device's time per
-    request is estimated as ``max(flops / (peak TFLOPS x compute_efficiency),
-    bytes / (bandwidth x bandwidth_efficiency))`` and checked against ``latency_slo`` seconds.
+    The work is inference, one request at a time, or with ``train`` training, one sample at a
+    time. ``work_flops`` and ``bytes_moved`` describe one request (or sample); with either, a
+    device's time for one is estimated as ``max(flops / (peak TFLOPS x compute_efficiency),
+    bytes / (bandwidth x bandwidth_efficiency))`` and checked against ``latency_slo`` seconds
+    (inference only) and its inverse against ``min_throughput`` (requests or samples per
+    second).
     """
 
     memory_bytes: int = 0
@@ -109,6 +129,8 @@ class Requirements:
     max_price_per_hour: float | None = None
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    train: bool = False
+    min_throughput: float | None = None
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
@@ -131,21 +153,42 @@ class Requirements:
                     f"allowed: {', '.join(DTYPES)}",
                 )
             )
-        for name in ("work_flops", "bytes_moved", "latency_slo"):
+        for name in ("work_flops", "bytes_moved", "latency_slo", "min_throughput"):
             problems += _number_problems(name, getattr(self, name), positive=True)
         problems += _number_problems("max_price_per_hour", self.max_price_per_hour, positive=False)
         for name in ("compute_efficiency", "bandwidth_efficiency"):
             problems += _number_problems(name, getattr(self, name), positive=True, at_most_one=True)
-        if self.latency_slo is not None and self.work_flops is None and self.bytes_moved is None:
+        if not isinstance(self.train, bool):
+            problems.append(("train", f"got {self.train!r}; expected true or false"))
+        for name in ("latency_slo", "min_throughput"):
+            if (
+                getattr(self, name) is not None
+                and self.work_flops is None
+                and self.bytes_moved is None
+            ):
+                problems.append(
+                    (name, f"needs work_flops or bytes_moved to estimate a time per {self.unit}")
+                )
+        if self.train is True and self.latency_slo is not None:
             problems.append(
-                ("latency_slo", "needs work_flops or bytes_moved to estimate a time per request")
+                (
+                    "latency_slo",
+                    "applies to inference requests; training is judged by its throughput: "
+                    "give min_throughput (samples per second) instead",
+                )
             )
         if problems:
             raise ConfigError(problems)
 
+    @property
+    def unit(self) -> str:
+        """What one piece of the work is: ``"sample"`` when training, else ``"request"``."""
+        return "sample" if self.train else "request"
+
     def estimate(self, spec: DeviceSpec) -> tuple[float, str] | None:
-        """Seconds per request on ``spec`` and what bounds it (``compute``/``memory``), or None
-        when neither ``work_flops`` nor ``bytes_moved`` is known. No throughput: ``inf``."""
+        """Seconds per request (or sample) on ``spec`` and what bounds it (``compute`` or
+        ``memory``), or None when neither ``work_flops`` nor ``bytes_moved`` is known. No
+        throughput: ``inf``."""
         times: list[tuple[float, str]] = []
         if self.work_flops is not None:
             rate = spec.peak_tflops(self.dtype) * 1e12 * self.compute_efficiency
@@ -258,6 +301,11 @@ class Match:
     estimated_seconds: float | None
 
     @property
+    def estimated_throughput(self) -> float | None:
+        """Requests (samples, when training) per second: the inverse of ``estimated_seconds``."""
+        return None if self.estimated_seconds is None else _rate(self.estimated_seconds)
+
+    @property
     def scores(self) -> dict[str, float]:
         return {c.name: c.score for c in self.criteria}
 
@@ -275,6 +323,7 @@ class Match:
             "values": {c.name: _finite(c.value) for c in self.criteria},
             "weights": {c.name: c.weight for c in self.criteria},
             "estimated_seconds": _finite(self.estimated_seconds),
+            "estimated_throughput": self.estimated_throughput,
             "filters": {f.name: f.passed for f in self.filters},
             "reasons": self.reasons,
         }
@@ -291,6 +340,10 @@ def _figure(value: float) -> str:
 
 def _seconds(value: float) -> str:
     return "never (no throughput)" if math.isinf(value) else f"{value:.3g} s"
+
+
+def _rate(seconds: float) -> float:
+    return 0.0 if math.isinf(seconds) else 1 / seconds
 
 
 def _filters(
@@ -320,15 +373,28 @@ def _filters(
     ]
     if estimate is None:
         results.append(FilterResult("latency", True, "latency: no work size given, not checked"))
+        results.append(
+            FilterResult("throughput", True, "throughput: no work size given, not checked")
+        )
     else:
         seconds, bound = estimate
-        text = f"latency: est. {_seconds(seconds)} per request ({bound}-bound)"
+        text = f"latency: est. {_seconds(seconds)} per {req.unit} ({bound}-bound)"
         if req.latency_slo is None:
             results.append(FilterResult("latency", True, f"{text}, no SLO"))
         else:
             ok = seconds <= req.latency_slo
             word = "within" if ok else "over"
             results.append(FilterResult("latency", ok, f"{text}, {word} SLO {req.latency_slo:g} s"))
+        rate = _rate(seconds)
+        text = f"throughput: est. {_figure(rate)} {req.unit}s/s"
+        if req.min_throughput is None:
+            results.append(FilterResult("throughput", True, f"{text}, no minimum"))
+        else:
+            ok = rate >= req.min_throughput
+            word = "at least" if ok else "below"
+            results.append(
+                FilterResult("throughput", ok, f"{text}, {word} {req.min_throughput:g}/s")
+            )
     price = spec.price_per_hour
     limit = req.max_price_per_hour
     if limit is None:
@@ -366,9 +432,9 @@ def _raw_values(
     )
     price = spec.price_per_hour
     if estimate is not None:
-        # Requests per dollar: what a request costs on this device, inverted.
-        speed = 0.0 if math.isinf(estimate[0]) else 3600 / estimate[0]
-        unit = "requests per $"
+        # Requests (samples) per dollar: what one costs on this device, inverted.
+        speed = 3600 * _rate(estimate[0])
+        unit = f"{req.unit}s per $"
     elif req.memory_bound:
         speed, unit = spec.memory_bandwidth_gbs, "GB/s per $/h"
     else:

@@ -1,11 +1,14 @@
-"""Allocation: holding devices of a pool for a request, all or nothing, until release.
+"""Allocation: holding devices of a pool for a request, all or nothing, until it ends.
 
 A request (``AllocationRequest``) asks for ``count`` devices of a kind or model with some memory
-each, shared or exclusive, with affinity (one node, an interconnect, named devices, tags) and
-anti-affinity (one device per node, devices to avoid, the devices or nodes of named allocations).
-``DevicePool.allocate`` computes the whole pick from the current state before it changes
-anything and commits it in one step, so a request holds every device it asked for or none.
-With a ``timeout`` it waits for releases. One lock guards all state. See ``docs/allocation.md``.
+(and compute) each, shared or exclusive, with affinity (one node, an interconnect, named devices,
+tags) and anti-affinity (one device per node, devices to avoid, the devices or nodes of named
+allocations). ``DevicePool.allocate`` computes the whole pick from the current state before it
+changes anything and commits it in one step, so a request holds every device it asked for or
+none; where links are known it takes the best-connected group (``plan/placement.py``). With a
+``timeout`` it waits for releases. Devices join and leave at run time; an allocation ends when
+released, when one of its devices leaves, or when its lease runs out. One lock guards all
+state. See ``docs/allocation.md``.
 """
 
 from __future__ import annotations
@@ -14,130 +17,40 @@ import itertools
 import math
 import re
 import threading
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, NoReturn
+from typing import NoReturn
+
+import numpy as np
+import numpy.typing as npt
 
 from hetero._format import count
+from hetero.devices.rings import device_bandwidth
 from hetero.devices.spec import Device
+from hetero.devices.topology import Topology
 from hetero.errors import AllocationError, ConfigError, DeviceError
-from hetero.plan.request import AllocationRequest, AntiAffinity, Problems, closest, norm_name
+from hetero.plan.allocation import (
+    Allocation,
+    AllocationEnd,
+    DeviceUsage,
+    EndCause,
+    PoolSnapshot,
+)
+from hetero.plan.placement import Usable, gpu_of, one_slice_per_gpu, pick
+from hetero.plan.request import (
+    AllocationRequest,
+    AntiAffinity,
+    Problems,
+    closest,
+    lease_problems,
+    norm_name,
+)
+from hetero.sched.clock import Clock, MonotonicClock
 from hetero.units import format_size
 
-__all__ = ["Allocation", "DevicePool", "DeviceUsage", "PoolSnapshot"]
+__all__ = ["DevicePool"]
 
-
-class Allocation:
-    """Devices held for one request until ``release()`` or the end of a ``with`` block."""
-
-    __slots__ = ("_pool", "devices", "name", "request")
-
-    def __init__(
-        self, pool: DevicePool, name: str, request: AllocationRequest, devices: Sequence[Device]
-    ) -> None:
-        self._pool = pool
-        self.name = name
-        self.request = request
-        self.devices: tuple[Device, ...] = tuple(devices)
-
-    @property
-    def pool(self) -> DevicePool:
-        return self._pool
-
-    @property
-    def device_ids(self) -> tuple[str, ...]:
-        return tuple(device.id for device in self.devices)
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """The distinct nodes of the held devices, in device order."""
-        return tuple(dict.fromkeys(device.node for device in self.devices))
-
-    @property
-    def memory(self) -> int:
-        """Bytes held on each device."""
-        return self.request.memory
-
-    @property
-    def exclusive(self) -> bool:
-        return self.request.exclusive
-
-    @property
-    def released(self) -> bool:
-        return not self._pool.holds(self)
-
-    def release(self) -> None:
-        """Give the devices back (``AllocationError`` if already released)."""
-        self._pool.release(self)
-
-    def __enter__(self) -> Allocation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Releasing inside the block is allowed; the exit then has nothing left to give back.
-        self._pool.release(self, missing_ok=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "devices": list(self.device_ids),
-            "nodes": list(self.nodes),
-            "memory_bytes": self.memory,
-            "exclusive": self.exclusive,
-            "request": self.request.describe(),
-        }
-
-    def __repr__(self) -> str:
-        return f"Allocation({self.name!r}, devices={list(self.device_ids)})"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceUsage:
-    """One device in a ``PoolSnapshot``: who holds it and how much memory is left."""
-
-    id: str
-    node: str
-    model: str
-    healthy: bool
-    memory_bytes: int
-    memory_free: int
-    holders: Mapping[str, int] = field(hash=False)
-    exclusive: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "node": self.node,
-            "model": self.model,
-            "healthy": self.healthy,
-            "memory_bytes": self.memory_bytes,
-            "memory_free": self.memory_free,
-            "holders": dict(self.holders),
-            "exclusive": self.exclusive,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
-    """A consistent copy of a pool's state, taken under its lock."""
-
-    devices: tuple[DeviceUsage, ...]
-    allocations: Mapping[str, tuple[str, ...]] = field(hash=False)
-    waiting: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "devices": [usage.to_dict() for usage in self.devices],
-            "allocations": {name: list(ids) for name, ids in self.allocations.items()},
-            "waiting": self.waiting,
-        }
+_Filters = list[tuple[str, Callable[[Device], bool]]]
 
 
 @dataclass(slots=True)
@@ -167,10 +80,19 @@ class DevicePool:
 
     Health is read from each device's ``state.healthy``; ``mark_unhealthy``/``mark_healthy``
     set it (and wake waiters). Memory is the pool's own reservations against
-    ``Device.memory_bytes``, not the driver's live usage.
+    ``Device.memory_bytes``, not the driver's live usage. ``topology`` gives the GPU topology of
+    each node (``{node: Topology}``, e.g. ``read_topology()`` on that node), which the pick
+    uses to prefer the best-connected group. ``clock`` (a ``Clock``, real time by default)
+    times leases and waits.
     """
 
-    def __init__(self, devices: Sequence[Device]) -> None:
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        topology: Mapping[str, Topology] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         problems: Problems = []
         self._position: dict[str, int] = {}
         for i, device in enumerate(devices):
@@ -183,10 +105,13 @@ class DevicePool:
                 )
             else:
                 self._position[device.id] = i
+        problems += _topology_problems(topology)
         if problems:
             raise ConfigError(problems)
-        self._devices: tuple[Device, ...] = tuple(devices)
+        self._devices: list[Device] = list(devices)
         self._holders = [_Holders() for _ in self._devices]
+        self._topology: Mapping[str, Topology] = dict(topology or {})
+        self._clock: Clock = clock or MonotonicClock()
         self._allocations: dict[str, Allocation] = {}
         self._changed = threading.Condition(threading.Lock())
         self._serial = itertools.count(1)
@@ -194,7 +119,9 @@ class DevicePool:
 
     @property
     def devices(self) -> tuple[Device, ...]:
-        return self._devices
+        """The devices in the pool now, in the order they joined."""
+        with self._changed:
+            return tuple(self._devices)
 
     @property
     def waiting(self) -> int:
@@ -207,23 +134,29 @@ class DevicePool:
 
         Without ``timeout`` it raises ``AllocationError`` at once when the devices are busy; with
         one it waits up to ``timeout`` seconds (``math.inf``: no limit) for releases. A request
-        this pool could not meet even when empty raises at once, saying which constraint fails.
+        this pool could not meet even when empty raises at once, saying which constraint fails;
+        so does a waiting one once devices leaving the pool make it impossible. A lease that
+        runs out while it waits frees its devices as a release does.
         """
-        deadline = _deadline(timeout)
         with self._changed:
-            candidates = self._candidates(request)
+            deadline = self._deadline(timeout)
+            filters = self._static_filters(request)
             while True:
+                self._expire_due()
+                candidates = self._candidates(request, filters)
                 # Checked on every pass: another thread may take the name while this one waits.
                 self._check_name(request)
                 picked = self._pick_now(request, candidates)
                 if picked is not None:
                     return self._commit(request, picked)
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = self._clock.now()
+                if deadline <= now:
                     self._raise_busy(request, candidates, timeout)
+                # Wake for a lease that ends before the deadline: it frees devices too.
+                wait = min(deadline, self._next_expiry()) - now
                 self._waiting += 1
                 try:
-                    self._changed.wait(None if math.isinf(left) else left)
+                    self._changed.wait(None if math.isinf(wait) else max(wait, 0.0))
                 finally:
                     self._waiting -= 1
 
@@ -234,47 +167,115 @@ class DevicePool:
         raises ``AllocationError``: ``None`` would hide a mistake behind an endless retry.
         """
         with self._changed:
+            self._expire_due()
             self._check_name(request)
-            candidates = self._candidates(request)
+            candidates = self._candidates(request, self._static_filters(request))
             picked = self._pick_now(request, candidates)
             return None if picked is None else self._commit(request, picked)
 
     def release(self, allocation: Allocation, missing_ok: bool = False) -> None:
         """Give back every device of ``allocation`` and wake waiters.
 
-        Releasing twice raises ``AllocationError`` unless ``missing_ok`` (a ``with`` block's exit).
+        Releasing an allocation that has ended (released, its lease run out, a device removed)
+        raises ``AllocationError`` saying how it ended, unless ``missing_ok`` (a ``with``
+        block's exit).
         """
         with self._changed:
-            if allocation.pool is not self:
-                raise AllocationError(f"allocation {allocation.name!r} belongs to another pool")
-            if self._allocations.get(allocation.name) is not allocation:
-                if missing_ok:
-                    return
-                raise AllocationError(f"allocation {allocation.name!r} was already released")
-            del self._allocations[allocation.name]
-            for device in allocation.devices:
-                self._holders[self._position[device.id]].drop(allocation.name)
-            self._changed.notify_all()
+            self._expire_due()
+            if self._live(allocation, missing_ok):
+                self._end(allocation, EndCause.RELEASED, "released")
+
+    def renew(self, allocation: Allocation, lease: float | None = None) -> float:
+        """Restart ``allocation``'s lease: it now ends ``lease`` seconds from now (default: as
+        long as its last lease). Returns that clock time. ``AllocationError`` if the allocation
+        has ended or has no lease and ``lease`` is not given."""
+        problems = lease_problems(lease)
+        if problems:
+            raise ConfigError(problems)
+        with self._changed:
+            self._expire_due()
+            self._live(allocation, missing_ok=False)
+            seconds = lease if lease is not None else allocation._lease
+            if seconds is None:
+                raise AllocationError(
+                    f"allocation {allocation.name!r} has no lease to renew; pass lease= to "
+                    "give it one"
+                )
+            allocation._lease = seconds
+            allocation._expires_at = self._clock.now() + seconds
+            return allocation._expires_at
+
+    def expire(self) -> tuple[Allocation, ...]:
+        """End every allocation whose lease has run out, wake waiters, and return those ended.
+
+        Every call of the pool does this first; a holder of a ``Clock`` that moves by itself
+        (a test's ``ManualClock``) calls it after moving the clock.
+        """
+        with self._changed:
+            return tuple(self._expire_due())
 
     def holds(self, allocation: Allocation) -> bool:
         """Whether ``allocation`` is live in this pool."""
         with self._changed:
+            self._expire_due()
             return self._allocations.get(allocation.name) is allocation
+
+    def add_device(self, device: Device) -> None:
+        """Add ``device`` to the pool (after the others) and wake waiters that may now fit.
+
+        ``ConfigError`` for something that is not a ``Device`` or an id already in the pool.
+        """
+        with self._changed:
+            if not isinstance(device, Device):
+                raise ConfigError([("device", f"expected a Device, got {device!r}")])
+            if device.id in self._position:
+                raise ConfigError(
+                    [("device.id", f"duplicate id {device.id!r}: the pool has a device with it")]
+                )
+            self._position[device.id] = len(self._devices)
+            self._devices.append(device)
+            self._holders.append(_Holders())
+            self._changed.notify_all()
+
+    def remove_device(self, device_id: str, reason: str | None = None) -> tuple[Allocation, ...]:
+        """Take ``device_id`` out of the pool. Every allocation that holds it ends (all of its
+        devices are given back: an allocation is all or nothing), with ``EndCause.DEVICE_REMOVED``
+        and a reason that names the device and ``reason``; they are returned. Waiters wake, and
+        a waiting request the pool can no longer meet raises. ``DeviceError`` for an unknown id.
+        """
+        if reason is not None and not isinstance(reason, str):
+            raise ConfigError([("reason", f"expected text or None, got {reason!r}")])
+        with self._changed:
+            self._expire_due()
+            position = self._position_of(device_id)
+            why = f"device {device_id!r} was removed from the pool"
+            ended = [self._allocations[name] for name in self._holders[position].memory]
+            for allocation in ended:
+                self._end(
+                    allocation, EndCause.DEVICE_REMOVED, f"{why}: {reason}" if reason else why
+                )
+            del self._devices[position]
+            del self._holders[position]
+            self._position = {device.id: i for i, device in enumerate(self._devices)}
+            self._changed.notify_all()
+            return tuple(ended)
 
     def mark_unhealthy(self, device_id: str) -> None:
         """Never allocate ``device_id`` again until ``mark_healthy``; current holders keep it."""
         with self._changed:
-            self._device(device_id).state.healthy = False
+            self._devices[self._position_of(device_id)].state.healthy = False
 
     def mark_healthy(self, device_id: str) -> None:
         """Let ``device_id`` be allocated again, and wake waiters that may now fit."""
         with self._changed:
-            self._device(device_id).state.healthy = True
+            self._devices[self._position_of(device_id)].state.healthy = True
             self._changed.notify_all()
 
     def snapshot(self) -> PoolSnapshot:
-        """Holders and free memory of every device, live allocations and waiters, consistently."""
+        """Holders and free memory of every device, live allocations, when their leases end and
+        waiters, consistently."""
         with self._changed:
+            self._expire_due()
             usage = tuple(
                 DeviceUsage(
                     id=device.id,
@@ -289,11 +290,22 @@ class DevicePool:
                 for device, holders in zip(self._devices, self._holders, strict=True)
             )
             allocations = {name: a.device_ids for name, a in self._allocations.items()}
-            return PoolSnapshot(usage, allocations, self._waiting)
+            expires = {
+                name: a._expires_at
+                for name, a in self._allocations.items()
+                if a._expires_at is not None
+            }
+            return PoolSnapshot(usage, allocations, self._waiting, expires)
 
     def validate_state(self) -> None:
         """Check every invariant between allocations and devices (``AssertionError``)."""
         with self._changed:
+            self._expire_due()
+            _check(
+                len(self._devices) == len(self._holders) == len(self._position)
+                and all(self._position.get(d.id) == i for i, d in enumerate(self._devices)),
+                "the device index does not match the device list",
+            )
             for name, allocation in self._allocations.items():
                 self._validate_allocation(name, allocation)
             for device, holders in zip(self._devices, self._holders, strict=True):
@@ -314,9 +326,16 @@ class DevicePool:
         request = allocation.request
         ids = allocation.device_ids
         _check(allocation.name == name, f"{name}: registered as {allocation.name!r}")
+        _check(allocation._end is None, f"{name}: live but ended ({allocation._end})")
         _check(
             len(set(ids)) == len(ids) == request.count,
             f"{name}: holds {list(ids)} for a request of {request.count}",
+        )
+        gpus = [gpu for gpu in map(gpu_of, allocation.devices) if gpu is not None]
+        _check(len(set(gpus)) == len(gpus), f"{name}: two devices on one GPU: {gpus}")
+        _check(
+            (allocation._lease is None) == (allocation._expires_at is None),
+            f"{name}: lease {allocation._lease} but expiry {allocation._expires_at}",
         )
         nodes = [device.node for device in allocation.devices]
         if request.grouping == "one_node":
@@ -335,35 +354,110 @@ class DevicePool:
             if request.exclusive:
                 _check(holders.exclusive == name, f"{name}: {device.id} not exclusive to it")
 
+    # -- ending (all under the lock) ---------------------------------------------------------
+
+    def _live(self, allocation: Allocation, missing_ok: bool) -> bool:
+        """Whether ``allocation`` is live here; if not, ``AllocationError`` saying how it ended
+        (unless ``missing_ok``)."""
+        if allocation.pool is not self:
+            raise AllocationError(f"allocation {allocation.name!r} belongs to another pool")
+        if self._allocations.get(allocation.name) is allocation:
+            return True
+        if missing_ok:
+            return False
+        end = allocation._end
+        if end is None or end.cause is EndCause.RELEASED:
+            raise AllocationError(f"allocation {allocation.name!r} was already released")
+        raise AllocationError(f"allocation {allocation.name!r} has ended: {end.reason}")
+
+    def _end(self, allocation: Allocation, cause: EndCause, reason: str) -> None:
+        del self._allocations[allocation.name]
+        for device in allocation.devices:
+            self._holders[self._position[device.id]].drop(allocation.name)
+        allocation._end = AllocationEnd(cause, reason, self._clock.now())
+        self._changed.notify_all()
+
+    def _expire_due(self) -> list[Allocation]:
+        now = self._clock.now()
+        due = [
+            a
+            for a in self._allocations.values()
+            if a._expires_at is not None and a._expires_at <= now
+        ]
+        for allocation in due:
+            self._end(
+                allocation,
+                EndCause.LEASE_EXPIRED,
+                f"its lease of {allocation._lease:g} s ran out without a renewal",
+            )
+        return due
+
+    def _next_expiry(self) -> float:
+        return min(
+            (a._expires_at for a in self._allocations.values() if a._expires_at is not None),
+            default=math.inf,
+        )
+
+    def _deadline(self, timeout: float | None) -> float:
+        """The clock time to give up at (``-inf``: do not wait)."""
+        if timeout is None:
+            return -math.inf
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or math.isnan(timeout)
+            or timeout < 0
+        ):
+            raise ConfigError(
+                [
+                    (
+                        "timeout",
+                        f"expected seconds >= 0 (math.inf: no limit) or None, got {timeout!r}",
+                    )
+                ]
+            )
+        return self._clock.now() + timeout
+
     # -- choosing (all under the lock) -------------------------------------------------------
 
-    def _candidates(self, request: AllocationRequest) -> list[int]:
-        """Positions of the devices that suit ``request`` when the pool is empty.
+    def _candidates(self, request: AllocationRequest, filters: _Filters) -> list[int]:
+        """Positions of the devices that pass ``filters`` (the request's fixed constraints).
 
-        Raises ``AllocationError`` for unknown ids or allocation names, and for a request that
-        these devices can never meet.
+        Raises ``AllocationError`` for a request that these devices could never meet, even
+        with nothing held.
         """
         positions = list(range(len(self._devices)))
         funnel = [f"the pool has {count(len(positions), 'device')}"]
-        for label, keep in self._static_filters(request):
+        for label, keep in filters:
             positions = [p for p in positions if keep(self._devices[p])]
             funnel.append(f"{len(positions)} {label}")
             if not positions:
                 break
-        if _pick([(0, p, self._devices[p].node) for p in positions], request) is None:
-            detail = self._grouping_detail(request, positions, positions, "")
+        distinct = one_slice_per_gpu(
+            [(0, p, self._devices[p].node) for p in positions], self._devices
+        )
+        if len(distinct) < len(positions):
+            funnel.append(
+                f"{len(distinct)} on distinct GPUs (MIG slices of one GPU never share an "
+                "allocation)"
+            )
+        if pick(distinct, request) is None:
+            usable = [p for _, p, _ in distinct]
+            detail = self._grouping_detail(request, positions, usable, "")
             raise AllocationError(
                 f"request can never be met by this pool: need {request.describe()}; "
                 f"{', '.join(funnel)}{detail}"
             )
         return positions
 
-    def _static_filters(
-        self, request: AllocationRequest
-    ) -> list[tuple[str, Callable[[Device], bool]]]:
-        """The request's fixed constraints as ``(what passing devices are, test)``, in order."""
+    def _static_filters(self, request: AllocationRequest) -> _Filters:
+        """The request's fixed constraints as ``(what passing devices are, test)``, in order.
+
+        Tests of devices, not positions, so they hold while devices come and go. Raises
+        ``AllocationError`` for unknown device ids or allocation names.
+        """
         affinity, anti = request.affinity, request.anti_affinity
-        filters: list[tuple[str, Callable[[Device], bool]]] = []
+        filters: _Filters = []
         if affinity.devices:
             wanted = set(self._known_ids(affinity.devices, "affinity.devices"))
             filters.append(("are in affinity.devices", lambda d: d.id in wanted))
@@ -388,6 +482,14 @@ class DevicePool:
             memory = request.memory
             filters.append(
                 (f"have at least {format_size(memory)}", lambda d: d.memory_bytes >= memory)
+            )
+        if request.min_tflops is not None:
+            tflops, dtype = request.min_tflops, request.dtype
+            filters.append(
+                (
+                    f"reach {tflops:g} {dtype} TFLOPS",
+                    lambda d: d.spec.peak_tflops(dtype) >= tflops,
+                )
             )
         if anti.avoid:
             avoid = set(self._known_ids(anti.avoid, "anti_affinity.avoid"))
@@ -446,9 +548,9 @@ class DevicePool:
 
     def _usable(
         self, request: AllocationRequest, candidates: list[int]
-    ) -> tuple[list[tuple[int, int, str]], dict[str, int]]:
-        """Candidates usable now as ``(leftover bytes, position, node)``; counts of why not."""
-        usable: list[tuple[int, int, str]] = []
+    ) -> tuple[list[Usable], dict[str, int]]:
+        """Candidates usable now, one slice per GPU; counts of why the others are not."""
+        usable: list[Usable] = []
         reasons: dict[str, int] = {}
         for position in candidates:
             device, holders = self._devices[position], self._holders[position]
@@ -465,10 +567,14 @@ class DevicePool:
                 usable.append((free - request.memory, position, device.node))
                 continue
             reasons[reason] = reasons.get(reason, 0) + 1
-        return usable, reasons
+        return one_slice_per_gpu(usable, self._devices), reasons
 
     def _pick_now(self, request: AllocationRequest, candidates: list[int]) -> list[int] | None:
-        return _pick(self._usable(request, candidates)[0], request)
+        links = self._links if self._topology else None
+        return pick(self._usable(request, candidates)[0], request, links)
+
+    def _links(self, positions: Sequence[int]) -> npt.NDArray[np.float64]:
+        return device_bandwidth([self._devices[p] for p in positions], self._topology)
 
     def _raise_busy(
         self, request: AllocationRequest, candidates: list[int], timeout: float | None
@@ -506,7 +612,9 @@ class DevicePool:
 
     def _commit(self, request: AllocationRequest, positions: list[int]) -> Allocation:
         name = request.name or self._fresh_name()
-        allocation = Allocation(self, name, request, [self._devices[p] for p in positions])
+        expires = None if request.lease is None else self._clock.now() + request.lease
+        devices = [self._devices[p] for p in positions]
+        allocation = Allocation(self, name, request, devices, expires)
         done: list[int] = []
         try:
             for position in positions:
@@ -525,63 +633,25 @@ class DevicePool:
             if name not in self._allocations:
                 return name
 
-    def _device(self, device_id: str) -> Device:
+    def _position_of(self, device_id: str) -> int:
         position = self._position.get(device_id)
         if position is None:
             raise DeviceError(
                 f"no device {device_id!r} in this pool{closest(device_id, self._position)}"
             )
-        return self._devices[position]
+        return position
 
 
-def _pick(usable: Sequence[tuple[int, int, str]], request: AllocationRequest) -> list[int] | None:
-    """Positions of ``request.count`` devices out of ``usable`` ``(leftover, position, node)``.
-
-    Best fit on the fewest nodes: whole nodes with the most usable devices first, then the rest
-    from the node where it leaves the least memory over; ``spread`` takes each node's best fit.
-    Ties go to the lower position, so the pick is deterministic. ``None`` when nothing fits.
-    """
-    count = request.count
-    by_node: dict[str, list[tuple[int, int]]] = {}
-    for leftover, position, node in sorted(usable):
-        by_node.setdefault(node, []).append((leftover, position))
-    fits = list(by_node.values())
-    if request.grouping == "spread":
-        best = sorted(node_fits[0] for node_fits in fits)
-        return sorted(p for _, p in best[:count]) if len(best) >= count else None
-    fits.sort(
-        key=lambda node_fits: (-len(node_fits), sum(left for left, _ in node_fits), node_fits[0])
-    )
-    # Whole nodes, largest first, until the next one could finish the request by itself.
-    taken: list[tuple[int, int]] = []
-    first = 0
-    while first < len(fits) and len(taken) + len(fits[first]) < count:
-        taken.extend(fits[first])
-        first += 1
-    if first == len(fits) or (taken and request.grouping == "one_node"):
-        return None
-    rest = count - len(taken)
-    last = min(
-        (node_fits for node_fits in fits[first:] if len(node_fits) >= rest),
-        key=lambda node_fits: (sum(left for left, _ in node_fits[:rest]), node_fits[0]),
-    )
-    return sorted(p for _, p in taken + last[:rest])
-
-
-def _deadline(timeout: float | None) -> float:
-    """The monotonic time to give up at (``-inf``: do not wait)."""
-    if timeout is None:
-        return -math.inf
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or math.isnan(timeout)
-        or timeout < 0
-    ):
-        raise ConfigError(
-            [("timeout", f"expected seconds >= 0 (math.inf: no limit) or None, got {timeout!r}")]
-        )
-    return time.monotonic() + timeout
+def _topology_problems(topology: Mapping[str, Topology] | None) -> Problems:
+    if topology is None:
+        return []
+    if not isinstance(topology, Mapping):
+        return [("topology", f"expected {{node: Topology}}, got {topology!r}")]
+    return [
+        (f"topology[{node!r}]", f"expected a Topology, got {value!r}")
+        for node, value in topology.items()
+        if not isinstance(value, Topology)
+    ]
 
 
 def _check(condition: bool, message: str) -> None:

@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
 from hetero.devices.catalog import get_catalog
-from hetero.devices.spec import DeviceKind
+from hetero.devices.spec import DTYPES, DeviceKind
 from hetero.errors import ConfigError, HeteroError
 from hetero.units import format_size
 
-__all__ = ["Affinity", "AllocationRequest", "AntiAffinity"]
+__all__ = ["Affinity", "AllocationRequest", "AntiAffinity", "lease_problems"]
 
 Problems = list[tuple[str, str]]
 _Grouping = Literal["any", "one_node", "spread"]
@@ -49,6 +50,22 @@ def _names(value: object, path: str, problems: Problems) -> tuple[str, ...]:
 def _flag(value: object, path: str, problems: Problems) -> None:
     if not isinstance(value, bool):
         problems.append((path, f"expected true or false, got {value!r}"))
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def lease_problems(value: object, path: str = "lease") -> Problems:
+    """What is wrong with ``value`` as a lease: seconds, finite and > 0, or None (no lease)."""
+    if value is None or _positive(value):
+        return []
+    return [(path, f"expected seconds > 0 (None: no lease), got {value!r}")]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,10 +144,12 @@ class AllocationRequest:
     """What to allocate: ``count`` devices, each with ``memory`` bytes free.
 
     ``kind`` (``"gpu"``, ...) and ``model`` (a catalog or driver name, stored as the catalog's
-    canonical name) narrow the devices. A device is shared by several allocations up to its
-    memory unless ``exclusive``, which needs a device nobody holds and keeps everyone else off
-    it. ``name`` names the allocation (unique among live ones; one is made up when left out) so
-    that later requests can keep away from it. Invalid values raise ``ConfigError`` naming each
+    canonical name) narrow the devices, and so does ``min_tflops``: each device's dense peak in
+    ``dtype`` must reach it. A device is shared by several allocations up to its memory unless
+    ``exclusive``, which needs a device nobody holds and keeps everyone else off it. ``name``
+    names the allocation (unique among live ones; one is made up when left out) so that later
+    requests can keep away from it. With ``lease`` (seconds) the allocation ends by itself that
+    long after it is made unless renewed. Invalid values raise ``ConfigError`` naming each
     field, the value and what is allowed.
     """
 
@@ -139,10 +158,13 @@ class AllocationRequest:
     kind: DeviceKind | str | None = None
     model: str | None = None
     memory: int = 0
+    min_tflops: float | None = None
+    dtype: str = "bf16"
     exclusive: bool = False
     affinity: Affinity = Affinity()
     anti_affinity: AntiAffinity = AntiAffinity()
     name: str | None = None
+    lease: float | None = None
 
     def __post_init__(self) -> None:
         problems: Problems = []
@@ -156,7 +178,20 @@ class AllocationRequest:
                     f"converts sizes), got {self.memory!r}",
                 )
             )
+        if self.min_tflops is not None and not _positive(self.min_tflops):
+            problems.append(
+                ("min_tflops", f"expected TFLOPS > 0 (None: no minimum), got {self.min_tflops!r}")
+            )
+        if self.dtype not in DTYPES:
+            problems.append(
+                (
+                    "dtype",
+                    f"got {self.dtype!r}; allowed: {', '.join(DTYPES)}"
+                    f"{closest(str(self.dtype), DTYPES)}",
+                )
+            )
         _flag(self.exclusive, "exclusive", problems)
+        problems += lease_problems(self.lease)
         if not isinstance(self.affinity, Affinity):
             problems.append(("affinity", f"expected an Affinity, got {self.affinity!r}"))
         if not isinstance(self.anti_affinity, AntiAffinity):
@@ -240,6 +275,8 @@ class AllocationRequest:
             head += f" with {format_size(self.memory)} free each"
         parts = [head]
         affinity, anti = self.affinity, self.anti_affinity
+        if self.min_tflops is not None:
+            parts.append(f"at least {self.min_tflops:g} {self.dtype} TFLOPS each")
         if self.exclusive:
             parts.append("exclusive")
         if affinity.interconnect:
@@ -256,4 +293,6 @@ class AllocationRequest:
             parts.append(f"avoiding {', '.join(anti.avoid)}")
         if anti.allocations:
             parts.append(f"away from the {anti.level}s of {', '.join(anti.allocations)}")
+        if self.lease is not None:
+            parts.append(f"leased for {self.lease:g} s")
         return ", ".join(parts)

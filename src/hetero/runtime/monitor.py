@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 import psutil
 
-from hetero.devices.discovery import bus_id_key, nvml_text, optional_module, visible_gpu_indices
+from hetero.devices.discovery import (
+    bus_id_key,
+    mig_slices,
+    nvml_text,
+    optional_module,
+    visible_gpu_indices,
+)
 from hetero.devices.spec import Device, DeviceKind
 from hetero.runtime.procs import tree_rss
 
@@ -229,12 +235,21 @@ class _Gpus:
             self.listed.append(
                 (i, nvml_text(uuid) if uuid else "", nvml_text(pci.busId) if pci else "")
             )
+        # MIG slices, by UUID: each is a device, and its GPU is not.
+        self.slices = {
+            uuid.lower(): mig
+            for handle in self.handles
+            for uuid, mig in (mig_slices(nvml, handle) or {}).items()
+        }
 
     def find(self, device: Device) -> Any | None:
         """The handle of ``device``: by UUID, else PCI bus id, else its CUDA index."""
         if device.uuid:
             wanted = device.uuid.lower()
-            return next((self.handles[i] for i, u, _ in self.listed if u.lower() == wanted), None)
+            return next(
+                (self.handles[i] for i, u, _ in self.listed if u.lower() == wanted),
+                self.slices.get(wanted),
+            )
         if device.pci_bus_id:
             key = bus_id_key(device.pci_bus_id)
             return next(

@@ -1,4 +1,5 @@
-"""What runs on the nodes of a Ray cluster: a node's fleet probe, and one actor per device.
+"""What runs on the nodes of a Ray cluster: a node's probe (its fleet and NICs), and one actor
+per device.
 
 The actor is the Ray counterpart of the local worker process: it runs its device's tasks one at
 a time with the same code (``run_order``: pacing for emulated devices, checkpoints, errors), and
@@ -12,12 +13,14 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import ray
 
+from hetero.devices.network import Nic, read_nics
 from hetero.devices.spec import Device
-from hetero.errors import HeteroError
+from hetero.errors import ConfigError, HeteroError
 from hetero.runtime import current
 from hetero.runtime.monitor import DeviceSample, sample_devices
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV
@@ -31,24 +34,54 @@ from hetero.runtime.worker import (
     run_order,
 )
 
-__all__ = ["DeviceActor", "probe_node"]
+if TYPE_CHECKING:
+    from hetero.config import HeteroConfig
+
+__all__ = ["DeviceActor", "NodeProbe", "probe_node"]
 
 
-def _probe_node() -> tuple[list[Device] | None, str]:
-    """This node's devices: those of the fleet config ``HETERO_NODE_CONFIG`` names, else those
-    detected here; ``(None, problem)`` if that config is not a valid fleet."""
+@dataclass(frozen=True, slots=True)
+class NodeProbe:
+    """What a node reports when asked: its devices and its NICs, or (``devices`` None) why its
+    fleet config cannot be used."""
+
+    devices: list[Device] | None
+    nics: list[Nic] = field(default_factory=list)
+    problem: str = ""
+
+
+def _probe_node() -> NodeProbe:
+    """This node's devices and NICs: those of the fleet config ``HETERO_NODE_CONFIG`` names
+    (the NICs its ``nodes:`` section declares), else those detected and read here."""
     from hetero.config import load_config
     from hetero.devices.discovery import get_device_list
     from hetero.devices.fleet import build_fleet
 
     path = os.environ.get(NODE_CONFIG_ENV)
     try:
-        devices = build_fleet(load_config(path)) if path else get_device_list()
-    except HeteroError as exc:
-        return None, f"{NODE_CONFIG_ENV}={path}: {exc}"
-    except OSError as exc:
-        return None, f"{NODE_CONFIG_ENV}={path}: {exc}"
-    return devices, ""
+        config = load_config(path) if path else None
+        devices = build_fleet(config) if config is not None else get_device_list()
+        declared = _declared_nics(config) if config is not None else []
+    except (HeteroError, OSError) as exc:
+        return NodeProbe(None, problem=f"{NODE_CONFIG_ENV}={path}: {exc}")
+    return NodeProbe(devices, declared or read_nics())
+
+
+def _declared_nics(config: HeteroConfig) -> list[Nic]:
+    """The NICs a node's own config declares. Every entry of its ``nodes:`` section names this
+    one machine, so only one of them may declare NICs."""
+    declaring = [name for name, node in config.nodes.items() if node.nics]
+    if len(declaring) > 1:
+        raise ConfigError(
+            [
+                (
+                    "nodes",
+                    f"NICs are declared for {', '.join(declaring)}, but a Ray node's config "
+                    "describes that one node; declare its NICs under one entry",
+                )
+            ]
+        )
+    return [Nic(n.name, n.fabric, n.gbps) for name in declaring for n in config.nodes[name].nics]
 
 
 class _DeviceActor:

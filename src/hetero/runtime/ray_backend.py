@@ -12,9 +12,10 @@ into the object store once and each actor fetches it on its first task. Results 
 the reply, as each finishes (``ObjectRef.future``: no polling).
 
 Membership: a thread watches the cluster's nodes. A node that joins is asked for its fleet (its
-``HETERO_NODE_CONFIG`` or its detected devices) and its devices join the engine's fleet; a node
-that leaves takes its devices with it (``device_gone``: what ran there is placed elsewhere). An
-actor that dies on a live node is a lost worker, as with a local process.
+``HETERO_NODE_CONFIG`` or its detected devices) and its NICs (``node_topology``: how the nodes
+reach each other), and its devices join the engine's fleet; a node that leaves takes its devices
+with it (``device_gone``: what ran there is placed elsewhere). An actor that dies on a live node
+is a lost worker, as with a local process.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from hetero.devices.network import Nic, read_nics
 from hetero.devices.spec import Device, DeviceKind
+from hetero.devices.topology import NodeTopology
 from hetero.errors import BackendError, HeteroError
 from hetero.runtime.backend import Backend, BackendEvents
 from hetero.runtime.monitor import DeviceSample
@@ -42,7 +45,10 @@ from hetero.runtime.ray_cluster import import_ray, resource_name
 from hetero.runtime.serialize import Packed
 from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
 
-__all__ = ["RayBackend", "ray_fleet"]
+if TYPE_CHECKING:
+    from hetero.runtime.ray_actor import NodeProbe
+
+__all__ = ["RayBackend", "ray_fleet", "ray_node_topology"]
 
 log = logging.getLogger("hetero.runtime")
 
@@ -70,6 +76,12 @@ class _Node:
     resources: dict[str, float]
     devices: list[int] = field(default_factory=list)
     alive: bool = True
+    nics: list[Nic] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The node as its devices' ``Device.node`` names it."""
+        return f"{self.address}/{self.short}"
 
 
 class RayBackend(Backend):
@@ -131,10 +143,10 @@ class RayBackend(Backend):
         self._driver_node = ray.get_runtime_context().get_node_id()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if self._started_local and self._own_fleet is not None:
-            (node,) = nodes
-            found: dict[str, tuple[list[Device] | None, str]] = {
-                node["NodeID"]: (list(self._own_fleet), "")
-            }
+            from hetero.runtime.ray_actor import NodeProbe
+
+            (node,) = nodes  # this machine
+            found = {node["NodeID"]: NodeProbe(list(self._own_fleet), read_nics())}
         else:
             if self._own_fleet is not None:
                 log.warning(
@@ -143,7 +155,7 @@ class RayBackend(Backend):
                     len(self._own_fleet),
                 )
             found = self._probe(nodes)
-        problems = [f"node {_short(nid)}: {why}" for nid, (_, why) in found.items() if why]
+        problems = [f"node {_short(nid)}: {p.problem}" for nid, p in found.items() if p.problem]
         if problems:
             self.close()
             raise HeteroError(
@@ -151,8 +163,7 @@ class RayBackend(Backend):
                 "that node's HETERO_NODE_CONFIG names, or start the node without it)"
             )
         for info in sorted(nodes, key=_head_first):
-            devices, _ = found[info["NodeID"]]
-            self._adopt(info, devices or [])
+            self._adopt(info, found[info["NodeID"]])
         if not self._devices:
             self.close()
             raise HeteroError("the Ray cluster has no devices hetero can use")
@@ -207,11 +218,11 @@ class RayBackend(Backend):
                     self._ray.shutdown()
                 time.sleep(1.0)
 
-    def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, tuple[list[Device] | None, str]]:
-        """Ask each node for its devices, side by side."""
+    def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, NodeProbe]:
+        """Ask each node for its devices and NICs, side by side."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from hetero.runtime.ray_actor import probe_node
+        from hetero.runtime.ray_actor import NodeProbe, probe_node
 
         ray = self._ray
         refs = {
@@ -220,27 +231,29 @@ class RayBackend(Backend):
             ).remote()
             for n in nodes
         }
-        found: dict[str, tuple[list[Device] | None, str]] = {}
+        found: dict[str, NodeProbe] = {}
         for nid, ref in refs.items():
             try:
                 found[nid] = ray.get(ref, timeout=60)
             except Exception as exc:
-                found[nid] = (None, f"could not be asked for its devices: {exc}")
+                found[nid] = NodeProbe(None, problem=f"could not be asked for its devices: {exc}")
         return found
 
-    def _adopt(self, info: dict[str, Any], devices: list[Device]) -> list[int]:
-        """Add a node and its devices (ids made unique across the cluster): their indices."""
+    def _adopt(self, info: dict[str, Any], probe: NodeProbe) -> list[int]:
+        """Add a node, its NICs and its devices (ids made unique across the cluster): their
+        indices."""
         nid = info["NodeID"]
-        node = _Node(nid, _short(nid), info.get("NodeManagerAddress", "?"), info["Resources"])
+        address = info.get("NodeManagerAddress", "?")
+        node = _Node(nid, _short(nid), address, info["Resources"], nics=list(probe.nics))
         with self._lock:
             self._nodes[nid] = node
-            for d in devices:
+            for d in probe.devices or []:
                 node.devices.append(len(self._devices))
                 self._devices.append(
                     dataclasses.replace(
                         d,
                         id=f"{node.short}/{d.id}",
-                        node=f"{node.address}/{node.short}",
+                        node=node.name,
                         state=dataclasses.replace(d.state),
                     )
                 )
@@ -259,6 +272,14 @@ class RayBackend(Backend):
             }
             for n in self._nodes.values()
         ]
+
+    def node_topology(self) -> NodeTopology:
+        """How the live nodes reach each other, from the NICs each reported (those its
+        ``HETERO_NODE_CONFIG`` declares, else those read there); nodes are named as their
+        devices' ``Device.node``, so ``rank_order`` can take it."""
+        with self._lock:
+            alive = [n for n in self._nodes.values() if n.alive]
+        return NodeTopology.from_nics({n.name: n.nics for n in alive})
 
     # ---------------------------------------------------------------------------- Backend
 
@@ -325,8 +346,8 @@ class RayBackend(Backend):
     def _args(self, order: TaskOrder) -> Any:
         """The object store reference of large arguments (``None``: they ride in the order)."""
         packed = order.args
-        if len(packed.data) < ARG_REF_BYTES:
-            return None
+        if isinstance(packed, list) or len(packed.data) < ARG_REF_BYTES:
+            return None  # a batch's calls ride in the order (each is sent once)
         if packed.handle is None:  # once per task: retries and steals reuse the object
             packed.handle = self._ray.put(packed)
         return packed.handle
@@ -536,13 +557,12 @@ class RayBackend(Backend):
             new = [n for nid, n in alive.items() if nid not in self._nodes]
             if not new or self._stop.is_set():
                 continue
-            for nid, (devices, why) in self._probe(new).items():
-                info = alive[nid]
-                if why:
-                    log.error("node %s joined but is not used: %s", _short(nid), why)
+            for nid, probe in self._probe(new).items():
+                if probe.problem:
+                    log.error("node %s joined but is not used: %s", _short(nid), probe.problem)
                     self._nodes[nid] = _Node(nid, _short(nid), "?", {}, alive=False)
                     continue
-                added = self._adopt(info, devices or [])
+                added = self._adopt(alive[nid], probe)
                 log.info("node %s joined with %d device(s)", _short(nid), len(added))
                 assert self._events is not None
                 for i in added:
@@ -558,6 +578,17 @@ def ray_fleet(address: str | None = None) -> list[dict[str, Any]]:
     try:
         backend.discover()
         return backend.nodes()
+    finally:
+        backend.close()
+
+
+def ray_node_topology(address: str | None = None) -> NodeTopology:
+    """How the nodes of the cluster at ``address`` reach each other (``hetero topology
+    --ray``): every live node is asked for its NICs."""
+    backend = RayBackend(address)
+    try:
+        backend.discover()
+        return backend.node_topology()
     finally:
         backend.close()
 
