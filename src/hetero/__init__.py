@@ -58,9 +58,11 @@ _EXPORTS: dict[str, str] = {
     "set_log_level": "hetero.log",
     "Affinity": "hetero.plan",
     "Allocation": "hetero.plan",
+    "AllocationEnd": "hetero.plan",
     "AllocationRequest": "hetero.plan",
     "AntiAffinity": "hetero.plan",
     "DevicePool": "hetero.plan",
+    "EndCause": "hetero.plan",
     "FitRequest": "hetero.plan",
     "FleetPlan": "hetero.plan",
     "MemoryFit": "hetero.plan",
@@ -74,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "load_plan": "hetero.plan",
     "plan_fleet": "hetero.plan",
     "Backend": "hetero.runtime",
+    "BatchOptions": "hetero.runtime",
     "Context": "hetero.runtime",
     "TaskFunction": "hetero.runtime",
     "TaskFuture": "hetero.runtime",
@@ -159,9 +162,11 @@ if _TYPE_CHECKING:
     from hetero.log import set_log_level as set_log_level
     from hetero.plan import Affinity as Affinity
     from hetero.plan import Allocation as Allocation
+    from hetero.plan import AllocationEnd as AllocationEnd
     from hetero.plan import AllocationRequest as AllocationRequest
     from hetero.plan import AntiAffinity as AntiAffinity
     from hetero.plan import DevicePool as DevicePool
+    from hetero.plan import EndCause as EndCause
     from hetero.plan import FitRequest as FitRequest
     from hetero.plan import FleetPlan as FleetPlan
     from hetero.plan import MemoryFit as MemoryFit
@@ -175,6 +180,7 @@ if _TYPE_CHECKING:
     from hetero.plan import load_plan as load_plan
     from hetero.plan import plan_fleet as plan_fleet
     from hetero.runtime import Backend as Backend
+    from hetero.runtime import BatchOptions as BatchOptions
     from hetero.runtime import Context as Context
     from hetero.runtime import TaskFunction as TaskFunction
     from hetero.runtime import TaskFuture as TaskFuture

@@ -12,6 +12,9 @@ if _TYPE_CHECKING:
         Backend,
         BackendEvents,
     )
+    from hetero.runtime.batching import (
+        BatchOptions,
+    )
     from hetero.runtime.context import (
         Context,
         get_memory_usage,
@@ -36,6 +39,7 @@ if _TYPE_CHECKING:
 _EXPORTS = {
     "Backend": "hetero.runtime.backend",
     "BackendEvents": "hetero.runtime.backend",
+    "BatchOptions": "hetero.runtime.batching",
     "Context": "hetero.runtime.context",
     "get_memory_usage": "hetero.runtime.context",
     "checkpoint": "hetero.runtime.current",
@@ -52,6 +56,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = [
     "Backend",
     "BackendEvents",
+    "BatchOptions",
     "Context",
     "MapRun",
     "TaskFunction",

@@ -63,7 +63,8 @@ def _path(name: str | None) -> Path:
     directory = _task[2]
     if directory is None:
         raise HeteroError(
-            "this Context has no checkpoint store (it was made with checkpoint_dir=False)"
+            "no checkpoint store here: the Context was made with checkpoint_dir=False, or the "
+            "task is batched (its calls are retried one by one, not as the batch)"
         )
     key = "state" if name is None else name
     if not isinstance(key, str) or not _NAME.match(key):

@@ -23,7 +23,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,7 @@ from hetero.devices.spec import Device
 from hetero.errors import HeteroError, NoCapableDevice, QueueFull, TaskFailed
 from hetero.runtime.backend import Backend
 from hetero.runtime.backlog import Backlog
+from hetero.runtime.batching import Batch, Batcher, batch_size
 from hetero.runtime.definitions import TaskDefinitions
 from hetero.runtime.events import BackendSink, new_breaker
 from hetero.runtime.futures import Ending, TaskFuture, futures_in, resolve, settle
@@ -83,6 +84,10 @@ class Task:
     checkpoint_dir: str | None = None
     wrote_checkpoint: bool = False
     item: WorkItem | None = None
+    # A batched task's call (TaskOptions.batch): which calls it may share a batch with (its
+    # function, and its arguments' shape), and the batch it is in.
+    batch_key: Hashable | None = None
+    in_batch: Batch[Task] | None = None
 
 
 class Engine(Driver):
@@ -139,6 +144,9 @@ class Engine(Driver):
         self._started = False
         self._deadline_cond = threading.Condition(self.lock)
         self._timer: threading.Thread | None = None
+        # Batches of batched tasks' calls: their ids are drawn from the tasks' own.
+        self.batcher: Batcher[Task] = Batcher(dispatcher, self.tasks, lambda: next(self._ids))
+        self._fastest: dict[tuple[str, ...] | None, float] = {}  # by the devices a task may use
         self.ledger = Ledger(f"hetero-{os.getpid()}-c{key}", backend.recycle)
         self.profiler = Profiler(self.lock, devices)
         self.monitoring = FleetMonitor(self, config_path, monitoring_interval)
@@ -156,6 +164,7 @@ class Engine(Driver):
         self.breakers.append(new_breaker())
         self.stops.append(0)
         self._definitions.fleet_changed()
+        self._fastest.clear()
         return len(self.devices) - 1
 
     # --------------------------------------------------------------------------- start
@@ -180,13 +189,22 @@ class Engine(Driver):
             self._started = True
 
     def _expire_loop(self) -> None:
+        """The one timer: the dispatcher's deadlines and the batches whose wait is over."""
         with self.lock:
             while not self.closed:
-                delay = self.wake_at - time.monotonic()  # inf: no deadline pending
+                now = time.monotonic()
+                due = self.batcher.next_due()
+                delay = min(self.wake_at, due) - now  # inf: nothing pending
                 if delay > 0:
                     self._deadline_cond.wait(None if delay == math.inf else delay)
                     continue
-                self.expire()
+                if self.wake_at <= now:
+                    self.expire()
+                if due <= now:
+                    out: list[Instruction] = []
+                    for batch in self.batcher.due(now):
+                        out += self._send_batch(batch)
+                    self.apply(out)
                 self.lock.release()
                 try:
                     self.backend.flush()
@@ -235,7 +253,9 @@ class Engine(Driver):
         )
         if cost is not None:
             task.cost, task.declared = cost
-        if self._checkpoint_base is not None:
+        if options.batch is not None:  # only calls of one shape combine into one call
+            task.batch_key = (function[0], len(task.args), tuple(sorted(task.kwargs)))
+        elif self._checkpoint_base is not None:  # a batch has no checkpoints of its own
             task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
         parents = futures_in((task.args, task.kwargs))
         self.stats["submitted"] += 1
@@ -347,6 +367,8 @@ class Engine(Driver):
                     raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
                 raise
             self.apply(out)
+            if task.batch_key is not None:
+                self._batch_if_queued(task)
         self.backend.flush()
         self.settle()
 
@@ -422,7 +444,10 @@ class Engine(Driver):
     def on_run(self, ins: Run) -> list[Instruction] | None:
         if ins.device in self.holding:
             return self._redirect(ins)
-        self._run(ins)
+        task = self.tasks[ins.item.id]  # type: ignore[index]
+        if task.batch_key is not None:
+            return self._run_batched(task, ins.device)
+        self._run(task, ins.device)
         return None
 
     def on_finish(self, ins: Finish) -> None:
@@ -437,23 +462,32 @@ class Engine(Driver):
         if task is None or task.device < 0:
             return []
         device = task.device
-        on_device = self.on_device[device]
-        on_device.discard(task.id)
+        self.on_device[device].discard(task.id)
         status = "failed" if ins.cause is Cause.TIMED_OUT else "cancelled"
         self.profiler.trace(task, None, status, ins.reason)
-        self.stops[device] += 1
-        self.backend.cancel(device, task.id)
         task.device = -1
+        if task.batch_key is None:
+            return self._stop_order(device, task.id, task.order)
+        # A call of a batch leaves it; the batch goes on for the others, and its order is
+        # stopped only once no call waits on it (before it is sent, nothing runs yet).
+        batch = self.batcher.leave(task)
+        return [] if batch is None else self._stop_order(device, batch.id, batch.order)
+
+    def _stop_order(self, device: int, order_id: int, number: int) -> list[Instruction]:
+        """Stop the order ``order_id`` (a task, or a batch) sent to ``device``'s worker as its
+        ``number``-th order."""
+        self.stops[device] += 1
+        self.backend.cancel(device, order_id)
         held = self.holding.get(device)
         if held is not None:
-            held.add(task.id)
+            held.add(order_id)
             return []
         tasks = self.tasks
         if not self.dispatcher.view.usable[device] or any(
-            tasks[t].order < task.order for t in on_device if t in tasks
+            tasks[t].order < number for t in self.on_device[device] if t in tasks
         ):
             return []  # its device is going down or away, or it waits behind another order
-        self.holding[device] = {task.id}
+        self.holding[device] = {order_id}
         return self.dispatcher.hold(self.devices[device].id, Hold.STOPPING)
 
     def _redirect(self, ins: Run) -> list[Instruction]:
@@ -464,15 +498,14 @@ class Engine(Driver):
             return []
         return self.dispatcher.requeue(ins.item.id, "its device is stopping a task")
 
-    def _run(self, ins: Run) -> None:
-        task = self.tasks[ins.item.id]  # type: ignore[index]
+    def _run(self, task: Task, device: int) -> None:
         task.attempt += 1
-        task.device = ins.device
+        task.device = device
         task.sent = time.monotonic()
         task.order = next(self._orders)
-        self.on_device[ins.device].add(task.id)
+        self.on_device[device].add(task.id)
         assert task.packed is not None
-        self.ledger.sent(task.packed, ins.device)
+        self.ledger.sent(task.packed, device)
         order = TaskOrder(
             task.id,
             task.attempt,
@@ -485,8 +518,103 @@ class Engine(Driver):
             self._cpu_time_scale,
         )
         if log.isEnabledFor(logging.DEBUG):
-            self._log_decision(task, ins.device)
-        self.backend.send(ins.device, order, task.function)
+            self._log_decision(task, device)
+        self.backend.send(device, order, task.function)
+
+    # ------------------------------------------------------------------------- batches
+
+    def _run_batched(self, task: Task, device: int) -> list[Instruction]:
+        """The dispatcher started a batched call on ``device``: it joins the batch collecting
+        there or opens one, which takes the calls of its kind queued there; the batch goes
+        once full or due (``hetero.runtime.batching``)."""
+        options = task.options.batch
+        assert options is not None and task.batch_key is not None
+        out, batch, joined = self.batcher.started(
+            task, device, functools.partial(self._batch_size, task, device), options.max_wait
+        )
+        self._joined(joined, device)
+        return out + self._batch_placed(batch)
+
+    def _batch_if_queued(self, task: Task) -> None:
+        """A batched call just admitted waits in a device's queue: it joins the batch
+        collecting there, if any has room (called with the lock held)."""
+        rec = self.dispatcher.records.get(task.id)
+        if rec is None or rec.state is not ItemState.QUEUED:
+            return
+        options = task.options.batch
+        assert options is not None
+        batch = self.batcher.queued(task, rec.device, options.max_wait)
+        if batch is not None:
+            self._joined([task], rec.device)
+            self.apply(self._batch_placed(batch))
+
+    def _joined(self, calls: list[Task], device: int) -> None:
+        for call in calls:
+            call.attempt += 1  # as the dispatcher counts it: the call has started
+            call.device = device
+
+    def _batch_placed(self, batch: Batch[Task]) -> list[Instruction]:
+        """Send ``batch`` if it is ready, else have the timer wake at its due time."""
+        if self.batcher.ready(batch, time.monotonic()):
+            return self._send_batch(batch)
+        self._deadline_cond.notify()
+        return []
+
+    def _batch_size(self, task: Task, device: int) -> int:
+        """The calls a batch of ``task`` holds on ``device``: by its speed relative to the
+        fastest device the task may use, and its memory (``batching.batch_size``)."""
+        options = task.options.batch
+        assert options is not None
+        devices = self.devices
+        only = None if task.only is None else tuple(task.only)
+        fastest = self._fastest.get(only)
+        if fastest is None:
+            index = self.dispatcher.view.index
+            usable = devices if only is None else [devices[index[i]] for i in only]
+            fastest = self._fastest[only] = max(d.speed for d in usable)
+        memory_total = int(self.dispatcher.view.mem_total[device])
+        return batch_size(
+            options, devices[device].speed, fastest, memory_total, task.options.memory
+        )
+
+    def _send_batch(self, batch: Batch[Task]) -> list[Instruction]:
+        """One order for the calls of ``batch``, each argument a list of theirs."""
+        device = batch.device
+        if device in self.holding:
+            # Its worker is being stopped (for another task): the calls are placed again,
+            # charged no attempt, as a Run decided before the hold is.
+            out: list[Instruction] = []
+            for call in self.batcher.drop(batch):
+                call.device = -1
+                call.attempt -= 1
+                out += self.dispatcher.requeue(call.id, "its device is stopping a task")
+            return out
+        calls = self.batcher.take(batch)
+        now = time.monotonic()
+        batch.order = next(self._orders)
+        on_device = self.on_device[device]
+        packed = []
+        for call in calls:
+            call.sent = now
+            call.order = batch.order
+            on_device.add(call.id)
+            assert call.packed is not None
+            self.ledger.sent(call.packed, device)
+            packed.append(call.packed)
+        first = calls[0]
+        order = TaskOrder(
+            batch.id,
+            1,
+            first.function[0],
+            packed,
+            first.name,
+            sum(call.cost for call in calls),
+            first.declared,
+            None,
+            self._cpu_time_scale,
+        )
+        self.backend.send(device, order, first.function)
+        return []
 
     def _log_decision(self, task: Task, device: int) -> None:
         view = self.dispatcher.view
@@ -571,6 +699,8 @@ class Engine(Driver):
                 timeout=task.options.timeout,
             )
             self.apply(out)
+            if task.batch_key is not None:
+                self._batch_if_queued(task)
 
     def settle(self) -> None:
         """Complete the ended tasks' futures (outside the lock: their callbacks may submit),

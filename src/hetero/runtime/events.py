@@ -12,6 +12,7 @@ completed after the lock is released.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from hetero.sched.health import Breaker, Hold
 from hetero.sched.item import ItemState
 
 if TYPE_CHECKING:
+    from hetero.runtime.batching import Batch
     from hetero.runtime.engine import Engine, Task
 
 __all__ = ["RECOVERY_COOLDOWN_S", "UNHEALTHY_AFTER", "BackendSink", "new_breaker"]
@@ -90,6 +92,10 @@ class BackendSink:
 
     def _done(self, device: int, reply: TaskReply, unpacked: tuple[Any, float]) -> None:
         engine = self._engine
+        finished = engine.batcher.finished(reply.task_id, device)
+        if finished is not None:
+            self._batch_done(device, reply, unpacked, *finished)
+            return
         task = self._current(device, reply)
         if task is None:
             return
@@ -105,6 +111,10 @@ class BackendSink:
 
     def _error(self, device: int, reply: TaskReply) -> None:
         engine = self._engine
+        finished = engine.batcher.finished(reply.task_id, device)
+        if finished is not None:
+            self._batch_failed(device, reply, *finished)
+            return
         task = self._current(device, reply)
         if task is None:
             return
@@ -116,6 +126,67 @@ class BackendSink:
         self._attempt_ended(task, reply, out, reply.error)
         engine.apply(out)
 
+    def _batch_done(
+        self,
+        device: int,
+        reply: TaskReply,
+        unpacked: tuple[Any, float],
+        batch: Batch[Task],
+        live: list[tuple[int, Task]],
+    ) -> None:
+        """A batch's results, one per call in order: each call still waiting on it completes
+        with its own, in its share of the batch's time (see ``_shares``)."""
+        engine = self._engine
+        if engine.breakers[device].success():
+            log.info("%s: circuit closed, its trial task succeeded", engine.devices[device].id)
+        results, seconds = unpacked
+        reply.unpack_seconds += seconds
+        device_id = engine.devices[device].id
+        on_device = engine.on_device[device]
+        out: list[Instruction] = []
+        for (k, task), part in zip(live, self._shares(batch, reply, live), strict=True):
+            on_device.discard(task.id)
+            task.result = results[k]
+            task.future.device = device_id
+            engine.profiler.trace(task, part, "done")
+            out += engine.dispatcher.complete(task.id, service_time=part.ended - part.started)
+        engine.apply(out)
+
+    def _batch_failed(
+        self, device: int, reply: TaskReply, batch: Batch[Task], live: list[tuple[int, Task]]
+    ) -> None:
+        """The batch's call raised (or returned a wrong number of results): every call still
+        waiting on it fails with that reason, or is retried as its options say."""
+        engine = self._engine
+        device_id = engine.devices[device].id
+        on_device = engine.on_device[device]
+        out: list[Instruction] = []
+        for _, task in live:
+            on_device.discard(task.id)
+            task.reply = reply
+            task.future.device = device_id
+            retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
+            ended = engine.dispatcher.fail(task.id, reply.error, retryable=retry)
+            self._attempt_ended(task, reply, ended, reply.error)
+            out += ended
+        engine.apply(out)
+
+    @staticmethod
+    def _shares(
+        batch: Batch[Task], reply: TaskReply, live: list[tuple[int, Task]]
+    ) -> list[TaskReply]:
+        """Each live call's part of the batch's span, in proportion to its cost among every
+        call the batch ran (those cancelled meanwhile included): the speeds learned from the
+        parts are the batch's, and a profile counts the device's busy time once."""
+        costs = [c.cost for c in batch.calls]
+        total = sum(costs)
+        span = reply.ended - reply.started
+        starts = [reply.started]
+        for cost in costs:
+            share = cost / total if total > 0 else 1 / len(costs)
+            starts.append(starts[-1] + span * share)
+        return [dataclasses.replace(reply, started=starts[k], ended=starts[k + 1]) for k, _ in live]
+
     def worker_lost(self, device: int, reason: str) -> None:
         engine = self._engine
         dispatcher = engine.dispatcher
@@ -123,6 +194,7 @@ class BackendSink:
             if engine.closed:
                 return
             held = engine.holding.pop(device, None) is not None  # the worker is gone now
+            engine.batcher.lost(device)  # their calls are among the tasks it held
             lost = [
                 t
                 for t in map(engine.tasks.get, sorted(engine.on_device[device]))

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero.errors import ConfigError, TaskFailed
+from hetero.runtime.batching import split
 from hetero.runtime.tasks import TaskFunction
 
 if TYPE_CHECKING:
@@ -99,15 +100,23 @@ class MapItemError(Exception):
 
 class _Batch:
     """Calls ``fn`` (named ``name``) on each item of a batch (the map's one shipped function);
-    ``first`` is the index of the batch's first item in the map's input."""
+    ``first`` is the index of the batch's first item in the map's input. A batched task's
+    ``fn`` (``max_size``: its ``BatchOptions.max_size``) takes the items as lists of at most
+    that many instead, one result per item."""
 
-    def __init__(self, fn: Any, name: str) -> None:
+    def __init__(self, fn: Any, name: str, max_size: int | None = None) -> None:
         self.fn = fn
         self.name = name
+        self.max_size = max_size
 
     def __call__(self, items: list[Any], first: int) -> list[Any]:
         fn = self.fn
-        results = []
+        results: list[Any] = []
+        if self.max_size is not None:
+            for k in range(0, len(items), self.max_size):
+                part = items[k : k + self.max_size]
+                results += split(self.name, fn(part), len(part))
+            return results
         for i, x in enumerate(items):
             try:
                 results.append(fn(x))
@@ -156,12 +165,18 @@ class MapRun(Iterator[Any]):
         self._ordered = ordered
         self._fixed_window = window
         options = spec.options
+        # A batched task's function takes lists: the map's batches call it with theirs.
+        max_size = options.batch.max_size if options.batch is not None else None
         if options.variants:  # each variant runs the whole batch of its device kind
-            batched = {kind: _Batch(fn, spec.name) for kind, fn in options.variants.items()}
+            batched = {
+                kind: _Batch(fn, spec.name, max_size) for kind, fn in options.variants.items()
+            }
             options = replace(options, variants=batched)
         self._name = f"{spec.name}[map]"
         self._kind = options.speed_kind(self._name)  # the row that times its batches
-        batch_fn = TaskFunction(_Batch(spec.fn, spec.name), replace(options, name=self._name))
+        batch_fn = TaskFunction(
+            _Batch(spec.fn, spec.name, max_size), replace(options, name=self._name, batch=None)
+        )
         self._function = host.function(batch_fn)
         self._batch_spec = batch_fn
         self._cond = threading.Condition()

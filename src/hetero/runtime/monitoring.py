@@ -136,7 +136,7 @@ class FleetMonitor:
                         "temperature": device.state.temperature_c,
                     }
                 )
-            running = int(d.view.running.sum())
+            running = d.active - d.waiting  # tasks, each call of a batch among them
             stats = engine.stats
             return {
                 "pid": os.getpid(),

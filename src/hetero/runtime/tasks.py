@@ -12,6 +12,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
+from hetero.runtime.batching import BatchOptions, combine, split
 from hetero.units import parse_size
 
 __all__ = ["TaskFunction", "TaskOptions", "task"]
@@ -40,6 +41,7 @@ class TaskOptions:
     variants: Mapping[str, Callable[..., Any]] | None = None
     name: str | None = None
     devices: tuple[str, ...] | None = None
+    batch: BatchOptions | None = None  # calls coalesce into one call with lists (batching.py)
 
     def cost_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[float, bool]:
         """The work units of one call and whether they were declared."""
@@ -73,6 +75,7 @@ def make_options(
     variants: Mapping[str, Callable[..., Any]] | None = None,
     name: str | None = None,
     devices: Iterable[str] | None = None,
+    batch: BatchOptions | None = None,
 ) -> TaskOptions:
     """Validated ``TaskOptions`` (``ConfigError`` naming every bad option)."""
     problems: list[tuple[str, str]] = []
@@ -127,6 +130,14 @@ def make_options(
             problems.append(
                 ("devices", f"must be device ids, models, kinds or tag:NAME, got {devices!r}")
             )
+    if batch is not None and not isinstance(batch, BatchOptions):
+        problems.append(
+            (
+                "batch",
+                "must be a hetero.BatchOptions (e.g. BatchOptions(max_size=8, max_wait=0.01)) "
+                f"or None, got {batch!r}",
+            )
+        )
     if problems:
         raise ConfigError(problems)
     return TaskOptions(
@@ -141,6 +152,7 @@ def make_options(
         variants=dict(variants) if variants is not None else None,
         name=name,
         devices=selectors,
+        batch=batch,
     )
 
 
@@ -160,7 +172,11 @@ class TaskFunction(Generic[P, R]):
                 object.__setattr__(self, attr, value)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.fn(*args, **kwargs)
+        if self.options.batch is None:
+            return self.fn(*args, **kwargs)
+        # A batched function takes lists: one call here is a batch of one.
+        batched_args, batched_kwargs = combine([(args, kwargs)])
+        return split(self.name, self.fn(*batched_args, **batched_kwargs), 1)[0]  # type: ignore[no-any-return]
 
     @property
     def name(self) -> str:
@@ -181,6 +197,7 @@ class TaskFunction(Generic[P, R]):
             "variants": self.options.variants,
             "name": self.options.name,
             "devices": self.options.devices,
+            "batch": self.options.batch,
         }
         unknown = sorted(set(options) - set(current))
         if unknown:
@@ -210,6 +227,7 @@ def task(
     variants: Mapping[str, Callable[..., Any]] | None = ...,
     name: str | None = ...,
     devices: Iterable[str] | None = ...,
+    batch: BatchOptions | None = ...,
 ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
@@ -222,7 +240,9 @@ def task(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     (of work, for speeds per kind), ``devices`` (where it may run: device ids, catalog models,
     kinds such as "gpu", or "tag:NAME"), ``tags`` (for an ``affinity`` policy), ``variants``
     (``{"gpu": f, "cpu": g}``: per-device-kind code; the task runs only on kinds it has code
-    for, or everywhere with ``"default"``) and ``name``.
+    for, or everywhere with ``"default"``), ``name`` and ``batch`` (a ``BatchOptions``: calls
+    that arrive together run as one call of the function, each argument a list of the calls'
+    values, and it returns one result per call; see ``hetero.runtime.batching``).
     """
     opts = make_options(**options)
     if fn is not None:

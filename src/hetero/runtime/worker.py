@@ -36,6 +36,7 @@ import cloudpickle
 
 from hetero.devices.spec import Device
 from hetero.runtime import current
+from hetero.runtime.batching import BatchResultError, combine, split
 from hetero.runtime.procs import die_with_parent, kill_tree, tree_rss
 from hetero.runtime.serialize import Packed, SegmentPool, pack, unpack
 
@@ -44,7 +45,7 @@ __all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main", "run_ord
 #: Changes whenever the messages between driver and worker change: a worker started from newer
 #: code on disk than its driver's (an upgrade mid-run) exits with _EXIT_SKEW instead of
 #: misreading them.
-PROTOCOL = 4
+PROTOCOL = 5
 _EXIT_SKEW = 5
 
 # Replies wait at most this long, or this many, before they are sent together.
@@ -70,12 +71,13 @@ class WorkerSetup:
 
 @dataclass(slots=True)
 class TaskOrder:
-    """One attempt of one task."""
+    """One attempt of one task, or one batch of calls of a batched task (``args``: each
+    call's arguments, packed; ``task_id``: the batch's id), run as one call."""
 
     task_id: int
     attempt: int
     fn: str  # key of a function sent before with ("fn", key, bytes)
-    args: Packed
+    args: Packed | list[Packed]
     name: str
     cost: float
     declared_cost: bool  # else an emulated device paces by the measured CPU time
@@ -273,9 +275,16 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
     device = setup.device
     started = time.monotonic()
     reply = TaskReply(order.task_id, order.attempt, started, started)
+    calls = len(order.args) if isinstance(order.args, list) else 0
     try:
         fn = _function(state, order.fn, str(device.type))
-        (args, kwargs), reply.unpack_seconds = unpack(order.args, on_release=state.release)
+        if isinstance(order.args, list):
+            unpacked = [unpack(p, on_release=state.release) for p in order.args]
+            args, kwargs = combine([value for value, _ in unpacked])
+            reply.unpack_seconds = sum(seconds for _, seconds in unpacked)
+            del unpacked
+        else:
+            (args, kwargs), reply.unpack_seconds = unpack(order.args, on_release=state.release)
     except BaseException as exc:
         reply.error = f"{type(exc).__name__}: could not load the task on {device.id}: {exc}"
         reply.remote_traceback = traceback.format_exc()
@@ -291,12 +300,16 @@ def run_order(state: _State, order: TaskOrder) -> tuple[str, TaskReply]:
     cpu0 = time.thread_time()
     try:
         result = fn(*args, **kwargs)
+        if calls:
+            result = split(order.name, result, calls)
     except BaseException as exc:
         reply.started, reply.ended = started, time.monotonic()
         reply.error = f"{type(exc).__name__}: {exc}"
         reply.remote_traceback = traceback.format_exc()
         with contextlib.suppress(Exception):
             reply.exception = cloudpickle.dumps(exc)
+        # Another attempt would return the same count: not worth a retry.
+        reply.retryable = not isinstance(exc, BatchResultError)
         return "error", reply
     finally:
         reply.checkpointed = current.leave()

@@ -1,10 +1,11 @@
 """The ``Dispatcher``: owns the queues and every item's state; executors carry out what it says.
 
 Events go in (``submit``, ``complete``, ``fail``, ``cancel``, ``device_down``, ``device_up``,
-``expire``) and instructions come out (``Run`` an item on a device, ``Stop`` a running one,
-``Finish`` an item for good, each ``Stop`` and ``Finish`` with its typed ``Cause``; ``WakeAt``
-when ``expire`` must be called earlier than announced before, so an executor's one timer never
-misses a deadline, whichever path admitted the item). The dispatcher does no I/O and reads
+``expire``; ``join`` makes several running items one run in one slot: a batch) and
+instructions come out (``Run`` an item on a device, ``Stop`` a running one, ``Finish`` an item
+for good, each ``Stop`` and ``Finish`` with its typed ``Cause``; ``WakeAt`` when ``expire``
+must be called earlier than announced before, so an executor's one timer never misses a
+deadline, whichever path admitted the item). The dispatcher does no I/O and reads
 time only from its clock, so the simulator, the local engine, the Ray backend and the router all
 drive the same code.
 
@@ -48,7 +49,7 @@ from hetero.errors import (
 )
 from hetero.sched.clock import Clock
 from hetero.sched.health import Hold
-from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, WorkItem
+from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, SharedRun, WorkItem
 from hetero.sched.metrics import Metrics
 from hetero.sched.options import QUEUE_ORDERS, DispatchOptions
 from hetero.sched.perf import PerfModel
@@ -373,6 +374,61 @@ class Dispatcher:
         self.waiting += 1
         self._place(rec, out)
 
+    def join(self, item_id: int | str, with_id: int | str) -> list[Instruction]:
+        """Run ``item_id`` with the running ``with_id``, in its slot: one run of several items
+        (a batch, which the executor carries out as one call). ``item_id`` is queued on that
+        device, or has just started there in a slot of its own, which frees (the device then
+        takes more work). The items of a run end one by one like any running item
+        (``complete``, ``fail``, ``cancel``, ``expire``, a device lost); the slot frees when
+        the last has ended. Items in a run are not preempted: stopping one frees no slot."""
+        lead = self._running_record(with_id, "join")
+        rec = self.records.get(item_id)
+        if rec is None:
+            raise self._unknown(item_id, "join")
+        view = self.view
+        i = lead.device
+        if (
+            rec is lead
+            or rec.device != i
+            or not (rec.state is QUEUED or (rec.state is RUNNING and rec.run is None))
+        ):
+            where = view.ids[rec.device] if rec.device >= 0 else "no device"
+            raise ItemNotRunning(
+                f"cannot join work item {item_id!r} to {with_id!r}: it is {rec.state.value} on "
+                f"{where}; only an item queued on {view.ids[i]}, or started there alone, joins "
+                "a run there"
+            )
+        run = lead.run
+        if run is None:
+            run = lead.run = SharedRun(lead.started)
+            lead.seq = next(self._seq)  # its preemption entry goes stale
+        item = rec.item
+        freed = rec.state is RUNNING
+        if freed:  # its own slot frees
+            view.in_flight_at[i] -= 1
+            view.running_at[i] -= 1
+            view.running_since_at[i] -= rec.started
+            if view.usable_at[i] and (not self._lowered or view.running_at[i] < self._slots[i]):
+                self._free_slots += 1
+        else:
+            self._release(rec, running=False)
+            rec.move(RUNNING)
+            rec.started = self.clock.now()
+            rec.attempts += 1
+            self.waiting -= 1
+            view.outstanding_at[i] += item.cost
+            view.running_work_at[i] += item.cost
+            if item.memory:
+                view.mem_used_at[i] += item.memory
+            self._running[i].add(rec)
+        rec.seq = next(self._seq)
+        rec.run = run
+        run.members += 1
+        out: list[Instruction] = []
+        if freed:
+            self._refill(i, out)
+        return out
+
     def cancel(self, item_id: int | str, reason: str = "cancelled") -> list[Instruction]:
         """Cancel an item wherever it is; a running one gets a ``Stop``. An item that has
         already ended is left as it is."""
@@ -607,6 +663,15 @@ class Dispatcher:
     def queued_total(self) -> int:
         """Items waiting in device queues (the rest of ``waiting`` is pending)."""
         return self.view.queued
+
+    def queued_items(self, device_id: str) -> list[WorkItem]:
+        """The items waiting in a device's queue, in the order they would start there."""
+        i = self._device(device_id)
+        return [
+            rec.item
+            for _, _, seq, rec in sorted(self._queues[i])
+            if rec.seq == seq and rec.state is QUEUED and rec.device == i
+        ]
 
     @property
     def members(self) -> list[str]:
@@ -865,27 +930,38 @@ class Dispatcher:
         out.append(Run(rec.item, i, view.ids[i]))
 
     def _release(self, rec: ItemRecord, running: bool) -> None:
-        """Give back what ``rec`` holds on its device (slot, load, memory)."""
+        """Give back what ``rec`` holds on its device (slot, load, memory); a member of a
+        shared run gives back its slot only as the last of the run."""
         view = self.view
         i = rec.device
         item = rec.item
-        view.in_flight_at[i] -= 1
         view.outstanding_at[i] -= item.cost
         if item.memory:
             view.mem_used_at[i] -= item.memory
         if running:
+            self._running[i].discard(rec)
+            started = rec.started
+            run = rec.run
+            if run is not None:
+                rec.run = None
+                run.members -= 1
+                if run.members:  # the run goes on in its slot without this item
+                    view.running_work_at[i] -= item.cost
+                    return
+                started = run.started
+            view.in_flight_at[i] -= 1
             view.running_at[i] -= 1
             if view.running_at[i]:
                 view.running_work_at[i] -= item.cost
-                view.running_since_at[i] -= rec.started
+                view.running_since_at[i] -= started
             else:  # exactly nothing running: drop the float drift
                 view.running_work_at[i] = 0.0
                 view.running_since_at[i] = 0.0
             # A device may run more than slots that set_slots lowered: no slot frees up then.
             if view.usable_at[i] and (not self._lowered or view.running_at[i] < self._slots[i]):
                 self._free_slots += 1
-            self._running[i].discard(rec)
         else:
+            view.in_flight_at[i] -= 1
             view.queued_work[i] -= item.cost
             view.queued -= 1
             if self._size_order:
@@ -1117,8 +1193,14 @@ class Dispatcher:
         now = self.clock.now()
         busy = np.array(self.metrics.busy)
         for i, running in enumerate(self._running):
+            runs: set[SharedRun] = set()
             for rec in running:
-                busy[i] += now - rec.started
+                run = rec.run
+                if run is None:
+                    busy[i] += now - rec.started
+                elif run not in runs:  # a shared run holds one slot
+                    runs.add(run)
+                    busy[i] += now - run.started
         return busy
 
     def state_of(self, item_id: int | str) -> ItemState:
@@ -1138,6 +1220,7 @@ class Dispatcher:
         mem = np.zeros(view.n, dtype=np.int64)
         pending = 0
         active = 0
+        members: dict[SharedRun, int] = {}
         for rec in self.records.values():
             state = rec.state
             assert rec.history[-1] is state, f"{rec.item.id}: history does not end in {state}"
@@ -1152,8 +1235,16 @@ class Dispatcher:
             outstanding[i] += rec.item.cost
             mem[i] += rec.item.memory
             if state is RUNNING:
-                running[i] += 1
-                since[i] += rec.started
+                run = rec.run
+                if run is None:
+                    running[i] += 1
+                    since[i] += rec.started
+                elif run not in members:  # a shared run holds one slot
+                    members[run] = 0
+                    running[i] += 1
+                    since[i] += run.started
+                if run is not None:
+                    members[run] += 1
                 assert rec in self._running[i], f"{rec.item.id}: running but not tracked on {i}"
             else:
                 queued[i] += 1
@@ -1161,6 +1252,8 @@ class Dispatcher:
                 assert any(e[3] is rec and e[2] == rec.seq for e in self._queues[i]), (
                     f"{rec.item.id}: queued on {i} but not in its queue"
                 )
+        for run, n in members.items():
+            assert run.members == n, f"a shared run counts {run.members} members, {n} are in it"
         if self.keep_finished:
             assert active == self.active, f"active {active} != counter {self.active}"
             assert pending + int(queued.sum()) == self.waiting, "waiting counter drifted"

@@ -37,6 +37,7 @@ __all__ = [
     "CostModel",
     "ItemRecord",
     "ItemState",
+    "SharedRun",
     "WorkItem",
 ]
 
@@ -203,6 +204,18 @@ class WorkItem:
         return self.cost if self.complexity is None else self.complexity
 
 
+class SharedRun:
+    """Running items that share one slot of a device as one run (a batch: the executor calls
+    the task once for all of them; ``Dispatcher.join``). The slot is held from ``started``
+    until the last of its ``members`` ends."""
+
+    __slots__ = ("members", "started")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.members = 1
+
+
 @dataclass(slots=True, eq=False)
 class ItemRecord:
     """The dispatcher's book-keeping for one admitted item. Only ``move`` changes ``state``."""
@@ -223,6 +236,7 @@ class ItemRecord:
     )
     retries: int = -1  # failed attempts retried before the item fails (-1: the dispatcher's)
     size_class: int = -1  # the item's class in size-ordered queues, once it has been queued
+    run: SharedRun | None = None  # the run it shares a slot with (Dispatcher.join), if any
     history: list[ItemState] = field(default_factory=lambda: [ItemState.PENDING])
 
     def move(self, finish: ItemState) -> None:
