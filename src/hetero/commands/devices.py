@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, fail, print_json
+from hetero._cli_util import RAY_ADDRESS_HELP, JsonOpt, console, fail, print_json
 from hetero._format import count
 from hetero._tables import SplitTable
 from hetero.config import load_config
@@ -42,8 +42,7 @@ def devices(
         str | None,
         typer.Option(
             "--address",
-            help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
-            "RAY_ADDRESS, else the cluster started on this machine, else a new local one.",
+            help=RAY_ADDRESS_HELP,
         ),
     ] = None,
     as_json: JsonOpt = False,

@@ -10,7 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
-from hetero._cli_util import JsonOpt, console, err_console, fail, print_json, print_problems
+from hetero._cli_util import (
+    RAY_ADDRESS_HELP,
+    JsonOpt,
+    console,
+    err_console,
+    fail,
+    print_json,
+    print_problems,
+)
 from hetero.config import load_config
 from hetero.devices.fake_nvml import FakeNVML, mixed_box, nvswitch_box, pcie_box
 from hetero.devices.network import Nic, read_nics
@@ -85,8 +93,7 @@ def topology(
         str | None,
         typer.Option(
             "--address",
-            help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
-            "RAY_ADDRESS, else the cluster started on this machine, else a new local one.",
+            help=RAY_ADDRESS_HELP,
             show_default=False,
         ),
     ] = None,
