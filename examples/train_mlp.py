@@ -3,9 +3,12 @@
     python examples/train_mlp.py --nproc 3 --speeds 1,0.5,0.25 --steps 30
     torchrun --nproc-per-node 3 examples/train_mlp.py --speeds 1,0.5,0.25 --steps 30
     hetero launch --nproc 3 examples/train_mlp.py --checkpoint-dir ckpt --fail-at 15
+    hetero launch --nproc 2:3 --rank-restarts 0 --rejoin-after 0 examples/train_mlp.py \
+        --checkpoint-dir ckpt --fail-at 15
 
 Without torchrun the script starts ``--nproc`` gloo ranks on this machine itself. Rank i emulates
-a device of relative speed ``speeds[i]``: each of its micro-batches takes samples ×
+a device of relative speed ``speeds[i]`` (under a launcher, local rank i: ``hetero launch`` keeps
+a rank's local rank when the ranks shrink): each of its micro-batches takes samples ×
 ``--sample-time`` / speed seconds (``--sample-time 0``: its real compute time over the speed).
 The trainer profiles the ranks, splits every global batch in proportion to their measured
 throughput, and prints, on rank 0, how each rank spent its time and how close the step time came
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -23,6 +27,7 @@ import sys
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
 from hetero import comm
@@ -73,10 +78,29 @@ def summary(speeds: list[float], reports: list[StepReport]) -> str:
     return "\n".join(lines)
 
 
+def train(
+    trainer: Trainer, steps: int, args: argparse.Namespace, data: TensorDataset, progress: bool
+) -> list[StepReport]:
+    """``steps`` steps; with --loss-log, rank 0 adds each step's loss over ``data`` to it."""
+    if args.loss_log is None:
+        return trainer.train(steps, progress=progress)
+    reports = []
+    for _ in range(steps):
+        reports.append(trainer.step())
+        if trainer.rank == 0:
+            line = {"step": trainer.steps, "ranks": trainer.world_size}
+            with open(args.loss_log, "a") as f:
+                f.write(json.dumps(line | {"loss": mean_loss(trainer.model, data)}) + "\n")
+    return reports
+
+
 def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> None:
     if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it to 1 for the same reason:
         torch.set_num_threads(1)  # the ranks share this machine's cores
     comm.init(rank, world, backend="gloo", master_port=port)
+    # Under a launcher, the local rank names the rank's device (hetero launch keeps it when the
+    # ranks shrink, while RANK is renumbered).
+    slot = int(os.environ.get("LOCAL_RANK", rank))
     speeds = [float(s) for s in args.speeds.split(",")]
     data = dataset(args.samples, args.seed)
     model = mlp(args.seed)
@@ -85,7 +109,7 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
         micro_batch=args.micro_batch,
         rebalance_every=args.rebalance_every,
         seed=args.seed,
-        speed=speeds[rank],
+        speed=speeds[slot],
         emulate_sample_time=args.sample_time or None,
         report_path=args.report,
         checkpoint_dir=args.checkpoint_dir,
@@ -99,6 +123,7 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
         data,
         options,
     )
+    speeds = comm.all_gather_object(speeds[slot])  # each rank's, in rank order
     if rank == 0:
         resumed = (
             f"; resumed from the checkpoint of step {trainer.resumed_from}"
@@ -111,13 +136,14 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
             f"{'/'.join(map(str, trainer.shares))}{resumed}",
             flush=True,
         )
-    first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    if rank == args.fail_rank and first_start and args.fail_at is not None:
-        # Failure injection: this rank dies after --fail-at steps, on the first start only; a
-        # launcher with restarts (hetero launch, torchrun) starts every rank again.
-        trainer.train(max(0, args.fail_at - trainer.steps), progress=False)
+    start = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    failing = slot == args.fail_rank and start < args.fail_starts
+    if failing and args.fail_at is not None and trainer.steps < args.fail_at:
+        # Failure injection: this rank dies after --fail-at steps on the first --fail-starts
+        # starts; a launcher with restarts (hetero launch, torchrun) starts the ranks again.
+        train(trainer, args.fail_at - trainer.steps, args, data, progress=False)
         os._exit(1)
-    reports = trainer.train(max(0, args.steps - trainer.steps), progress=not args.quiet)
+    reports = train(trainer, max(0, args.steps - trainer.steps), args, data, not args.quiet)
     if rank == 0:
         if reports:
             print(summary(speeds, reports))
@@ -129,6 +155,7 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
     comm.destroy()
 
 
+@record  # an uncaught error goes to the launcher's error file: it learns which rank failed first
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nproc", type=int, default=3, help="ranks to start (without torchrun)")
@@ -147,15 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", default=None, help="save and resume training here")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between saves")
     parser.add_argument(
-        "--fail-at", type=int, default=None, help="--fail-rank dies after this step (1st start)"
+        "--fail-at", type=int, default=None, help="--fail-rank dies after this step"
     )
-    parser.add_argument("--fail-rank", type=int, default=1)
+    parser.add_argument("--fail-rank", type=int, default=1, help="(local) rank that dies")
+    parser.add_argument(
+        "--fail-starts", type=int, default=1, help="it dies on this many first starts"
+    )
     parser.add_argument("--save-params", default=None, help="rank 0 saves the final parameters")
+    parser.add_argument("--loss-log", default=None, help="rank 0 adds each step's loss (JSON)")
     args = parser.parse_args(argv)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
-    if len(args.speeds.split(",")) != world:
-        parser.error(f"--speeds gives {len(args.speeds.split(','))} speeds for {world} ranks")
+    # An elastic launch may run fewer ranks than there are speeds: one per local rank.
+    slots = max(world, int(os.environ.get("LOCAL_RANK", "0")) + 1)
+    if len(args.speeds.split(",")) < slots:
+        parser.error(f"--speeds gives {len(args.speeds.split(','))} speeds for {slots} ranks")
     if under_torchrun:
         run(int(os.environ["RANK"]), world, args, None)
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import pickle
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,7 +88,7 @@ def _relative_difference(model: nn.Module, reference: nn.Module) -> float:
 
 def _need(samples: int) -> int:
     """What a micro-batch of ``samples`` needs on this rank, as the trainer's probe measures."""
-    probe = MemoryProbe(_model(), LOSS, _data())
+    probe = MemoryProbe(_model(), LOSS, _data(), optimizer=_sgd)
     with probe.session():
         transient = probe.transient(samples)
         assert transient is not None
@@ -252,7 +253,11 @@ def test_a_model_that_does_not_fit_one_sample_is_refused_on_every_rank(
         "ConfigError: rank 2: memory_limit=1000 bytes (1000 B) cannot hold a micro-batch of 1 "
         "sample: it needs an estimated "
     )
-    assert "resident (parameters, buffers and DDP's gradient buckets) + " in message
+    assert re.search(
+        r"resident \(the model's tensors \d+ bytes \(.*\), DDP's gradient buckets \d+ bytes "
+        r"\(.*\), the optimizer's state \d+ bytes \(.*\)\) \+ ",
+        message,
+    ), message
     assert message.endswith("; raise memory_limit or train a smaller model")
 
 

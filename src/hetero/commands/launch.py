@@ -1,25 +1,44 @@
-"""``hetero launch``: start a script as N ranks on this machine, and start them all again when
-one dies (elastic restart), as ``torchrun --nproc-per-node N --max-restarts K`` does."""
+"""``hetero launch``: start a script as ranks on this machine, as ``torchrun --nproc-per-node``
+does, and keep the run going when a rank fails: all ranks start again (``--max-restarts``), and
+with ``--nproc MIN:MAX`` a rank that keeps failing is left out, the others going on from the
+last checkpoint, until it may rejoin at a checkpoint (the rules: ``hetero.train.elastic``)."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hetero._cli_util import err_console, fail
+if TYPE_CHECKING:
+    from hetero.devices.topology import Topology
 
-__all__ = ["free_port", "register"]
+from hetero._cli_util import err_console, fail
+from hetero.train.elastic import (
+    REGROUP_FILE_ENV,
+    Membership,
+    Next,
+    local_ranks,
+    regroup_answer,
+)
+
+__all__ = ["free_port", "parse_nproc", "register"]
 
 # Seconds the other ranks get to leave after one died, before they are killed.
 _GRACE_S = 5.0
+# How often the launcher looks whether a lost rank may rejoin while the ranks run.
+_TICK_S = 0.1
 
 
 def register(app: typer.Typer) -> None:
@@ -33,104 +52,311 @@ def register(app: typer.Typer) -> None:
 def launch(
     ctx: typer.Context,
     script: Annotated[Path, typer.Argument(help="Python script to run on every rank.")],
-    nproc: Annotated[int, typer.Option("--nproc", "-n", help="Ranks to start.")] = 1,
+    nproc: Annotated[
+        str,
+        typer.Option(
+            "--nproc",
+            "-n",
+            metavar="N|MIN:MAX",
+            help="Ranks to start: N, or MAX that may shrink to MIN as ranks are lost.",
+        ),
+    ] = "1",
     max_restarts: Annotated[
-        int, typer.Option(help="Times all ranks are started again after one fails.")
+        int, typer.Option(help="Times the same ranks are started again after one fails.")
     ] = 3,
+    rank_restarts: Annotated[
+        int | None,
+        typer.Option(
+            help="Failures of one rank that are retried; at the next it is lost "
+            "(default: 1 with MIN:MAX, else --max-restarts).",
+            show_default=False,
+        ),
+    ] = None,
+    rejoin_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds after its loss before a lost rank rejoins, at the ranks' next "
+            "checkpoint; doubled at each further loss.",
+        ),
+    ] = 60.0,
     master_port: Annotated[
         int, typer.Option(help="Port of rank 0's rendezvous; 0 picks a free one per start.")
     ] = 0,
 ) -> None:
-    """Run SCRIPT as --nproc ranks on this machine; restart them all when one fails.
+    """Run SCRIPT as --nproc ranks on this machine; start them again when one fails.
 
     Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as with torchrun.
+    LOCAL_RANK is the rank's slot (its device): it stays with it when the ranks shrink.
 
     OMP_NUM_THREADS is 1 unless set: the ranks share this machine's cores.
 
-    HETERO_RESTART (and TORCHELASTIC_RESTART_COUNT) counts restarts: resume from a checkpoint.
+    HETERO_RESTART (and TORCHELASTIC_RESTART_COUNT) counts the starts: resume from a checkpoint.
+
+    With --nproc MIN:MAX, a rank that fails more than --rank-restarts times, or raises the same
+    error twice in a row, is lost and the others go on (from the last checkpoint, with new
+    shares), down to MIN; after --rejoin-after seconds it rejoins at their next checkpoint
+    (hetero.train.Trainer does this). Errors are read from TORCHELASTIC_ERROR_FILE, which
+    torch's @record on the script's main writes.
 
     Arguments after SCRIPT go to the script. Exit status: 0 when every rank succeeded.
 
-    Example: `hetero launch --nproc 3 examples/train_mlp.py --steps 100`.
+    Example: `hetero launch --nproc 2:3 examples/train_mlp.py --checkpoint-dir ckpt`.
     """
-    if nproc < 1:
-        fail(f"--nproc must be >= 1, got {nproc}", code=2)
+    try:
+        minimum, maximum = parse_nproc(nproc)
+    except ValueError as exc:
+        fail(str(exc), code=2)
     if max_restarts < 0:
         fail(f"--max-restarts must be >= 0, got {max_restarts}", code=2)
+    if rank_restarts is not None and rank_restarts < 0:
+        fail(f"--rank-restarts must be >= 0, got {rank_restarts}", code=2)
+    if not (math.isfinite(rejoin_after) and rejoin_after >= 0):
+        fail(f"--rejoin-after must be a number of seconds >= 0, got {rejoin_after}", code=2)
     if not 0 <= master_port < 65536:
         fail(f"--master-port must be from 0 to 65535, got {master_port}", code=2)
     if not script.is_file():
         fail(f"script {str(script)!r} does not exist or is not a file", code=2)
+    if rank_restarts is None:
+        # A fixed size cannot lose a rank: one that fails gets every restart there is.
+        rank_restarts = 1 if minimum < maximum else max_restarts
+    membership = Membership(
+        minimum,
+        maximum,
+        max_restarts=max_restarts,
+        rank_restarts=rank_restarts,
+        rejoin_after=rejoin_after,
+    )
+    topology = _gpu_topology(maximum)
     args = [sys.executable, str(script), *ctx.args]
-    for attempt in range(max_restarts + 1):
-        port = master_port or free_port()
-        failed = _run_once(args, nproc, port, attempt)
-        if failed is None:
-            return
-        rank, code = failed
-        left = max_restarts - attempt
-        err_console.print(
-            f"hetero launch: rank {rank} exited with {_describe(code)}"
-            + (f"; starting all {nproc} ranks again ({left} restarts left)" if left else ""),
-            highlight=False,
-        )
-    starts = max_restarts + 1
-    fail(f"rank {rank} failed {'once' if starts == 1 else f'{starts} times'}; giving up", code=1)
+    with tempfile.TemporaryDirectory(prefix="hetero-launch-") as folder:
+        # Only an elastic launch asks its ranks to regroup; a fixed one leaves them alone.
+        request = Path(folder) / "regroup" if minimum < maximum else None
+        _supervise(args, membership, master_port, Path(folder), request, topology)
 
 
-def _run_once(args: list[str], nproc: int, port: int, attempt: int) -> tuple[int, int] | None:
-    """Start every rank; wait until all succeed (None) or one fails ((rank, exit code))."""
-    base = {
-        **os.environ,
-        "WORLD_SIZE": str(nproc),
-        "LOCAL_WORLD_SIZE": str(nproc),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "HETERO_RESTART": str(attempt),
-        "TORCHELASTIC_RESTART_COUNT": str(attempt),
-    }
-    # As torchrun: ranks that share a machine's cores each get one thread unless told otherwise
-    # (three ranks of two threads on two cores ran their compute 40 times slower).
-    base.setdefault("OMP_NUM_THREADS", "1")
-    procs = [
-        subprocess.Popen(args, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-        for r in range(nproc)
-    ]
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+def _gpu_topology(ranks: int) -> Topology:
+    """This machine's GPU links, which order the ranks (an empty topology on a machine without
+    GPUs or with MIG slices, which have no links between them); refuses ranks on two slices of
+    one GPU."""
+    from hetero.devices.discovery import get_device_list
+    from hetero.devices.spec import DeviceKind
+    from hetero.devices.topology import Topology
+    from hetero.devices.topology_nvml import read_topology
+    from hetero.errors import ConfigError
+    from hetero.train.gpus import check_slices
 
-    def forward(signum: int, _frame: object) -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
-
-    for sig in previous:
-        signal.signal(sig, forward)
+    gpus = [d for d in get_device_list() if d.kind is DeviceKind.GPU]
     try:
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = next(((r, c) for r, c in enumerate(codes) if c not in (None, 0)), None)
-            if bad is not None:
-                _stop(procs)
-                return bad
-            if all(c == 0 for c in codes):
-                return None
-            time.sleep(0.05)
-    finally:
-        for sig, handler in previous.items():
+        check_slices(range(ranks), gpus)
+    except ConfigError as exc:
+        fail(str(exc), code=2)
+    return Topology() if any(g.parent for g in gpus) else read_topology()
+
+
+def _supervise(
+    args: list[str],
+    membership: Membership,
+    master_port: int,
+    folder: Path,
+    request: Path | None,
+    topology: Topology,
+) -> None:
+    """Start the live slots again and again until they all succeed or the membership gives up;
+    each start numbers the ranks along the best ring through their GPUs."""
+    from hetero.train.gpus import ring_slots
+
+    start = 0
+    while True:
+        if request is not None:
+            request.unlink(missing_ok=True)
+            regroup_answer(request).unlink(missing_ok=True)
+        port = master_port or free_port()
+        group = _Group(args, ring_slots(membership.live, topology), port, start, folder, request)
+        regroup = False
+        try:
+            ended = group.watch(membership)
+            regroup = ended is not None and request is not None and regroup_answer(request).exists()
+        finally:
+            group.close(leaving=regroup)
+        if group.interrupted:
+            raise typer.Exit(128 + group.interrupted)
+        if ended is None:
+            return
+        start += 1
+        if regroup:
+            joined = membership.rejoin(time.monotonic())
+            _say(
+                f"the ranks left at their checkpoint; starting {len(membership.live)} ranks "
+                f"({local_ranks(membership.live)}), {local_ranks(joined)} rejoining"
+            )
+            continue
+        slot, error = group.first_failure(ended[0])
+        decision = membership.failed(slot, time.monotonic(), error)
+        how = f"raised {error}" if error else f"exited with {_describe(ended[1])}"
+        failed = f"local rank {slot} {how}"
+        if decision.next is Next.STOP:
+            _say(failed)
+            fail(decision.reason, code=1)
+        _say(f"{failed}; {decision.reason}")
+
+
+class _Group:
+    """One start of the ranks: a process per live slot, each watched by a thread that reports
+    its exit, and the files (in ``folder``) where they may say how they failed."""
+
+    def __init__(
+        self,
+        args: list[str],
+        slots: tuple[int, ...],
+        port: int,
+        start: int,
+        folder: Path,
+        request: Path | None,
+    ) -> None:
+        base = {
+            **os.environ,
+            "WORLD_SIZE": str(len(slots)),
+            "LOCAL_WORLD_SIZE": str(len(slots)),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "HETERO_RESTART": str(start),
+            "TORCHELASTIC_RESTART_COUNT": str(start),
+        }
+        if request is not None:
+            base[REGROUP_FILE_ENV] = str(request)
+        # As torchrun: ranks that share a machine's cores each get one thread unless told
+        # otherwise (three ranks of two threads on two cores ran their compute 40 times slower).
+        base.setdefault("OMP_NUM_THREADS", "1")
+        self.request = request
+        self.interrupted = 0
+        self.exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.waiters: list[threading.Thread] = []
+        # Where torch's @record writes a rank's uncaught exception, as under torchrun.
+        self.errors = {slot: folder / f"error-{start}-{slot}.json" for slot in slots}
+        for rank, slot in enumerate(slots):
+            env = {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(slot),
+                "TORCHELASTIC_ERROR_FILE": str(self.errors[slot]),
+            }
+            self.procs[slot] = proc = subprocess.Popen(args, env=env)
+            waiter = threading.Thread(target=self._wait, args=(slot, proc), daemon=True)
+            waiter.start()
+            self.waiters.append(waiter)
+        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in self._previous:
+            signal.signal(sig, self._forward)
+
+    def watch(self, membership: Membership) -> tuple[int, int] | None:
+        """Wait until every rank succeeded (None) or one ended otherwise: (slot, status), the
+        first one. Meanwhile, when a lost slot may rejoin, ask the ranks to regroup."""
+        running = set(self.procs)
+        while running:
+            if self.request is not None and not self.request.exists():
+                back = membership.due(time.monotonic())
+                if back:
+                    self.request.touch()
+                    _say(
+                        f"{local_ranks(back)} may rejoin: the ranks regroup at their next "
+                        "checkpoint"
+                    )
+            try:
+                slot, code = self.exits.get(timeout=_TICK_S)
+            except queue.Empty:
+                continue
+            running.discard(slot)
+            if code != 0:
+                return slot, code
+        return None
+
+    def first_failure(self, ended: int) -> tuple[int, str | None]:
+        """The rank that failed first and what it raised (None: unknown), given the first to
+        end. That may be one the failure reached: ranks fail when a peer closes its
+        connections, which the peer may do before it ends. So the rank whose error file was
+        written first (by torch's ``@record``) comes first, when ranks write them."""
+        written = [(path.stat().st_mtime_ns, s) for s, path in self.errors.items() if path.exists()]
+        if written:
+            first = min(written)[1]
+            error = _recorded_error(self.errors[first])
+            if error is not None:
+                return first, error
+        return ended, None
+
+    def close(self, leaving: bool) -> None:
+        """Stop the ranks still running, at once or, when they are ``leaving`` on their own (a
+        regroup), after the grace; then give the signals back."""
+        if leaving:
+            self._join(_GRACE_S)
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                proc.terminate()
+        if not self._join(_GRACE_S):
+            for proc in self.procs.values():
+                if proc.returncode is None:
+                    proc.kill()
+            self._join(None)
+        for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def _join(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: as long as it takes) for every rank to end;
+        whether all did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for waiter in self.waiters:
+            waiter.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(waiter.is_alive() for waiter in self.waiters)
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + _GRACE_S
-    for p in procs:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    def _wait(self, slot: int, proc: subprocess.Popen[bytes]) -> None:
+        self.exits.put((slot, proc.wait()))
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        self.interrupted = signum
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+
+def parse_nproc(text: str) -> tuple[int, int]:
+    """``--nproc``'s ``N`` or ``MIN:MAX`` as ``(minimum, maximum)``; ``ValueError`` naming the
+    option, the value and what is allowed."""
+    parts = text.split(":")
+    try:
+        numbers = [int(p) for p in parts] if len(parts) <= 2 else []
+    except ValueError:
+        numbers = []
+    if not numbers:
+        raise ValueError(
+            f"--nproc must be a number of ranks N or a range MIN:MAX of whole numbers, got {text!r}"
+        )
+    if len(numbers) == 1:
+        if numbers[0] < 1:
+            raise ValueError(f"--nproc must be >= 1, got {numbers[0]}")
+        return numbers[0], numbers[0]
+    low, high = numbers
+    if low < 1:
+        raise ValueError(f"--nproc {text!r}: MIN must be >= 1 (a run needs a rank), got {low}")
+    if low > high:
+        raise ValueError(
+            f"--nproc {text!r}: MIN must be <= MAX, got MIN {low} above MAX {high} (start MAX "
+            "ranks and go on with no fewer than MIN)"
+        )
+    return low, high
+
+
+def _recorded_error(path: Path) -> str | None:
+    """The first line of the exception torch's ``@record`` wrote at ``path``; None when the
+    file is still being written or holds something else."""
+    try:
+        error = json.loads(path.read_text())["message"]["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(error).splitlines()[0][:300] if str(error).strip() else None
+
+
+def _say(text: str) -> None:
+    err_console.print(f"hetero launch: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _describe(code: int) -> str:

@@ -1,8 +1,15 @@
 """Checkpoints of a training run: the state rank 0 writes (atomically) and every rank reads
-back on resuming, loaded as tensors and plain values only and checked before use."""
+back on resuming, loaded as tensors and plain values only and checked before use; and the
+checkpoint as the place where the ranks of an elastic launch regroup.
+
+The state is the run's, not a rank's: the full model and optimizer state, the step count and
+the sampler's epoch and position in global batches. The shares it also holds are used only at
+the same number of ranks, so a checkpoint resumes at any world size.
+"""
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -15,10 +22,12 @@ try:
 except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 
+from hetero import comm
+from hetero.train.elastic import REGROUP_FILE_ENV, Regroup, regroup_answer
 from hetero.train.options import is_int
 from hetero.train.tensors import named_tensors
 
-__all__ = ["read_checkpoint", "write_checkpoint"]
+__all__ = ["leave_if_regrouping", "read_checkpoint", "write_checkpoint"]
 
 # What a checkpoint holds beside the optional "scaler".
 _CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
@@ -72,3 +81,21 @@ def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> d
             "train on nothing but NaN"
         )
     return state
+
+
+def leave_if_regrouping(device: torch.device) -> None:
+    """On every rank, after a checkpoint: raise ``Regroup`` (every rank leaves with
+    ``REGROUP_EXIT``) when ``hetero launch --nproc MIN:MAX`` asks the ranks to regroup, so that
+    it starts them again, a lost rank rejoining, from that checkpoint. Rank 0 reads the request
+    and answers it, and one broadcast tells the others, so every rank leaves at the same step or
+    none does. Outside such a launch it does nothing."""
+    request = os.environ.get(REGROUP_FILE_ENV)
+    if not request:
+        return
+    asked = comm.rank() == 0 and os.path.exists(request)
+    if asked:  # before any rank leaves: the launcher goes by this answer, not by exit statuses
+        regroup_answer(Path(request)).touch()
+    flag = torch.tensor([int(asked)], dtype=torch.int32, device=device)
+    comm.broadcast(flag, src=0)
+    if flag.item():
+        raise Regroup

@@ -5,9 +5,13 @@ A micro-batch of n samples needs ``resident + transient(n)`` bytes:
 
 - ``resident``: what the device holds before the micro-batch starts. On a GPU, everything the
   allocator has handed out (``torch.cuda.memory_allocated``: the parameters, buffers and any
-  other tensor of the process on it); on the CPU, the model's parameters and buffers. Both add
-  DDP's gradient buckets, one more copy of the trainable parameters, which DDP allocates when it
-  wraps the model (after the probe).
+  other tensor of the process on it); on the CPU, the model's parameters and buffers. To that
+  the trainer's way of holding the model adds, estimated from the model: under DDP its gradient
+  buckets (one more copy of the trainable parameters, allocated when DDP wraps the model; the
+  gradients are views of them, so the gradients the probe measures in ``transient`` are counted
+  twice, erring on the safe side) and the optimizer's state; under FSDP (``parallel.py``) the
+  rank's shard of the parameters and of the optimizer's state (1/world size of each), beside
+  the full parameters it gathers for the step's passes.
 - ``transient(n)``: the peak of what forward and backward of n samples allocate above that
   (the collated batch, activations, the gradients, autograd's temporaries), measured: on CUDA
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on the CPU every
@@ -25,9 +29,11 @@ A probe that misses runs that one micro-batch above the limit (measured, not tra
 GPU running out of memory there counts as a miss). Peak memory grows with n, so every
 micro-batch up to the cap fits.
 
-The optimizer's state (Adam's moments: twice the parameters) is made at its first step, after
-the probe, and is not in the estimate: ``memory_limit`` is what the model, its gradients and one
-micro-batch may use beside it.
+The optimizer's state is made at its first step, after the probe, so it is measured on a
+stand-in: an optimizer of the same kind over one small parameter, stepped once, whose state per
+element of the parameter (Adam's two moments: 8 bytes per fp32 element; SGD with momentum: 4)
+is scaled to the model's trainable parameters. An optimizer that cannot be rebuilt that way
+counts as holding none.
 
 Measurements are cached in a JSON file keyed by the model (its structure, parameters and
 buffers), a sample's shapes, the device, the precision and torch's version, so a restart with
@@ -38,10 +44,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +65,13 @@ from hetero.errors import ConfigError
 from hetero.train.tensors import named_tensors, to_device
 from hetero.units import format_size
 
-__all__ = ["MemoryEstimate", "MemoryProbe", "largest_fitting", "plan_memory"]
+__all__ = [
+    "MemoryEstimate",
+    "MemoryProbe",
+    "largest_fitting",
+    "optimizer_state_bytes",
+    "plan_memory",
+]
 
 # Most passes the search measures beyond the first two sizes (18 in all).
 _MAX_PROBES = 16
@@ -66,6 +79,9 @@ _MAX_PROBES = 16
 _CACHE_VERSION = 1
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+# Elements of the stand-in parameter the optimizer's state is measured on.
+_STAND_IN = 64
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,8 @@ class MemoryEstimate:
     ``points`` maps each measured micro-batch size to its transient peak in bytes (the part
     above ``resident_bytes``); ``cap`` is the largest size whose measured need fits ``limit``
     (0 when not even one sample does). ``probed`` of the points were measured by this run, the
-    others read from the cache."""
+    others read from the cache. ``resident_parts`` splits ``resident_bytes`` by what holds it
+    (the model's tensors, DDP's gradient buckets or FSDP's shards, the optimizer's state)."""
 
     limit: int
     resident_bytes: int
@@ -83,6 +100,7 @@ class MemoryEstimate:
     cap: int
     method: str
     probed: int
+    resident_parts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def per_sample_bytes(self) -> float:
@@ -112,6 +130,7 @@ class MemoryEstimate:
         return {
             "limit": self.limit,
             "resident_bytes": self.resident_bytes,
+            "resident_parts": dict(self.resident_parts),
             "fixed_bytes": self.fixed_bytes,
             "per_sample_bytes": self.per_sample_bytes,
             "cap": self.cap,
@@ -128,8 +147,10 @@ class MemoryEstimate:
 class MemoryProbe:
     """Measures what forward and backward of a micro-batch of the first n samples of
     ``dataset`` need on the model's device (see the module's docstring for how). Build it on
-    the bare model, before ``DistributedDataParallel`` wraps it; ``session()`` leaves the
-    model's buffers, gradients and random streams as it found them."""
+    the bare model, before DDP or FSDP wraps it; ``session()`` leaves the model's buffers,
+    gradients and random streams as it found them. ``optimizer`` (an optimizer or a function
+    making one from parameters), ``sharding`` and ``world_size`` say what the trainer keeps
+    beside the model (see ``resident_parts``)."""
 
     def __init__(
         self,
@@ -139,6 +160,9 @@ class MemoryProbe:
         collate_fn: Callable[[list[Any]], Any] = default_collate,
         *,
         autocast: torch.autocast | None = None,
+        optimizer: torch.optim.Optimizer | OptimizerFactory | None = None,
+        sharding: str = "ddp",
+        world_size: int = 1,
     ) -> None:
         self.model = model
         self.device = next(model.parameters()).device
@@ -146,6 +170,9 @@ class MemoryProbe:
         self._dataset = dataset
         self._collate = collate_fn
         self._autocast = autocast
+        self._optimizer_bytes = 0 if optimizer is None else optimizer_state_bytes(optimizer, model)
+        self._sharding = sharding
+        self._world_size = world_size
 
     @property
     def method(self) -> str:
@@ -154,16 +181,39 @@ class MemoryProbe:
         return "torch's CPU allocator, through the profiler's memory events"
 
     def resident(self) -> int:
-        """Bytes the device holds before a micro-batch, DDP's gradient buckets included."""
-        buckets = sum(
-            p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad
-        )
+        """Bytes the device holds before a micro-batch: ``resident_parts`` summed."""
+        return sum(self.resident_parts().values())
+
+    def resident_parts(self) -> dict[str, int]:
+        """What the device holds before a micro-batch, by what holds it: the model's tensors
+        (on a GPU, all the allocator has handed out), then under DDP its gradient buckets and
+        the optimizer's state, under FSDP this rank's shard of the parameters and of the
+        optimizer's state (the model's tensors standing for the parameters it gathers)."""
         if self.device.type == "cuda":
-            return int(torch.cuda.memory_allocated(self.device)) + buckets
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        return sum(storages.values()) + buckets
+            held = int(torch.cuda.memory_allocated(self.device))
+        else:
+            tensors = [*self.model.parameters(), *self.model.buffers()]
+            tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+            storages = {
+                t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
+            }
+            held = sum(storages.values())
+        parameters = [p for p in self.model.parameters() if p.requires_grad]
+        copy = sum(p.numel() * p.element_size() for p in parameters)
+        if self._sharding == "fsdp":
+            shards = self._world_size
+            return {
+                "the model's tensors": held,
+                "its parameters' shard": -(
+                    -sum(p.nbytes for p in self.model.parameters()) // shards
+                ),
+                "the optimizer's state shard": -(-self._optimizer_bytes // shards),
+            }
+        return {
+            "the model's tensors": held,
+            "DDP's gradient buckets": copy,
+            "the optimizer's state": self._optimizer_bytes,
+        }
 
     def transient(self, samples: int) -> int | None:
         """The peak bytes forward and backward of ``samples`` samples allocate above what was
@@ -318,7 +368,8 @@ def plan_memory(
     stored = _read_cache(cache, key)
     points: dict[int, int | None] = dict(stored)
     with probe.session():
-        resident = probe.resident()
+        parts = probe.resident_parts()
+        resident = sum(parts.values())
         if micro_batch is not None:
             # No micro-batch holds more than `most` samples (a share is at most a global batch).
             largest = min(micro_batch, most)
@@ -339,9 +390,52 @@ def plan_memory(
         cap,
         probe.method,
         probed=sum(1 for n in points if n not in stored),
+        resident_parts=parts,
     )
     checked = None if micro_batch is None else min(micro_batch, most)
     return estimate, _problem(estimate, micro_batch, checked)
+
+
+def optimizer_state_bytes(
+    optimizer: torch.optim.Optimizer | OptimizerFactory, model: nn.Module
+) -> int:
+    """The bytes of state ``optimizer`` (an optimizer, or a function making one from
+    parameters) keeps for ``model``'s trainable parameters once it has stepped, measured on a
+    stand-in: the same kind of optimizer over one small parameter of the model's dtype and
+    device, stepped once on a zero gradient. A state tensor the stand-in's size costs its bytes
+    per element of every parameter; any other (a step count) its bytes per parameter. 0 when
+    the optimizer cannot be rebuilt so."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if not parameters:
+        return 0
+    first = parameters[0]
+    stand_in = nn.Parameter(torch.zeros(_STAND_IN, dtype=first.dtype, device=first.device))
+    try:
+        made = (
+            _same_kind(optimizer, stand_in)
+            if isinstance(optimizer, torch.optim.Optimizer)
+            else optimizer([stand_in])
+        )
+        stand_in.grad = torch.zeros_like(stand_in)
+        made.step()
+        state = made.state[stand_in]
+    except Exception:  # any optimizer's failure means: not measurable so
+        return 0
+    per_element = per_parameter = 0
+    for _, tensor in named_tensors(dict(state)):
+        if tensor.numel() == _STAND_IN:
+            per_element += tensor.element_size()
+        else:
+            per_parameter += tensor.numel() * tensor.element_size()
+    return sum(p.numel() * per_element + per_parameter for p in parameters)
+
+
+def _same_kind(optimizer: torch.optim.Optimizer, parameter: nn.Parameter) -> torch.optim.Optimizer:
+    """An optimizer of ``optimizer``'s class and settings over ``parameter`` alone."""
+    cls = type(optimizer)
+    accepted = inspect.signature(cls).parameters
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return cls([parameter], **settings)
 
 
 def _fits(
@@ -359,10 +453,11 @@ def _problem(estimate: MemoryEstimate, micro_batch: int | None, checked: int | N
     limit = f"memory_limit={estimate.limit} bytes ({format_size(estimate.limit)})"
     if estimate.cap == 0:
         one = estimate.points.get(1)
+        parts = ", ".join(f"{name} {_bytes(n)}" for name, n in estimate.resident_parts.items())
         need = (
             f"it needs an estimated {_bytes(estimate.need(1))}: {_bytes(estimate.resident_bytes)}"
-            f" resident (parameters, buffers and DDP's gradient buckets) + {_bytes(one)} for one "
-            f"sample's forward and backward ({estimate.method})"
+            f" resident ({parts}) + {_bytes(one)} for one sample's forward and backward "
+            f"({estimate.method})"
             if one is not None
             else "it ran out of device memory"
         )

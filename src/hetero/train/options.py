@@ -23,8 +23,10 @@ from hetero.errors import ConfigError
 
 __all__ = [
     "PRECISIONS",
+    "SHARDINGS",
     "Compression",
     "MixedPrecision",
+    "Sharding",
     "TrainerOptions",
     "is_int",
     "rank_setup",
@@ -33,9 +35,11 @@ __all__ = [
 
 Compression = Literal["none", "fp16", "powersgd"]
 MixedPrecision = Literal["no", "bf16", "fp16"]
+Sharding = Literal["ddp", "fsdp"]
 
 _COMPRESSIONS = ("none", "fp16", "powersgd")
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHARDINGS = ("ddp", "fsdp")
 # The longest emulated time per sample: longer ones are no device's, and overflow a sleep.
 _MAX_SAMPLE_SECONDS = 3600
 # Options every rank must share (the others, like speed or micro_batch, are per rank).
@@ -50,6 +54,7 @@ _SHARED_OPTIONS = (
     "bucket_cap_mb",
     "compression",
     "mixed_precision",
+    "sharding",
 )
 
 
@@ -80,9 +85,13 @@ class TrainerOptions:
     - ``speed``, ``emulate_sample_time``: emulate a device of relative ``speed`` on this rank
       (see ``docs/training.md``): each micro-batch takes ``samples × emulate_sample_time /
       speed`` seconds, or without a sample time its real compute time over ``speed``.
+    - ``sharding``: ``"ddp"`` replicates the model on every rank (``DistributedDataParallel``);
+      ``"fsdp"`` shards its parameters, gradients and optimizer state over the ranks
+      (``torch.distributed.fsdp.fully_shard``), see ``hetero.train.parallel``.
     - ``bucket_cap_mb``, ``compression``, ``mixed_precision``: DDP's bucket size, a DDP
       communication hook (``fp16_compress_hook``, PowerSGD with torch's defaults) and
-      ``torch.autocast`` (with a ``GradScaler`` for fp16). Compression makes the gradients
+      ``torch.autocast`` (with a ``GradScaler`` for fp16); under FSDP, bf16 is its
+      ``MixedPrecisionPolicy`` (bf16 compute, fp32 reduction). Compression makes the gradients
       inexact.
     - ``report_path``: JSON lines, one step report each, written by rank 0.
     - ``checkpoint_dir``, ``checkpoint_every``: rank 0 saves the model, the optimizer, the
@@ -104,6 +113,7 @@ class TrainerOptions:
     bucket_cap_mb: float = 25.0
     compression: Compression = "none"
     mixed_precision: MixedPrecision = "no"
+    sharding: Sharding = "ddp"
     report_path: str | None = None
     report_every: int = 10
     checkpoint_dir: str | None = None
@@ -198,6 +208,32 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     if o.mixed_precision not in PRECISIONS:
         allowed = ", ".join(PRECISIONS)
         problems.append(("mixed_precision", f"must be one of {allowed}, got {o.mixed_precision!r}"))
+    if o.sharding not in SHARDINGS:
+        allowed = ", ".join(SHARDINGS)
+        problems.append(
+            (
+                "sharding",
+                f"must be one of {allowed} (ddp: the model replicated on every rank; fsdp: "
+                f"sharded over them), got {o.sharding!r}",
+            )
+        )
+    elif o.sharding == "fsdp":
+        if o.compression != "none":
+            problems.append(
+                (
+                    "compression",
+                    f"{o.compression!r} is a DDP communication hook: with sharding='fsdp' "
+                    "gradients are reduce-scattered uncompressed; use compression='none'",
+                )
+            )
+        if o.mixed_precision == "fp16":
+            problems.append(
+                (
+                    "mixed_precision",
+                    "'fp16' needs a gradient scaler that checks every rank's shard for "
+                    "overflow, which sharding='fsdp' does not have here: use 'bf16' or 'no'",
+                )
+            )
     if o.shares is not None:
         shares = o.shares
         if not isinstance(shares, tuple) or not all(is_int(s) and s >= 0 for s in shares):

@@ -27,12 +27,13 @@ try:
     import torch
 except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hetero.train.sampler import HeteroSampler
-from hetero.train.tensors import to_device
+from hetero.train.tensors import take_none, to_device
 
-__all__ = ["InputPipeline", "chunks"]
+__all__ = ["InputPipeline", "chunks", "idle_batch"]
 
 
 def chunks(indices: list[int], cap: int | None) -> list[list[int]]:
@@ -47,6 +48,28 @@ def chunks(indices: list[int], cap: int | None) -> list[list[int]]:
         out.append(indices[start:end])
         start = end
     return out
+
+
+def idle_batch(model: nn.Module, loss_fn: Callable[[Any, Any], Any], sample: Any) -> Any:
+    """What a rank with no samples in a step runs, to take part in the step's collectives (the
+    trainer weights its loss 0): a batch of no samples when the model takes one, else ``sample``
+    (a collated batch of one sample, on the model's device). Tried once, without gradients,
+    the model's buffers and the random streams left as they were."""
+    empty = take_none(sample)
+    buffers = [b.detach().clone() for b in model.buffers()]
+    device = next(model.parameters()).device
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices, device_type=device.type):
+            inputs, target = empty
+            loss_fn(model(inputs), target)
+        return empty
+    except Exception:  # whatever the model raises, it does not take one
+        return sample  # (transformers' attention cannot reshape a batch of no samples)
+    finally:
+        with torch.no_grad():
+            for buffer, saved in zip(model.buffers(), buffers, strict=True):
+                buffer.copy_(saved)
 
 
 def _position(sampler: HeteroSampler) -> tuple[Any, ...]:

@@ -9,12 +9,15 @@ the mean loss of the whole global batch on one device, ``Σ_i (b_i/B)·ḡ_i``.
 
 Every micro-batch but the last runs under ``no_sync``; the last one's backward triggers DDP's
 bucketed all-reduce, so the communication of the first buckets hides under the rest of that
-backward, as in plain DDP. A rank with share 0 runs one empty micro-batch, which takes part in
-the same collectives without touching the gradients. An emulated rank waits out its last
-micro-batch's emulated time before that backward, so its all-reduce starts when the device it
-emulates would reach it. The step report splits each rank's time into compute (to the end of
-its last backward's own work), idle (waiting for the slowest rank's compute to end) and
-exposed communication (the rest of the all-reduce, the part the backward did not hide).
+backward, as in plain DDP. With ``sharding="fsdp"`` FSDP2 shards the model instead, with the
+same loss scale and the same accumulation (``parallel.py``). A rank with share 0 runs one idle
+micro-batch (``pipeline.idle_batch``) whose loss weighs 0, which takes part in the same
+collectives without touching the gradients. An emulated rank waits out its last micro-batch's
+emulated forward, then paces the backward over the emulated backward's time (``pacing.py``), so
+its gradients are reduced when the device it emulates would make them. The step report splits
+each rank's time into compute (to the end of its last backward's own work), idle (waiting for
+the slowest rank's compute to end) and exposed communication (the rest of the all-reduce, the
+part the backward did not hide).
 
 Shares come from ``PerfModel.batch_sizes`` over each rank's throughput (samples/s): measured at
 start on ``profile_steps`` equal micro-batches, then every ``rebalance_every`` steps from the
@@ -29,6 +32,7 @@ compute.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -44,22 +48,22 @@ try:
 except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, default_collate
 
 from hetero import comm
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
-from hetero.train.checkpoint import read_checkpoint, write_checkpoint
+from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint, write_checkpoint
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
-from hetero.train.pipeline import InputPipeline
+from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer
+from hetero.train.parallel import wrap
+from hetero.train.pipeline import InputPipeline, idle_batch
 from hetero.train.pipeline import chunks as _chunks
 from hetero.train.report import ProgressView, RankReport, StepReport, rank_timings, step_report
 from hetero.train.sampler import HeteroSampler
-from hetero.train.tensors import take_none, to_device
+from hetero.train.tensors import to_device
 
 # RankReport, StepReport and TrainerOptions moved to their own modules; this one still exports
 # them, so imports from hetero.train.trainer keep working.
@@ -88,7 +92,8 @@ class Trainer:
     ``nn.CrossEntropyLoss(reduction="sum")``); training minimises their mean over the global
     batch. ``dataset`` yields ``(input, target)`` samples, batched by ``collate_fn``.
     ``optimizer`` is an optimizer over ``model``'s parameters or a function that makes one
-    from them.
+    from them (a function with ``sharding="fsdp"``, which replaces the parameters with shards).
+    ``model_state_dict()`` gives the model's full state dict under either sharding.
 
     ``micro_batch`` is the cap on this rank's micro-batches in effect (the option, or what
     ``memory_limit`` lets it hold; ``None``: none) and ``memory`` what the memory probe found
@@ -114,6 +119,18 @@ class Trainer:
             raise ConfigError(
                 [("dataset", "must be a map-style dataset with at least one sample (len())")]
             )
+        if options.sharding == "fsdp" and isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                [
+                    (
+                        "optimizer",
+                        "with sharding='fsdp' give a function that makes the optimizer from the "
+                        "parameters (e.g. lambda params: torch.optim.AdamW(params)): FSDP "
+                        "replaces the model's parameters with shards, which an optimizer made "
+                        "before does not hold",
+                    )
+                ]
+            )
         self.options = options
         self.rank = comm.rank()
         self.world_size = comm.world_size()
@@ -124,12 +141,18 @@ class Trainer:
         self._dataset_size = len(dataset)
         self._device = next(model.parameters()).device
         dtype = PRECISIONS[options.mixed_precision]
-        self._autocast = torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None)
+        # Under FSDP its MixedPrecisionPolicy sets the precision; the memory probe, on the bare
+        # model, approximates that with autocast.
+        self._autocast = torch.autocast(
+            self._device.type, dtype=dtype, enabled=dtype is not None and options.sharding == "ddp"
+        )
         sample = collate_fn([dataset[0]])
-        self.memory, memory_problem = self._probe_memory(sample)
+        self.memory, memory_problem = self._probe_memory(sample, optimizer)
         self.micro_batch = options.micro_batch if self.memory is None else self.memory.cap or None
         self._profile_size = self._agree(model, len(dataset), memory_problem)
-        self._ddp = self._wrap(model)
+        self._idle = idle_batch(model, loss_fn, to_device(sample, self._device))
+        self._backward_pacer = BackwardPacer(model) if self._emulated else None
+        self._parallel = wrap(model, options, self._device)
         self.optimizer = (
             optimizer
             if isinstance(optimizer, torch.optim.Optimizer)
@@ -138,7 +161,6 @@ class Trainer:
         self._scaler = (
             torch.amp.GradScaler(self._device.type) if options.mixed_precision == "fp16" else None
         )
-        self._empty = to_device(take_none(sample), self._device)
         self._pipeline = InputPipeline(
             dataset,
             collate_fn,
@@ -149,6 +171,7 @@ class Trainer:
         )
         self._paced_until = -1.0
         self.steps = 0
+        self._saved_at: int | None = None  # the step of the last checkpoint step() saved
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
         self.throughputs = self._profile()
         self.shares = (
@@ -176,14 +199,17 @@ class Trainer:
         return None if folder is None else Path(folder) / "checkpoint.pt"
 
     def save_checkpoint(self) -> None:
-        """Rank 0 writes the training state (atomically: a crash mid-write keeps the last)."""
+        """Rank 0 writes the training state (atomically: a crash mid-write keeps the last).
+        Call it on every rank: under FSDP they gather the state to rank 0 together."""
         path = self.checkpoint_path
-        if path is None or self.rank != 0:
+        if path is None:
+            return
+        gathered = self._parallel.checkpoint_state(self.optimizer)
+        if self.rank != 0:
             return
         state = {
             "steps": self.steps,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **gathered,
             "sampler": self.sampler.state_dict(),
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
         }
@@ -198,8 +224,7 @@ class Trainer:
         parameters = {name for name, _ in self.model.named_parameters()}
         try:
             state = read_checkpoint(path, self._device, parameters)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._parallel.load_checkpoint_state(self.optimizer, state)
             self.sampler.load_state_dict(state["sampler"])
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise ConfigError([("checkpoint_dir", f"cannot resume from {path}: {exc}")]) from exc
@@ -209,9 +234,16 @@ class Trainer:
         self.steps = state["steps"]
         return self.steps
 
+    def model_state_dict(self) -> dict[str, Any]:
+        """The model's full state dict, on every rank; call it on every rank (under FSDP they
+        gather the shards together)."""
+        return self._parallel.model_state()
+
     # ------------------------------------------------------------------------------ set-up
 
-    def _probe_memory(self, sample: Any) -> tuple[MemoryEstimate | None, str | None]:
+    def _probe_memory(
+        self, sample: Any, optimizer: torch.optim.Optimizer | OptimizerFactory
+    ) -> tuple[MemoryEstimate | None, str | None]:
         """With a ``memory_limit``: the largest micro-batch this rank may run under it, measured
         on the bare model (see ``memory.py``), and why the limit cannot be met if it cannot
         (every rank raises that together, in ``_agree``)."""
@@ -221,8 +253,16 @@ class Trainer:
         cache = o.memory_cache or (
             None if o.checkpoint_dir is None else str(Path(o.checkpoint_dir) / "memory_probe.json")
         )
+        dtype = PRECISIONS[o.mixed_precision]
         probe = MemoryProbe(
-            self.model, self._loss_fn, self._dataset, self._collate, autocast=self._autocast
+            self.model,
+            self._loss_fn,
+            self._dataset,
+            self._collate,
+            autocast=torch.autocast(self._device.type, dtype=dtype, enabled=dtype is not None),
+            optimizer=optimizer,
+            sharding=o.sharding,
+            world_size=self.world_size,
         )
         try:
             return plan_memory(
@@ -249,30 +289,19 @@ class Trainer:
         caps = [r["micro_batch"] for r in ranks if r["micro_batch"] is not None]
         return int(min([math.ceil(o.global_batch / self.world_size), *caps]))
 
-    def _wrap(self, model: nn.Module) -> DistributedDataParallel:
-        o = self.options
-        device_ids = [self._device] if self._device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=o.bucket_cap_mb)
-        if o.compression == "fp16":
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif o.compression == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=None)
-            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return ddp
-
     def _profile(self) -> list[float]:
         """Every rank's samples/s on ``profile_steps`` micro-batches of one size (after one
         untimed warm-up); the gradients are thrown away."""
         indices = list(range(min(self._profile_size, self._dataset_size)))
         batch = self._batch(indices)  # loaded once: profiling times the compute
-        with self._ddp.no_sync():
+        with self._parallel.accumulating():
             self._micro_batch(batch, len(indices), 0.0)  # first-pass allocations, lazy set-up
             self._paced_until = -1.0  # the timed passes get no credit for the warm-up's pacing
             started = finished = time.perf_counter()
             for _ in range(self.options.profile_steps):
                 finished = self._micro_batch(batch, len(indices), 0.0)
             seconds = finished - started
-        self.model.zero_grad(set_to_none=True)
+        self._parallel.discard()
         rate = len(indices) * self.options.profile_steps / seconds
         return [row[0] for row in self._gather([rate])]
 
@@ -288,6 +317,8 @@ class Trainer:
     def step(self) -> StepReport:
         """One synchronised optimizer step on this rank's share of the next global batch."""
         o = self.options
+        if self._saved_at == self.steps:  # between steps: every rank is past the checkpoint
+            leave_if_regrouping(self._device)  # an elastic launch's lost rank rejoins
         sampler = self.sampler
         if sampler.position == sampler.num_batches:
             sampler.set_epoch(sampler.epoch + 1)
@@ -306,15 +337,16 @@ class Trainer:
         wall = time.time() - started
         self._pipeline.begin(sampler)  # (re)starting the loader, if it must, is data time
         data = time.perf_counter() - started
-        *accumulated, last = chunks or [[]]  # share 0: one empty micro-batch, in the collectives
-        with self._ddp.no_sync():
+        *accumulated, last = chunks or [[]]  # share 0: one idle micro-batch, in the collectives
+        with self._parallel.accumulating():
             for chunk in accumulated:
                 loaded, waited = self._next_batch()
                 data += waited
                 self._micro_batch(loaded, len(chunk), scale)
-        loaded, waited = self._next_batch() if last else (self._empty, 0.0)
+        loaded, waited = self._next_batch() if last else (self._idle, 0.0)
         data += waited
-        computed = self._last_micro_batch(loaded, len(last), scale)  # all-reduces in backward
+        # Its backward reduces the gradients; an idle micro-batch's loss weighs 0.
+        computed = self._last_micro_batch(loaded, len(last), scale if last else 0.0)
         self._sync_device()
         synced = time.perf_counter()
         if self._scaler is not None:
@@ -332,6 +364,7 @@ class Trainer:
             and self.steps % self.options.checkpoint_every == 0
         ):
             self.save_checkpoint()
+            self._saved_at = self.steps
 
         mine = rank_timings(len(indices), len(chunks), started, computed, synced, ended, wall, data)
         report = step_report(self.steps, epoch, shares, self.throughputs, self._gather(mine))
@@ -417,22 +450,27 @@ class Trainer:
         return self._pace(started, samples)
 
     def _last_micro_batch(self, batch: Any, samples: int, scale: float) -> float:
-        """The step's last micro-batch, outside ``no_sync``: its backward all-reduces DDP's
-        buckets as they fill. Returns when its compute ended. An emulated rank waits out the
-        micro-batch's emulated time before the backward (less the backward's own estimated
-        time), so the all-reduce starts when the emulated device would reach it, and its
-        compute ends at the paced end. Otherwise the end is estimated as the backward's start
-        plus twice the forward's time (a backward costs about two forwards); what the backward
-        takes beyond that is the all-reduce it could not hide."""
+        """The step's last micro-batch, outside ``accumulating``: its backward reduces the
+        gradients as they become ready (DDP's buckets, FSDP's units). Returns when its compute
+        ended. An emulated rank waits out the micro-batch's emulated forward, then runs the
+        backward paced over the emulated backward's time (``pacing.py``), so the gradients
+        become ready when the emulated device would make them, and its compute ends at the
+        paced end. Otherwise the end is estimated as the backward's start plus twice the
+        forward's time (a backward costs about two forwards); what the backward takes beyond
+        that is the communication it could not hide."""
         started = time.perf_counter()
-        loss = self._forward(batch, scale)
+        pacer = self._backward_pacer
+        with pacer.watching() if pacer is not None else contextlib.nullcontext():
+            loss = self._forward(batch, scale)
         self._sync_device()
         forwarded = time.perf_counter()
         backward = 2 * (forwarded - started)
         paced = self._pace(started, samples, backward)
-        torch.autograd.backward(loss)
-        if not self._emulated:
+        if pacer is None:
+            torch.autograd.backward(loss)
             return forwarded + backward
+        with pacer.spread(time.perf_counter(), paced):
+            torch.autograd.backward(loss)
         self._sync_device()
         # The backward (and its all-reduce) took less than estimated: the emulated device is
         # still computing.
@@ -441,14 +479,12 @@ class Trainer:
 
     def _batch(self, indices: list[int]) -> Any:
         """``indices`` loaded here, outside the pipeline (for profiling)."""
-        if not indices:
-            return self._empty
         return to_device(self._collate([self._dataset[i] for i in indices]), self._device)
 
     def _forward(self, batch: Any, scale: float) -> torch.Tensor:
         inputs, target = batch
         with self._autocast:
-            loss = self._loss_fn(self._ddp(inputs), target)
+            loss = self._loss_fn(self._parallel.module(inputs), target)
         loss = loss.float() * scale
         return self._scaler.scale(loss) if self._scaler is not None else loss
 
@@ -456,10 +492,13 @@ class Trainer:
     def _emulated(self) -> bool:
         return self.options.speed is not None or self.options.emulate_sample_time is not None
 
-    def _pace(self, started: float, samples: int, remaining: float = 0.0) -> float:
-        """Hold this rank until the emulated device would have finished the micro-batch, less
-        ``remaining`` seconds of real work still to run, and return when the emulated device
-        finishes it: the sleep's overshoot is the host's delay, not the device's."""
+    def _pace(self, started: float, samples: int, backward: float = 0.0) -> float:
+        """Hold this rank until the emulated device would have finished the micro-batch, and
+        return when the emulated device finishes it: the sleep's overshoot is the host's
+        delay, not the device's. With ``backward`` (the real backward's estimated seconds,
+        still to run), hold it only until the emulated device would start its backward: the
+        last ``BACKWARD_SHARE`` of the micro-batch's emulated time, or the real backward's
+        when that is longer."""
         o = self.options
         now = time.perf_counter()
         if not self._emulated:
@@ -468,11 +507,12 @@ class Trainer:
         if o.emulate_sample_time is not None:
             target = samples * o.emulate_sample_time / speed  # the real compute counts toward it
         else:
-            target = (now - started + remaining) / speed
+            target = (now - started + backward) / speed
         base = self._paced_until if 0 <= started - self._paced_until < _PACE_SLACK else started
         self._paced_until = base + target
-        if self._paced_until - remaining > now:
-            time.sleep(self._paced_until - remaining - now)
+        held = max(backward, target * BACKWARD_SHARE) if backward else 0.0
+        if self._paced_until - held > now:
+            time.sleep(self._paced_until - held - now)
         return max(self._paced_until, now)
 
     def _sync_device(self) -> None:

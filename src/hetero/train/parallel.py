@@ -1,0 +1,221 @@
+"""How a ``Trainer`` holds the model on its ranks: replicated by ``DistributedDataParallel``
+(``sharding="ddp"``) or sharded by FSDP2's ``fully_shard`` (``sharding="fsdp"``), behind the
+one interface a step uses.
+
+Both reduce the gradients to their mean over the ranks, so the trainer's loss scale
+(``world_size / B``) gives either one the global batch's gradient. Under FSDP:
+
+- *Units*: every module of a class the model lists in ``_no_split_modules`` (transformers'
+  convention: its blocks), else every module of every ``nn.ModuleList``, gets its own
+  ``fully_shard`` (one all-gather and one reduce-scatter each), then the root takes the rest.
+  The last micro-batch's backward reduce-scatters each unit's gradient as soon as the unit's
+  backward is done, while the backward goes on through the units before it.
+- *One all-gather and one reduce-scatter per unit and step*, whatever a rank's number of
+  micro-batches: the parameters stay gathered from the step's first forward
+  (``reshard_after_forward=False``) through the accumulated micro-batches
+  (``set_reshard_after_backward(False)``, ``set_requires_gradient_sync(False)``: gradients
+  accumulate unsharded, nothing is communicated), and the last backward reduce-scatters and
+  reshards. Ranks with different numbers of micro-batches (the point of uneven shares) thus run
+  the same collectives in the same order; resharding after each micro-batch would not.
+- So what FSDP shards is the state between the passes: each rank keeps and steps 1/world_size
+  of the parameters, gradients and optimizer state; during a step's passes it holds the full
+  parameters and gradients, as under DDP.
+- Mixed precision is FSDP's ``MixedPrecisionPolicy``: ``mixed_precision="bf16"`` gathers the
+  parameters in bf16 and computes in it, and reduces the gradients in fp32.
+- Checkpoints hold full (unsharded) state dicts, gathered to rank 0
+  (``torch.distributed.checkpoint.state_dict``), so a run resumes at any world size.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from typing import Any, cast
+
+from hetero._torch import torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # an optional extra
+    raise torch_missing(__name__) from exc
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero.train.options import PRECISIONS, TrainerOptions
+
+__all__ = ["DataParallel", "Replicated", "Sharded", "fsdp_units", "wrap"]
+
+# Gathered to rank 0 alone, on the CPU: the other ranks get empty dicts (and use no memory).
+_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FULL = StateDictOptions(full_state_dict=True)
+
+
+class DataParallel(abc.ABC):
+    """The model as the step runs it: ``module`` is what the forward calls."""
+
+    name: str
+    module: nn.Module
+
+    @abc.abstractmethod
+    def accumulating(self) -> contextlib.AbstractContextManager[None]:
+        """Micro-batches run inside this keep their gradients on this rank (no communication);
+        the next backward outside it reduces everything accumulated."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """After passes inside ``accumulating`` whose loss was weighted 0 (profiling): leave
+        the model as a step expects to find it."""
+
+    @abc.abstractmethod
+    def model_state(self, rank0_only: bool = False) -> dict[str, Any]:
+        """The model's full state dict (every rank must call it under FSDP, which gathers it;
+        with ``rank0_only`` the other ranks get an empty dict)."""
+
+    @abc.abstractmethod
+    def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The model's and the optimizer's state to save, complete on rank 0 (every rank must
+        call it)."""
+
+    @abc.abstractmethod
+    def load_checkpoint_state(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Load what ``checkpoint_state`` saved (every rank, each from its own copy);
+        ``ValueError`` when another sharding wrote it."""
+
+    def _check_sharding(self, state: dict[str, Any]) -> None:
+        written = state.get("sharding", "ddp")  # only FSDP's say: DDP's are as they always were
+        if written != self.name:
+            raise ValueError(
+                f"it was written with sharding={written!r} and this run uses "
+                f"sharding={self.name!r}: resume with sharding={written!r}"
+            )
+
+
+class Replicated(DataParallel):
+    """``DistributedDataParallel``: the whole model on every rank, gradients all-reduced in
+    buckets during the last backward, through the communication hook ``compression`` names.
+    The gradients are views of the buckets (``gradient_as_bucket_view``): DDP then does not copy
+    every reduced bucket back into them after the last one, a copy no backward hides (on the
+    benchmark's transformer, the exposed communication went from 57 to 26 ms a step)."""
+
+    name = "ddp"
+
+    def __init__(self, model: nn.Module, options: TrainerOptions, device: torch.device) -> None:
+        device_ids = [device] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+        )
+        if options.compression == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif options.compression == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        self._model = model
+        self.module = ddp
+
+    def accumulating(self) -> contextlib.AbstractContextManager[None]:
+        return cast(DistributedDataParallel, self.module).no_sync()
+
+    def discard(self) -> None:
+        self._model.zero_grad(set_to_none=True)
+
+    def model_state(self, rank0_only: bool = False) -> dict[str, Any]:
+        return self._model.state_dict()
+
+    def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": self._model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_checkpoint_state(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        self._check_sharding(state)
+        self._model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+
+class Sharded(DataParallel):
+    """FSDP2 (``fully_shard``) over ``fsdp_units(model)`` and the root (see the module's
+    docstring): parameters, gradients and optimizer state sharded between the passes."""
+
+    name = "fsdp"
+
+    def __init__(self, model: nn.Module, options: TrainerOptions) -> None:
+        dtype = PRECISIONS[options.mixed_precision]
+        policy = (
+            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            if dtype is not None
+            else MixedPrecisionPolicy()
+        )
+        for unit in fsdp_units(model):
+            fully_shard(unit, reshard_after_forward=False, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=False, mp_policy=policy)
+        self.module = model
+        self._root = cast(FSDPModule, model)
+
+    @contextlib.contextmanager
+    def accumulating(self) -> Iterator[None]:
+        self._root.set_requires_gradient_sync(False)
+        self._root.set_reshard_after_backward(False)
+        try:
+            yield
+        finally:
+            self._root.set_requires_gradient_sync(True)
+            self._root.set_reshard_after_backward(True)
+
+    def discard(self) -> None:
+        # Resharded, the next forward gathers the parameters again (a resumed checkpoint may
+        # have changed them). The zero gradients FSDP keeps unsharded join the next step's.
+        for module in self.module.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def model_state(self, rank0_only: bool = False) -> dict[str, Any]:
+        return get_model_state_dict(self.module, options=_TO_RANK0 if rank0_only else _FULL)
+
+    def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {
+            "model": get_model_state_dict(self.module, options=_TO_RANK0),
+            "optimizer": get_optimizer_state_dict(self.module, optimizer, options=_TO_RANK0),
+            "sharding": self.name,
+        }
+
+    def load_checkpoint_state(
+        self, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        self._check_sharding(state)
+        set_model_state_dict(self.module, state["model"], options=_FULL)
+        set_optimizer_state_dict(self.module, optimizer, state["optimizer"], options=_FULL)
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules that get their own ``fully_shard``, innermost first: those of a class
+    named in the model's ``_no_split_modules`` (a transformers model's blocks), else the
+    members of every ``nn.ModuleList``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        units = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    else:
+        units = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    # modules() lists a module before those inside it: reversed, inner units shard first.
+    return [m for m in reversed(units) if any(p.requires_grad for p in m.parameters())]
+
+
+def wrap(model: nn.Module, options: TrainerOptions, device: torch.device) -> DataParallel:
+    """``model`` (the same structure on every rank) as ``options.sharding`` holds it."""
+    if options.sharding == "fsdp":
+        return Sharded(model, options)
+    return Replicated(model, options, device)
