@@ -191,6 +191,70 @@ def serve_prefix(doc: dict[str, Any]) -> str:
     )
 
 
+def serve_real_prefix(doc: dict[str, Any]) -> str:
+    w = doc["workload"]
+    if "skipped" in doc and "vllm" in doc["skipped"]:
+        return f"## Prefix affinity on real vLLM replicas\n\nskipped: {doc['skipped']['vllm']}"
+    if w["kind"] == "multi-turn chat":
+        what = (
+            f"multi-turn chat: {w['systems']} system prompts of about {w['system_tokens']}"
+            f" tokens, {w['sessions']} conversations in progress, {w['turn_tokens']} tokens a"
+            f" turn, up to {w['turns']} turns"
+        )
+    else:
+        what = "single-turn prompts that share nothing"
+    rows = []
+    for block in doc["loads"]:
+        for r in block["configs"]:
+            head = [f"{block['load']:.0%} ({block['rate_rps']}/s)", r["config"]]
+            if "skipped" in r:
+                rows.append([*head, "skipped: " + r["skipped"][:80], "", "", "", ""])
+                continue
+            shares = "/".join(f"{x['share_of_completed'] or 0:.0%}" for x in r["replicas"])
+            p99 = r["latency_all_p99_s"]
+            rows.append(
+                [
+                    *head,
+                    f"{r['slo_attainment']:.1%}",
+                    r["hit_rate"],
+                    r["latency_s"]["p50"],
+                    "never (unanswered)" if p99 is None else p99,
+                    shares,
+                ]
+            )
+    verdicts = []
+    for c in doc["comparison"]:
+        for h in c["hetero"]:
+            met = ", ".join(f"{k} {_met(v)}" for k, v in h["met"].items())
+            best = (
+                "never (every anchor left over 1% unanswered)"
+                if h["best_anchor_p99_s"] is None
+                else f"{h['best_anchor_p99_s']} s"
+            )
+            verdicts.append(
+                f"- {c['load']:.0%}, {h['config']}: hit rate {h['hit_rate']} (target ≥"
+                f" {h['hit_rate_target']}), SLO {h['slo_attainment']:.1%} (best anchor"
+                f" {h['best_anchor_slo']:.1%}), p99 {h['p99_latency_s']} s against the best"
+                f" anchor's {best} (ratio {h['p99_over_best_anchor']}): {met}"
+            )
+    title = "multi-turn chat" if w["kind"] == "multi-turn chat" else "single-turn, no sharing"
+    return (
+        f"## Prefix affinity on real vLLM replicas: {title}\n\n"
+        f"`{doc['command']}` — the two vLLM CPU replicas of the real-engine benchmark (small on"
+        " core 0, large on core 1), prefix caching on, each cache emptied before every run;"
+        f" {what}; {w['max_tokens']} output tokens, {w['prompt_tokens_mean']} prompt tokens on"
+        f" average; Poisson arrivals for {w['duration_s']} s at each load × capacity"
+        f" ({doc['capacity']['requests_per_second']} requests/s, a closed loop straight to each"
+        f" replica). SLO: TTFT ≤ {doc['slo']['ttft_s']} s and TPOT ≤ {doc['slo']['tpot_s']} s."
+        " The hit rate is vLLM's own counters (tokens, both replicas); p99 latency counts every"
+        " request sent, one never answered as never; shares are of completed requests"
+        " (small/large).\n\n"
+        + _table(["load", "router", "SLO", "hit rate", "p50 s", "p99 s", "shares"], rows)
+        + "\n\nAgainst the targets (hit rate ≥ the best `cache_aware` anchor's − 0.02, SLO ≥"
+        " 0.98 and ≥ every anchor's, p99 ≤ 0.5× the best anchor's):\n\n" + "\n".join(verdicts)
+    )
+
+
 def quality(doc: dict[str, Any]) -> str:
     rows = [
         [
@@ -1408,8 +1472,88 @@ def train(doc: dict[str, Any]) -> str:
         f"({'/'.join(map(str, exact['micro_batches']))} micro-batches per rank) against one "
         "process training on the same global batches: largest absolute parameter difference "
         f"{exact['max_abs_difference']:.1e} (fp32).\n\n"
-        f"Calibration {doc['calibration_seconds']} s, load average "
+        + (_train_transformer(doc["transformer"]) + "\n\n" if "transformer" in doc else "")
+        + f"Calibration {doc['calibration_seconds']} s, load average "
         f"{doc['load_average_before']} before it; {doc['wall_seconds']} s."
+    )
+
+
+_TRAIN_CONFIGURATIONS = {
+    "hetero_ddp": "hetero `Trainer`, DDP",
+    "equal_split_ddp": "equal-split DDP",
+    "hetero_fsdp": "hetero `Trainer`, FSDP",
+    "memory_bounded": "hetero `Trainer`, DDP, fast rank with ¼ of the memory",
+}
+
+
+def _train_transformer(fig: dict[str, Any]) -> str:
+    """The transformer part of the training benchmark."""
+    setup, configurations, exact = fig["setup"], fig["configurations"], fig["exactness"]
+    allreduce = fig["allreduce_ms"]["median"]
+    rows = []
+    for name, label in _TRAIN_CONFIGURATIONS.items():
+        c = configurations[name]
+        ranks = c.get("ranks_of_median_run")
+        micro = "/".join(str(r["micro_batches"]) for r in ranks) if ranks else "1/1/1"
+        exposed = (
+            f"{c['exposed_comm_ms']} ({c['exposed_fraction_of_allreduce']:.0%})"
+            if "exposed_comm_ms" in c
+            else "-"
+        )
+        goal = (
+            f"≤ {c['goal_vs_ideal']}: {_met(c['meets_goal'])}"
+            if "goal_vs_ideal" in c
+            else f"expected {c['expected_vs_ideal']}"
+        )
+        rows.append(
+            [
+                label,
+                "/".join(map(str, c["shares"])),
+                micro,
+                _range(c["step_ms"]),
+                c["vs_ideal"],
+                exposed,
+                goal,
+            ]
+        )
+    hetero = configurations["hetero_ddp"]
+    memory = configurations["memory_bounded"].get("memory_of_median_run", {})
+    limits = setup["memory_limits"]
+    resident = {k: sum(v.values()) / 2**20 for k, v in fig["resident_estimate"].items()}
+    return (
+        f"**The transformer**: {setup['model']}, {setup['parameters'] / 1e6:.1f}M parameters, "
+        f"random weights; sequences of {setup['seq_len']} tokens, global batch "
+        f"{setup['global_batch']}, {setup['optimizer']}; a micro-batch of n sequences takes n × "
+        f"{setup['sample_time'] * 1e3:g} ms / speed; {setup['steps']} timed steps after "
+        f"{setup['warmup']}, the configurations in turns, {setup['repeats']} repeats. Ideal "
+        f"{fig['ideal_ms']} ms; one all-reduce of all the gradients takes {allreduce} ms (median "
+        f"of 5); exposed comm is the slowest rank's, ms per step (share of that all-reduce):\n\n"
+        + _table(
+            [
+                "configuration",
+                "shares",
+                "micro-batches",
+                "step ms",
+                "× ideal",
+                "exposed comm ms",
+                "goal",
+            ],
+            rows,
+        )
+        + f"\n\nhetero's step is **{fig['hetero_speedup_vs_equal']} ×** faster than equal-split "
+        f"DDP; its exposed communication is {hetero['exposed_fraction_of_allreduce']:.0%} of the "
+        f"all-reduce (goal ≤ {hetero['exposed_goal']:.0%}: {_met(hetero['meets_exposed_goal'])}). "
+        f"Memory-bounded: the fast rank's `memory_limit` is {limits[0] / 2**20:,.0f} MiB, the "
+        f"others' {limits[1] / 2**20:,.0f} MiB; its measured cap is {memory.get('cap', '?')} "
+        f"sequences. The memory estimate's resident part (parameters, gradient buckets or "
+        f"shards, AdamW's state) is {resident['ddp']:,.0f} MiB per rank under DDP and "
+        f"{resident['fsdp']:,.0f} MiB under FSDP. Exactness ({exact['optimizer']}, "
+        f"{exact['steps']} steps, shares {'/'.join(map(str, exact['shares']))}, `micro_batch` "
+        f"{exact['micro_batch']}) against one process: largest parameter difference "
+        f"{exact['ddp']['max_abs_difference']:.1e} under DDP, "
+        f"{exact['fsdp']['max_abs_difference']:.1e} under FSDP (relative to the largest "
+        f"parameter: {exact['ddp']['relative_difference']:.1e}, "
+        f"{exact['fsdp']['relative_difference']:.1e}; fp32)."
     )
 
 
@@ -1442,6 +1586,55 @@ def first_map(doc: dict[str, Any]) -> str:
     )
 
 
+def batching(doc: dict[str, Any]) -> str:
+    runs = doc["runs"]
+    devices = list(runs[0]["requests_per_device"]) if runs else []
+
+    def per_device(values: dict[str, Any]) -> str:
+        return " / ".join(str(values.get(d, 0)) for d in devices)
+
+    table = _table(
+        [
+            "load",
+            "mode",
+            "offered req/s",
+            "throughput req/s",
+            "p50 ms",
+            "p99 ms",
+            f"mean batch ({' / '.join(devices)})",
+            "requests per device",
+        ],
+        [
+            [
+                r["load"],
+                r["mode"],
+                "-" if r["offered_rps"] is None else r["offered_rps"],
+                r["throughput_rps"],
+                r["p50_ms"],
+                r["p99_ms"],
+                per_device(r["mean_batch_per_device"]),
+                per_device(r["requests_per_device"]),
+            ]
+            for r in runs
+        ],
+    )
+    speeds = ", ".join(f"{s:g}" for s in doc["fleet_speeds"])
+    dims = " -> ".join(str(d) for d in doc["model_dims"])
+    commit = (doc["revision"]["commit"] or "?")[:7]
+    modified = " (src/ modified)" if doc["revision"]["src_modified"] else ""
+    return (
+        f"## Dynamic batching\n\n`{doc['command']}` at commit {commit}{modified} — an MLP "
+        f"{dims} (torch, float32) served through the engine, one request per call, on "
+        f"emulated devices of relative speeds {speeds} (paced by the CPU time each call "
+        f"took here). `batched`: `BatchOptions(max_size={doc['max_size']}, max_wait=0.002)`; "
+        "`batched_nowait`: `max_wait=0`; a device's batch holds `max_size` scaled by its speed. "
+        "`burst`: every request submitted at once; `0.5x`/`1.5x`: Poisson arrivals at that "
+        "multiple of the unbatched burst throughput. Latency runs from a request's scheduled "
+        f"arrival to its future's completion; {runs[0]['requests'] if runs else 0} requests "
+        f"per run; calibration {doc['calibration_seconds']} s.\n\n" + table
+    )
+
+
 def main() -> int:
     parts = [
         "# Benchmarks\n\nGenerated by `python bench/tables.py` from `bench/results/*.json`."
@@ -1462,8 +1655,11 @@ def main() -> int:
         ("serve_profile.json", serve_profile),
         ("serve_real.json", serve_real),
         ("serve_prefix.json", serve_prefix),
+        ("serve_real_prefix.json", serve_real_prefix),
+        ("serve_real_single.json", serve_real_prefix),
         ("emulator.json", emulator),
         ("train.json", train),
+        ("batching.json", batching),
     ):
         doc = _load(name)
         if doc is not None:
