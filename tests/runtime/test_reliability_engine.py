@@ -64,12 +64,19 @@ def test_a_task_stuck_in_c_past_its_timeout_is_killed_and_the_tasks_behind_it_ru
         ctx.dispatcher.validate_state()
 
 
-def test_no_task_is_sent_to_a_worker_being_stopped(tmp_path: Path) -> None:
-    stuck = hetero.task(timeout=0.3, retries=0, devices=["d0"])(hold_the_gil)
+def test_no_task_is_sent_to_a_worker_being_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A grace period longer than a loaded machine takes to wake this thread after the timeout,
+    # so that the tasks below are submitted while the worker is still being stopped.
+    monkeypatch.setattr(hetero.runtime.local, "STOP_GRACE_S", 4.0)
+    # A second to be holding the GIL when its timeout comes: a worker told to stop a task that
+    # has not reached the C call yet ends itself at once, and there would be no grace period.
+    stuck = hetero.task(timeout=1.0, retries=0, devices=["d0"])(hold_the_gil)
     on_d0 = hetero.task(devices=["d0"])(os.getpid)
     with hetero.Context(devices=emulated([1.0, 1.0])).start() as ctx:
-        old = ctx.backend.pids()[0]
-        assert old is not None
+        old = ctx.run(on_d0)  # the worker warm, its first order behind it
+        assert old == ctx.backend.pids()[0]
         doomed = ctx.submit(stuck, 30)
         with pytest.raises(TaskFailed, match="timed out"):
             doomed.result(timeout=10)

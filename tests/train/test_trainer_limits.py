@@ -125,6 +125,16 @@ def test_a_checkpoint_missing_a_key_names_it_and_what_it_holds(group: None, tmp_
     )
 
 
+def test_a_checkpoint_of_another_model_names_the_parameters_that_differ(
+    group: None, tmp_path: Path
+) -> None:
+    state = saved(tmp_path)
+    state["model"]["2.weight"] = torch.zeros(5, 8)  # a head of 5 classes, not 3
+    torch.save(state, tmp_path / "checkpoint.pt")
+    message = resume_error(tmp_path)
+    assert "size mismatch for 2.weight" in message and "torch.Size([5, 8])" in message
+
+
 def test_a_checkpoint_that_is_not_a_training_state_is_named(group: None, tmp_path: Path) -> None:
     torch.save([1, 2, 3], tmp_path / "checkpoint.pt")
     assert resume_error(tmp_path) == (
