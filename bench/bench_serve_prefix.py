@@ -24,7 +24,7 @@ import json
 import random
 import sys
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,32 +51,59 @@ def words(rng: random.Random, tokens: int) -> str:
     return text[: 4 * tokens]
 
 
-def chat_bodies(args: argparse.Namespace, n: int) -> list[str]:
-    """``n`` chat requests: each the next turn of one of ``sessions`` conversations in progress
-    (picked at random), which starts with one of the system prompts and ends after ``turns``
-    turns, a new one taking its place."""
-    rng = random.Random(args.seed)
-    systems = [words(rng, args.system_tokens) for _ in range(args.systems)]
-    history: list[list[dict[str, str]]] = [[] for _ in range(args.sessions)]
-    names = [""] * args.sessions
+def conversations(
+    rng: random.Random,
+    text: Callable[[int], str],
+    n: int,
+    *,
+    systems: int,
+    system_tokens: int,
+    sessions: int,
+    turns: int,
+    turn_tokens: int,
+    max_tokens: int,
+) -> list[tuple[list[dict[str, str]], str]]:
+    """``n`` chat turns, each as its messages and the name of its conversation: the next turn
+    of one of ``sessions`` conversations in progress (picked at random), which starts with one
+    of ``systems`` system prompts and ends after ``turns`` turns, a new one taking its place.
+    ``text(tokens)`` writes about that many tokens (the replies the client keeps included)."""
+    prompts = [text(system_tokens) for _ in range(systems)]
+    history: list[list[dict[str, str]]] = [[] for _ in range(sessions)]
+    names = [""] * sessions
     started = 0
-    bodies = []
+    out = []
     for _ in range(n):
-        j = rng.randrange(args.sessions)
-        if not history[j] or len(history[j]) > 2 * args.turns:
-            history[j] = [{"role": "system", "content": rng.choice(systems)}]
+        j = rng.randrange(sessions)
+        if not history[j] or len(history[j]) > 2 * turns:
+            history[j] = [{"role": "system", "content": rng.choice(prompts)}]
             names[j] = f"conversation-{started}"
             started += 1
-        history[j].append({"role": "user", "content": words(rng, args.turn_tokens)})
-        body = {
-            "model": MODEL,
-            "messages": list(history[j]),
-            "max_tokens": args.max_tokens,
-            "user": names[j],
-        }
-        bodies.append(json.dumps(body))
-        history[j].append({"role": "assistant", "content": words(rng, args.max_tokens)})
-    return bodies
+        history[j].append({"role": "user", "content": text(turn_tokens)})
+        out.append((list(history[j]), names[j]))
+        history[j].append({"role": "assistant", "content": text(max_tokens)})
+    return out
+
+
+def chat_bodies(args: argparse.Namespace, n: int) -> list[str]:
+    """``n`` chat requests of ``conversations``, the conversation named in ``user``."""
+    rng = random.Random(args.seed)
+    turns = conversations(
+        rng,
+        lambda tokens: words(rng, tokens),
+        n,
+        systems=args.systems,
+        system_tokens=args.system_tokens,
+        sessions=args.sessions,
+        turns=args.turns,
+        turn_tokens=args.turn_tokens,
+        max_tokens=args.max_tokens,
+    )
+    return [
+        json.dumps(
+            {"model": MODEL, "messages": messages, "max_tokens": args.max_tokens, "user": name}
+        )
+        for messages, name in turns
+    ]
 
 
 def mock_configs(args: argparse.Namespace) -> list[dict[str, Any]]:

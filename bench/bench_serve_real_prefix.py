@@ -52,6 +52,7 @@ import bench_serve_real as real
 import numpy as np
 from _common import calibration_seconds, emit
 from _serve_procs import Children
+from bench_serve_prefix import conversations
 from bench_serve_real import MODEL, Settings, Turns, vllm_engine
 
 import hetero
@@ -81,30 +82,22 @@ def chat_bodies(s: Settings, chat: Chat, n: int, tokenizer: Path) -> tuple[list[
         ids = tok.encode(" ".join(rng.choice(vocabulary) for _ in range(tokens))).ids
         return str(tok.decode(ids[:tokens]))
 
-    systems = [text(chat.system_tokens) for _ in range(chat.systems)]
-    history: list[list[dict[str, str]]] = [[] for _ in range(chat.sessions)]
-    names = [""] * chat.sessions
-    started = 0
-    bodies, lengths = [], []
-    for _ in range(n):
-        j = rng.randrange(chat.sessions)
-        if not history[j] or len(history[j]) > 2 * chat.turns:
-            history[j] = [{"role": "system", "content": rng.choice(systems)}]
-            names[j] = f"conversation-{started}"
-            started += 1
-        history[j].append({"role": "user", "content": text(chat.turn_tokens)})
-        body = {
-            "model": MODEL,
-            "messages": list(history[j]),
-            "max_tokens": s.max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "user": names[j],
-        }
-        bodies.append(json.dumps(body))
-        lengths.append(sum(len(tok.encode(m["content"]).ids) for m in history[j]))
-        history[j].append({"role": "assistant", "content": text(s.max_tokens)})
+    turns = conversations(rng, text, n, **dataclasses.asdict(chat), max_tokens=s.max_tokens)
+    bodies = [
+        json.dumps(
+            {
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": s.max_tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "user": name,
+            }
+        )
+        for messages, name in turns
+    ]
+    lengths = [sum(len(tok.encode(m["content"]).ids) for m in messages) for messages, _ in turns]
     return bodies, lengths
 
 
