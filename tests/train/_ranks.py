@@ -3,6 +3,8 @@ recorded, and one process training on the same global batches for the exactness 
 
 from __future__ import annotations
 
+import gc
+import importlib
 import pickle
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +31,33 @@ def run_scenarios(scenarios: Mapping[str, Callable[[int], Any]], rank: int) -> d
         except HeteroError as exc:
             results[name] = ("error", f"{type(exc).__name__}: {exc}")
     return results
+
+
+def run_ranks(module: str, world: int, out: Path) -> None:
+    """Run the ``SCENARIOS`` of test module ``module`` on ``world`` gloo ranks, one process
+    each, every rank's results written to ``out`` (read them with ``recorded``); a module's
+    ``_OUT``, where its scenarios write files, is set to ``out`` in each rank."""
+    import torch.multiprocessing as mp
+
+    from hetero.commands.launch import free_port
+
+    mp.spawn(_rank_main, args=(module, world, free_port(), str(out)), nprocs=world, join=True)
+
+
+def _rank_main(rank: int, module: str, world: int, port: int, out: str) -> None:
+    import torch
+
+    from hetero import comm
+
+    scenarios = importlib.import_module(module)
+    if hasattr(scenarios, "_OUT"):
+        scenarios._OUT = out
+    torch.set_num_threads(1)  # as torchrun does: the ranks share this machine's cores
+    comm.init(rank, world, backend="gloo", master_port=port, timeout=60)
+    results = run_scenarios(scenarios.SCENARIOS, rank)
+    gc.collect()  # DDP keeps reference cycles; freed after the process group is gone, gloo aborts
+    comm.destroy()
+    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
 
 
 def recorded(out: Path, world: int) -> list[dict[str, Outcome]]:

@@ -9,8 +9,6 @@ check what each rank recorded.
 
 from __future__ import annotations
 
-import gc
-import pickle
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,6 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -30,7 +27,14 @@ from hetero.errors import ConfigError
 from hetero.train import Trainer, TrainerOptions
 from hetero.train.memory import MemoryProbe, optimizer_state_bytes
 from hetero.train.parallel import fsdp_units
-from tests.train._ranks import Outcome, each, errors, one_process, recorded, run_scenarios
+from tests.train._ranks import (
+    Outcome,
+    each,
+    errors,
+    one_process,
+    recorded,
+    run_ranks,
+)
 
 WORLD = 3
 STEPS = 5
@@ -181,25 +185,14 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
     "memory": _memory,
     "mixed_shardings": _mixed_shardings,
 }
-_OUT = ""  # set in each worker: where scenarios write files
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    global _OUT
-    _OUT = out
-    torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
-    comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=60)
-    results = run_scenarios(SCENARIOS, rank)
-    gc.collect()
-    comm.destroy()
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
+_OUT = ""  # set in each rank by run_ranks: where scenarios write files
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     path = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(free_port(), str(path)), nprocs=WORLD, join=True)
+    run_ranks(__name__, WORLD, path)
     return recorded(path, WORLD)
 
 

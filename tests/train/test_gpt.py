@@ -7,8 +7,6 @@ example trains under ``hetero launch``.
 
 from __future__ import annotations
 
-import gc
-import pickle
 import re
 import subprocess
 import sys
@@ -22,15 +20,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.train import Trainer, TrainerOptions
-from tests.train._ranks import Outcome, each, one_process, recorded, run_scenarios
+from tests.train._ranks import Outcome, each, one_process, recorded, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 WORLD = 3
@@ -109,20 +104,11 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
 }
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
-    comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=60)
-    results = run_scenarios(SCENARIOS, rank)
-    gc.collect()
-    comm.destroy()
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     path = tmp_path_factory.mktemp("gpt")
-    mp.spawn(_worker, args=(free_port(), str(path)), nprocs=WORLD, join=True)
+    run_ranks(__name__, WORLD, path)
     return recorded(path, WORLD)
 
 

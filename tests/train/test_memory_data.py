@@ -10,9 +10,7 @@ check what each rank recorded.
 
 from __future__ import annotations
 
-import gc
 import math
-import pickle
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +22,6 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -33,7 +30,14 @@ from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
 from hetero.train import Trainer, TrainerOptions
 from hetero.train.memory import MemoryProbe, largest_fitting
-from tests.train._ranks import Outcome, each, errors, one_process, recorded, run_scenarios
+from tests.train._ranks import (
+    Outcome,
+    each,
+    errors,
+    one_process,
+    recorded,
+    run_ranks,
+)
 
 WORLD = 3
 STEPS = 5
@@ -186,20 +190,11 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
 }
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
-    comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=60)
-    results = run_scenarios(SCENARIOS, rank)
-    gc.collect()  # DDP keeps reference cycles; freed after the process group is gone, gloo aborts
-    comm.destroy()
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
     out = tmp_path_factory.mktemp("memory_data")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    run_ranks(__name__, WORLD, out)
     return recorded(out, WORLD)
 
 

@@ -9,9 +9,7 @@ scenario in order; the tests then check what each rank recorded.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
-import pickle
 import re
 import subprocess
 import sys
@@ -24,15 +22,19 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
 from hetero.train import StepReport, Trainer, TrainerOptions
-from tests.train._ranks import Outcome, each, errors, one_process, recorded, run_scenarios
+from tests.train._ranks import (
+    Outcome,
+    each,
+    errors,
+    one_process,
+    recorded,
+    run_ranks,
+)
 
 WORLD = 3
 STEPS = 5
@@ -170,25 +172,13 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
     "other_model": _other_model,
     "other_seed": _other_seed,
 }
-_OUT = ""  # set in each worker: where scenarios write files
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    global _OUT
-    _OUT = out
-    torch.set_num_threads(1)  # as torchrun does: 3 ranks share 2 cores
-    comm.init(rank, WORLD, backend="gloo", master_port=port, timeout=30)
-    results = run_scenarios(SCENARIOS, rank)
-    # DDP keeps reference cycles; freed after the process group is gone, gloo may abort.
-    gc.collect()
-    comm.destroy()
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
+_OUT = ""  # set in each rank by run_ranks: where scenarios write files
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("trainer")
-    mp.spawn(_worker, args=(free_port(), str(path)), nprocs=WORLD, join=True)
+    run_ranks(__name__, WORLD, path)
     return path
 
 
