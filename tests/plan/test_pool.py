@@ -19,8 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceSpec
 from hetero.errors import AllocationError, ConfigError, DeviceError
-from hetero.plan import pool as pool_module
 from hetero.plan.allocation import Allocation, EndCause
+from hetero.plan.holdings import Holders
 from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
 from hetero.sched.clock import ManualClock
@@ -371,7 +371,7 @@ def test_an_exception_during_the_commit_rolls_back(monkeypatch: pytest.MonkeyPat
     pool = two_nodes()
     kept = pool.allocate(req(memory=GIB))
     before = state(pool)
-    hold = pool_module._Holders.hold
+    hold = Holders.hold
     calls = itertools.count()
 
     def hold_then_fail(self: object, name: str, memory: int, exclusive: bool) -> None:
@@ -379,7 +379,7 @@ def test_an_exception_during_the_commit_rolls_back(monkeypatch: pytest.MonkeyPat
             raise KeyboardInterrupt
         hold(self, name, memory, exclusive)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pool_module._Holders, "hold", hold_then_fail)
+    monkeypatch.setattr(Holders, "hold", hold_then_fail)
     with pytest.raises(KeyboardInterrupt):
         pool.allocate(req(3, memory=GIB))
     assert state(pool) == before
@@ -447,11 +447,12 @@ def test_validate_state_catches_broken_books() -> None:
     pool = two_nodes()
     allocation = pool.allocate(req(2, memory=GIB))
     pool.validate_state()
-    pool._holders[0].memory["ghost"] = 1
+    pool._holdings.holders[0].memory["ghost"] = 1
     with pytest.raises(AssertionError, match="held by released allocations"):
         pool.validate_state()
-    del pool._holders[0].memory["ghost"]
-    pool._holders[pool._position[allocation.device_ids[0]]].memory.clear()
+    del pool._holdings.holders[0].memory["ghost"]
+    books = pool._holdings
+    books.holders[books.position[allocation.device_ids[0]]].memory.clear()
     with pytest.raises(AssertionError, match="does not record"):
         pool.validate_state()
 
