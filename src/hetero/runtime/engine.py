@@ -1,13 +1,15 @@
 """The driver's engine behind ``hetero.Context``: the task table, the ``Dispatcher`` and the
 carrying out of its instructions.
 
-Calls become tasks, handed to the dispatcher once their arguments are ready: ``submit`` there,
-``cancel`` when the caller asks, ``expire`` from a timer thread at the time the dispatcher's
-``WakeAt`` set. The engine is a ``Driver`` (``hetero.sched.driver``): its ``Run``/``Stop``
-instructions are carried out through the ``Backend`` and ``Finish`` becomes the task's future.
-What the backend reports comes in through ``BackendSink`` (``hetero.runtime.events``), the
-object the backend is given. No balancing logic lives here: which device runs what, in which
-order, stolen by whom, is the dispatcher's answer.
+Calls become tasks (``hetero.runtime.task_record``), handed to the dispatcher once their
+arguments are ready (a task graph's waits: ``hetero.runtime.graph``): ``submit`` there,
+``cancel`` when the caller asks, ``expire`` from the timer thread (``hetero.runtime.timer``) at
+the time the dispatcher's ``WakeAt`` set. The engine is a ``Driver`` (``hetero.sched.driver``):
+its ``Run``/``Stop`` instructions are carried out through the ``Backend`` (a batched task's
+calls by ``hetero.runtime.batch_runs``) and ``Finish`` becomes the task's future. What the
+backend reports comes in through ``BackendSink`` (``hetero.runtime.events``), the object the
+backend is given. No balancing logic lives here: which device runs what, in which order,
+stolen by whom, is the dispatcher's answer.
 
 One lock guards the dispatcher and the task table; futures are completed after it is released,
 so callbacks may submit more work.
@@ -15,39 +17,35 @@ so callbacks may submit more work.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import itertools
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Hashable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import cloudpickle
 
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError, NoCapableDevice, QueueFull, TaskFailed
 from hetero.runtime.backend import Backend
 from hetero.runtime.backlog import Backlog
-from hetero.runtime.batching import Batch, Batcher, batch_size
+from hetero.runtime.batch_runs import BatchRuns
+from hetero.runtime.batching import Batcher
 from hetero.runtime.definitions import TaskDefinitions
 from hetero.runtime.events import BackendSink, new_breaker
-from hetero.runtime.futures import Ending, TaskFuture, futures_in, resolve, settle
+from hetero.runtime.futures import Ending, TaskFuture, futures_in, settle
+from hetero.runtime.graph import TaskGraph
 from hetero.runtime.ledger import Ledger
 from hetero.runtime.monitoring import FleetMonitor
 from hetero.runtime.profiling import Profiler
-from hetero.runtime.serialize import Packed
-from hetero.runtime.tasks import TaskFunction, TaskOptions
-from hetero.runtime.worker import TaskOrder, TaskReply
+from hetero.runtime.task_record import Task, failure, task_order, work_item
+from hetero.runtime.tasks import TaskFunction
+from hetero.runtime.timer import TimerThread
+from hetero.runtime.worker import TaskOrder
 from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
 from hetero.sched.driver import Driver
 from hetero.sched.health import Hold
-from hetero.sched.item import Cause, ItemState, WorkItem
+from hetero.sched.item import Cause, ItemState
 from hetero.sched.view import FleetView
 
 __all__ = ["Engine", "Task", "cap_memory"]
@@ -55,39 +53,6 @@ __all__ = ["Engine", "Task", "cap_memory"]
 log = logging.getLogger("hetero.runtime")
 
 _CLOSED = "this Context is closed; create a new one to run more tasks"
-
-
-@dataclass(slots=True, eq=False)
-class Task:
-    """The engine's record of one task, from its submission to its future's completion."""
-
-    id: int
-    name: str
-    function: tuple[str, bytes]
-    options: TaskOptions
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    future: TaskFuture
-    only: list[str] | None
-    submitted: float
-    waiting_on: int = 0
-    packed: Packed | None = None
-    cost: float = 1.0
-    declared: bool = False
-    batch: bool = False  # of a map or a task graph: placed for the makespan (WorkItem.batch)
-    attempt: int = 0
-    device: int = -1
-    sent: float = 0.0
-    order: int = 0  # orders sent before this attempt's (a worker runs its orders in turn)
-    result: Any = None
-    reply: TaskReply | None = None
-    checkpoint_dir: str | None = None
-    wrote_checkpoint: bool = False
-    item: WorkItem | None = None
-    # A batched task's call (TaskOptions.batch): which calls it may share a batch with (its
-    # function, and its arguments' shape), and the batch it is in.
-    batch_key: Hashable | None = None
-    in_batch: Batch[Task] | None = None
 
 
 class Engine(Driver):
@@ -121,7 +86,7 @@ class Engine(Driver):
         # Futures of the tasks that ended, completed by ``settle`` once the lock is released.
         self.endings: list[Ending] = []
         self._strategy = strategy
-        self._cpu_time_scale = cpu_time_scale
+        self.cpu_time_scale = cpu_time_scale
         self._checkpoint_base = checkpoint_base
         self.prefetch = prefetch
         self._memory_pool = memory_pool
@@ -142,11 +107,11 @@ class Engine(Driver):
         self.closed = False
         self.closing = False
         self._started = False
-        self._deadline_cond = threading.Condition(self.lock)
-        self._timer: threading.Thread | None = None
+        self.timer = TimerThread(self.lock, self._next_due, self._fire, self.flush)
         # Batches of batched tasks' calls: their ids are drawn from the tasks' own.
         self.batcher: Batcher[Task] = Batcher(dispatcher, self.tasks, lambda: next(self._ids))
-        self._fastest: dict[tuple[str, ...] | None, float] = {}  # by the devices a task may use
+        self.batches = BatchRuns(self)
+        self.graph = TaskGraph(self)
         self.ledger = Ledger(f"hetero-{os.getpid()}-c{key}", backend.recycle)
         self.profiler = Profiler(self.lock, devices)
         self.monitoring = FleetMonitor(self, config_path, monitoring_interval)
@@ -164,7 +129,7 @@ class Engine(Driver):
         self.breakers.append(new_breaker())
         self.stops.append(0)
         self._definitions.fleet_changed()
-        self._fastest.clear()
+        self.batches.fleet_changed()
         return len(self.devices) - 1
 
     # --------------------------------------------------------------------------- start
@@ -181,40 +146,27 @@ class Engine(Driver):
             if self._started:
                 return
             self.backend.start(self.devices, self.events)
-            self._timer = threading.Thread(
-                target=self._expire_loop, daemon=True, name="hetero-timer"
-            )
-            self._timer.start()
+            self.timer.start()
             self.monitoring.start()
             self._started = True
 
-    def _expire_loop(self) -> None:
-        """The one timer: the dispatcher's deadlines and the batches whose wait is over."""
-        with self.lock:
-            while not self.closed:
-                now = time.monotonic()
-                due = self.batcher.next_due()
-                delay = min(self.wake_at, due) - now  # inf: nothing pending
-                if delay > 0:
-                    self._deadline_cond.wait(None if delay == math.inf else delay)
-                    continue
-                if self.wake_at <= now:
-                    self.expire()
-                if due <= now:
-                    out: list[Instruction] = []
-                    for batch in self.batcher.due(now):
-                        out += self._send_batch(batch)
-                    self.apply(out)
-                self.lock.release()
-                try:
-                    self.backend.flush()
-                    self.settle()
-                finally:
-                    self.lock.acquire()
+    # --------------------------------------------------------------------------- timer
+
+    def _next_due(self) -> float:
+        """When the timer fires: the dispatcher's next deadline or a batch's, if earlier."""
+        return min(self.wake_at, self.batcher.next_due())
+
+    def _fire(self, now: float) -> None:
+        """The timer fired (with the lock held): deadlines passed, batches whose wait is over."""
+        due = self.batcher.next_due()
+        if self.wake_at <= now:
+            self.expire()
+        if due <= now:
+            self.apply(self.batches.send_due(now))
 
     def arm_timer(self, at: float) -> None:
         """The timer thread reads the new ``wake_at`` (called with the lock held)."""
-        self._deadline_cond.notify()
+        self.timer.wake()
 
     # --------------------------------------------------------------------------- submit
 
@@ -260,59 +212,18 @@ class Engine(Driver):
         parents = futures_in((task.args, task.kwargs))
         self.stats["submitted"] += 1
         task.batch = batch
-        if not parents:
-            self._admit(task)
-            return future
-        task.batch = True  # a node of a task graph: the graph's end is what counts
-        task.waiting_on = len(parents)
-        with self.lock:
-            self.tasks[task_id] = task
-        for parent in parents:
-            parent.add_done_callback(functools.partial(self._parent_done, task))
+        if parents:
+            self.graph.wait(task, parents)
+        else:
+            self.admit(task)
         return future
 
     def function(self, spec: TaskFunction[Any, Any]) -> tuple[str, bytes]:
         """The task's code, pickled once per function object (workers cache it by key)."""
         return self._definitions.code(spec)
 
-    def _parent_done(self, task: Task, parent: Future) -> None:  # type: ignore[type-arg]
-        with self.lock:
-            if task.future.done() or task.id not in self.tasks:
-                return
-            if parent.cancelled() or parent.exception() is not None:
-                failure = None if parent.cancelled() else parent.exception()
-                # The parent's message alone: its traceback is printed once, with the parent
-                # itself as this error's cause, not again at every level of the graph.
-                reason = failure.message if isinstance(failure, TaskFailed) else failure
-                cause = "was cancelled" if failure is None else f"failed: {reason}"
-                pid = getattr(parent, "task_id", "?")
-                error = TaskFailed(
-                    f"task {task.id} ({task.name}) not run: parent task {pid} {cause}"
-                )
-                error.__cause__ = failure
-                del self.tasks[task.id]
-                self.stats["failed"] += 1
-                self.endings.append(Ending(task.future, error=error))
-                failed = True
-            else:
-                task.waiting_on -= 1
-                if task.waiting_on > 0:
-                    return
-                del self.tasks[task.id]
-                memo: dict[int, Any] = {}
-                task.args = resolve(task.args, memo)
-                task.kwargs = resolve(task.kwargs, memo)
-                failed = False
-        if failed:
-            self.settle()
-            return
-        try:
-            self._admit(task)
-        except HeteroError as exc:
-            task.future.set_exception(exc)
-
-    def _admit(self, task: Task) -> None:
-        """Pack the arguments and hand the task to the dispatcher."""
+    def admit(self, task: Task) -> None:
+        """Pack the arguments and hand the task to the dispatcher (or the backlog)."""
         options = task.options
         if options.cost is not None and not task.declared:
             task.cost, task.declared = options.cost_of(task.args, task.kwargs)
@@ -328,16 +239,7 @@ class Engine(Driver):
         if all(owned for _, _, owned in task.packed.segments):
             task.args, task.kwargs = (), {}  # the packed copy is what retries use
         # else they hold kept results the order refers to: alive until the task ends
-        item = WorkItem(
-            cost=task.cost,
-            kind=options.kind if task.declared else options.speed_kind(task.name),
-            memory=options.memory,
-            priority=options.priority,
-            tags=options.tags,
-            id=task.id,
-            batch=task.batch,
-        )
-        task.item = item
+        task.item = item = work_item(task)
         with self.lock:
             if self.closed:
                 self.release(task)
@@ -368,9 +270,8 @@ class Engine(Driver):
                 raise
             self.apply(out)
             if task.batch_key is not None:
-                self._batch_if_queued(task)
-        self.backend.flush()
-        self.settle()
+                self.batches.queued(task)
+        self.flush()
 
     def stranded(self, task: Task) -> bool:
         """Whether no usable device may run ``task`` (devices that left never come back)."""
@@ -393,8 +294,7 @@ class Engine(Driver):
                 self.end_unplaced(task)
             else:
                 self.apply(self.dispatcher.cancel(task_id, "cancelled by the caller"))
-        self.backend.flush()
-        self.settle()
+        self.flush()
         return True
 
     def shutdown(self, wait: bool, timeout: float | None) -> bool:
@@ -417,9 +317,8 @@ class Engine(Driver):
             for task in list(self.tasks.values()):  # waiting on parents, or in the backlog
                 self.endings.append(Ending(task.future, cancelled=True))
                 self._forget(task)
-            self._deadline_cond.notify_all()
-        self.backend.flush()
-        self.settle()
+            self.timer.stop()
+        self.flush()
         self.monitoring.stop()
         self.backend.close(timeout=2.0)
         self.ledger.close()
@@ -446,7 +345,7 @@ class Engine(Driver):
             return self._redirect(ins)
         task = self.tasks[ins.item.id]  # type: ignore[index]
         if task.batch_key is not None:
-            return self._run_batched(task, ins.device)
+            return self.batches.run(task, ins.device)
         self._run(task, ins.device)
         return None
 
@@ -501,120 +400,24 @@ class Engine(Driver):
     def _run(self, task: Task, device: int) -> None:
         task.attempt += 1
         task.device = device
-        task.sent = time.monotonic()
-        task.order = next(self._orders)
-        self.on_device[device].add(task.id)
-        assert task.packed is not None
-        self.ledger.sent(task.packed, device)
-        order = TaskOrder(
-            task.id,
-            task.attempt,
-            task.function[0],
-            task.packed,
-            task.name,
-            task.cost,
-            task.declared,
-            task.checkpoint_dir,
-            self._cpu_time_scale,
-        )
         if log.isEnabledFor(logging.DEBUG):
             self._log_decision(task, device)
-        self.backend.send(device, order, task.function)
+        self.send(device, [task], task_order(task, self.cpu_time_scale))
 
-    # ------------------------------------------------------------------------- batches
-
-    def _run_batched(self, task: Task, device: int) -> list[Instruction]:
-        """The dispatcher started a batched call on ``device``: it joins the batch collecting
-        there or opens one, which takes the calls of its kind queued there; the batch goes
-        once full or due (``hetero.runtime.batching``)."""
-        options = task.options.batch
-        assert options is not None and task.batch_key is not None
-        out, batch, joined = self.batcher.started(
-            task, device, functools.partial(self._batch_size, task, device), options.max_wait
-        )
-        self._joined(joined, device)
-        return out + self._batch_placed(batch)
-
-    def _batch_if_queued(self, task: Task) -> None:
-        """A batched call just admitted waits in a device's queue: it joins the batch
-        collecting there, if any has room (called with the lock held)."""
-        rec = self.dispatcher.records.get(task.id)
-        if rec is None or rec.state is not ItemState.QUEUED:
-            return
-        options = task.options.batch
-        assert options is not None
-        batch = self.batcher.queued(task, rec.device, options.max_wait)
-        if batch is not None:
-            self._joined([task], rec.device)
-            self.apply(self._batch_placed(batch))
-
-    def _joined(self, calls: list[Task], device: int) -> None:
-        for call in calls:
-            call.attempt += 1  # as the dispatcher counts it: the call has started
-            call.device = device
-
-    def _batch_placed(self, batch: Batch[Task]) -> list[Instruction]:
-        """Send ``batch`` if it is ready, else have the timer wake at its due time."""
-        if self.batcher.ready(batch, time.monotonic()):
-            return self._send_batch(batch)
-        self._deadline_cond.notify()
-        return []
-
-    def _batch_size(self, task: Task, device: int) -> int:
-        """The calls a batch of ``task`` holds on ``device``: by its speed relative to the
-        fastest device the task may use, and its memory (``batching.batch_size``)."""
-        options = task.options.batch
-        assert options is not None
-        devices = self.devices
-        only = None if task.only is None else tuple(task.only)
-        fastest = self._fastest.get(only)
-        if fastest is None:
-            index = self.dispatcher.view.index
-            usable = devices if only is None else [devices[index[i]] for i in only]
-            fastest = self._fastest[only] = max(d.speed for d in usable)
-        memory_total = int(self.dispatcher.view.mem_total[device])
-        return batch_size(
-            options, devices[device].speed, fastest, memory_total, task.options.memory
-        )
-
-    def _send_batch(self, batch: Batch[Task]) -> list[Instruction]:
-        """One order for the calls of ``batch``, each argument a list of theirs."""
-        device = batch.device
-        if device in self.holding:
-            # Its worker is being stopped (for another task): the calls are placed again,
-            # charged no attempt, as a Run decided before the hold is.
-            out: list[Instruction] = []
-            for call in self.batcher.drop(batch):
-                call.device = -1
-                call.attempt -= 1
-                out += self.dispatcher.requeue(call.id, "its device is stopping a task")
-            return out
-        calls = self.batcher.take(batch)
+    def send(self, device: int, calls: Sequence[Task], order: TaskOrder) -> int:
+        """Send ``order``, which carries ``calls`` (one task's attempt, or a batch's calls), to
+        ``device``'s worker; returns its number among the orders sent."""
+        number = next(self._orders)
         now = time.monotonic()
-        batch.order = next(self._orders)
         on_device = self.on_device[device]
-        packed = []
         for call in calls:
             call.sent = now
-            call.order = batch.order
+            call.order = number
             on_device.add(call.id)
             assert call.packed is not None
             self.ledger.sent(call.packed, device)
-            packed.append(call.packed)
-        first = calls[0]
-        order = TaskOrder(
-            batch.id,
-            1,
-            first.function[0],
-            packed,
-            first.name,
-            sum(call.cost for call in calls),
-            first.declared,
-            None,
-            self._cpu_time_scale,
-        )
-        self.backend.send(device, order, first.function)
-        return []
+        self.backend.send(device, order, calls[0].function)
+        return number
 
     def _log_decision(self, task: Task, device: int) -> None:
         view = self.dispatcher.view
@@ -652,15 +455,7 @@ class Engine(Driver):
             self.endings.append(Ending(task.future, cancelled=True))
         else:
             self.stats["failed"] += 1
-            reply = task.reply
-            error = TaskFailed(
-                f"task {task.id} ({task.name}) failed: {ins.reason}",
-                reply.remote_traceback if reply is not None and reply.remote_traceback else None,
-            )
-            if reply is not None and reply.exception is not None:
-                with contextlib.suppress(Exception):
-                    error.__cause__ = cloudpickle.loads(reply.exception)
-            self.endings.append(Ending(task.future, error=error))
+            self.endings.append(Ending(task.future, error=failure(task, ins.reason)))
         task.result = None
 
     def release(self, task: Task) -> None:
@@ -700,7 +495,12 @@ class Engine(Driver):
             )
             self.apply(out)
             if task.batch_key is not None:
-                self._batch_if_queued(task)
+                self.batches.queued(task)
+
+    def flush(self) -> None:
+        """Send the orders given to the backend, then ``settle`` (with the lock released)."""
+        self.backend.flush()
+        self.settle()
 
     def settle(self) -> None:
         """Complete the ended tasks' futures (outside the lock: their callbacks may submit),

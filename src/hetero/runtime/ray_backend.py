@@ -6,44 +6,40 @@ device's actor (``hetero.runtime.ray_actor.DeviceActor``, pinned to its node and
 the node's ``hetero:<model>`` resources, a GPU for a real one) and reports back. What Ray
 schedules is only where each actor lives.
 
-Data: a task's arguments travel inside its order, except large ones, which go into Ray's object
-store once and are passed by reference (a retry or a steal reuses that object); a function goes
-into the object store once and each actor fetches it on its first task. Results come back in
-the reply, as each finishes (``ObjectRef.future``: no polling).
+Data: an order goes to its actor as ``hetero.runtime.ray_handles`` sends it (its large
+arguments and its function through Ray's object store, each put there once); results come back
+in the reply, as each finishes (``ObjectRef.future``: no polling).
 
 Membership: a thread watches the cluster's nodes. A node that joins is asked for its fleet (its
 ``HETERO_NODE_CONFIG`` or its detected devices) and its NICs (``node_topology``: how the nodes
 reach each other), and its devices join the engine's fleet; a node that leaves takes its devices
 with it (``device_gone``: what ran there is placed elsewhere). An actor that dies on a live node
-is a lost worker, as with a local process.
+is a lost worker, as with a local process. The nodes' records and probes are
+``hetero.runtime.ray_nodes``'s; the connection to the cluster ``hetero.runtime.ray_connect``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
-import os
 import pickle
 import queue
-import socket
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from hetero.devices.network import Nic, read_nics
-from hetero.devices.spec import Device, DeviceKind
+from hetero.devices.network import read_nics
+from hetero.devices.spec import Device
 from hetero.devices.topology import NodeTopology
 from hetero.errors import BackendError, HeteroError
 from hetero.runtime.backend import Backend, BackendEvents
 from hetero.runtime.monitor import DeviceSample
-from hetero.runtime.ray_cluster import import_ray, resource_name
-from hetero.runtime.serialize import Packed
-from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
+from hetero.runtime.ray_cluster import import_ray
+from hetero.runtime.ray_connect import connect
+from hetero.runtime.ray_handles import ActorHandle, deliver, first_line, start_actor
+from hetero.runtime.ray_nodes import RayNode, head_first, probe_nodes, short_id
+from hetero.runtime.worker import TaskOrder
 
 if TYPE_CHECKING:
     from hetero.runtime.ray_actor import NodeProbe
@@ -52,36 +48,8 @@ __all__ = ["RayBackend", "ray_fleet", "ray_node_topology"]
 
 log = logging.getLogger("hetero.runtime")
 
-#: Arguments at least this large (pickled) go through the object store by reference; smaller
-#: ones ride inside the order (Ray inlines those itself).
-ARG_REF_BYTES = 100 * 1024
-_EMPTY = Packed(b"")
 #: How long a monitoring round waits for the actors' readings.
 _SAMPLE_SECONDS = 0.5
-
-
-@dataclass(eq=False)
-class _Actor:
-    handle: Any
-    generation: int
-    functions: set[str] = field(default_factory=set)
-    pid: int | None = None
-
-
-@dataclass
-class _Node:
-    id: str
-    short: str
-    address: str
-    resources: dict[str, float]
-    devices: list[int] = field(default_factory=list)
-    alive: bool = True
-    nics: list[Nic] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        """The node as its devices' ``Device.node`` names it."""
-        return f"{self.address}/{self.short}"
 
 
 class RayBackend(Backend):
@@ -117,10 +85,10 @@ class RayBackend(Backend):
         self._own_fleet = list(fleet) if fleet is not None else None
         self._owns_connection = False
         self._started_local = False
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, RayNode] = {}
         self._devices: list[Device] = []
-        self._node_of: list[_Node] = []
-        self._actors: list[_Actor | None] = []
+        self._node_of: list[RayNode] = []
+        self._actors: list[ActorHandle | None] = []
         self._events: BackendEvents | None = None
         self._lock = threading.Lock()
         self._outbox: list[tuple[Any, ...]] = []
@@ -154,15 +122,15 @@ class RayBackend(Backend):
                     "cluster declare their own (HETERO_NODE_CONFIG, else detection)",
                     len(self._own_fleet),
                 )
-            found = self._probe(nodes)
-        problems = [f"node {_short(nid)}: {p.problem}" for nid, p in found.items() if p.problem]
+            found = probe_nodes(ray, nodes)
+        problems = [f"node {short_id(nid)}: {p.problem}" for nid, p in found.items() if p.problem]
         if problems:
             self.close()
             raise HeteroError(
                 "a node's fleet config is invalid: " + "; ".join(problems) + " (fix the file "
                 "that node's HETERO_NODE_CONFIG names, or start the node without it)"
             )
-        for info in sorted(nodes, key=_head_first):
+        for info in sorted(nodes, key=head_first):
             self._adopt(info, found[info["NodeID"]])
         if not self._devices:
             self.close()
@@ -170,93 +138,22 @@ class RayBackend(Backend):
         return list(self._devices)
 
     def _connect(self) -> None:
-        ray = self._ray
-        if ray.is_initialized():
+        if self._ray.is_initialized():
             return
-        address = self.address or os.environ.get("RAY_ADDRESS") or None
-        if address not in (None, "auto", "local"):
-            _check_reachable(address, self.connect_timeout)
-        options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
-        try:
-            if address is None:
-                try:
-                    ray.init(address="auto", **options)
-                except ConnectionError:
-                    ray.init(address="local", **options)
-                    self._started_local = True
-            elif address.startswith("ray://"):
-                self._init_client(address, options)
-            else:
-                ray.init(address=address, **options)
-                self._started_local = address == "local"
-        except HeteroError:
-            raise
-        except Exception as exc:
-            # Leave this process as it was: a half-made connection (a Ray Client one above
-            # all) would make every later ray.init fail.
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            where = address or "a local Ray instance"
-            raise HeteroError(
-                f"cannot connect to the Ray cluster at {where}: {type(exc).__name__}: {exc}"
-            ) from None
+        self._started_local = connect(self._ray, self.address, self.connect_timeout)
         self._owns_connection = True
-
-    def _init_client(self, address: str, options: dict[str, Any]) -> None:
-        """Connect through Ray Client, asking up to three times: a client server sometimes
-        fails to start the process that would serve this client (Ray's proxy then answers,
-        after its own 30 s wait, that starting it failed), and another one usually starts."""
-        for attempt in range(3):
-            try:
-                self._ray.init(address=address, **options)
-                return
-            except ConnectionAbortedError:
-                if attempt == 2:
-                    raise
-                log.warning("Ray Client at %s refused this client; asking again", address)
-                with contextlib.suppress(Exception):
-                    self._ray.shutdown()
-                time.sleep(1.0)
-
-    def _probe(self, nodes: list[dict[str, Any]]) -> dict[str, NodeProbe]:
-        """Ask each node for its devices and NICs, side by side."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from hetero.runtime.ray_actor import NodeProbe, probe_node
-
-        ray = self._ray
-        refs = {
-            n["NodeID"]: probe_node.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            ).remote()
-            for n in nodes
-        }
-        found: dict[str, NodeProbe] = {}
-        for nid, ref in refs.items():
-            try:
-                found[nid] = ray.get(ref, timeout=60)
-            except Exception as exc:
-                found[nid] = NodeProbe(None, problem=f"could not be asked for its devices: {exc}")
-        return found
 
     def _adopt(self, info: dict[str, Any], probe: NodeProbe) -> list[int]:
         """Add a node, its NICs and its devices (ids made unique across the cluster): their
         indices."""
         nid = info["NodeID"]
         address = info.get("NodeManagerAddress", "?")
-        node = _Node(nid, _short(nid), address, info["Resources"], nics=list(probe.nics))
+        node = RayNode(nid, short_id(nid), address, info["Resources"], nics=list(probe.nics))
         with self._lock:
             self._nodes[nid] = node
             for d in probe.devices or []:
                 node.devices.append(len(self._devices))
-                self._devices.append(
-                    dataclasses.replace(
-                        d,
-                        id=f"{node.short}/{d.id}",
-                        node=node.name,
-                        state=dataclasses.replace(d.state),
-                    )
-                )
+                self._devices.append(node.own(d))
                 self._node_of.append(node)
                 self._actors.append(None)
         return list(node.devices)
@@ -325,73 +222,22 @@ class RayBackend(Backend):
 
     def _deliver(self, device: int, order: TaskOrder, function: tuple[str, bytes]) -> None:
         actor = self._actors[device] or self._spawn(device)
-        key, blob = function
-        fn = None
-        if key not in actor.functions:
-            actor.functions.add(key)
-            fn = self._fn_refs.get(key)
-            if fn is None:
-                fn = self._fn_refs[key] = self._ray.put(blob)
-        args = self._args(order)
-        if args is not None:
-            order.args = _EMPTY  # they travel beside it, by reference
-        blob = pickle.dumps((order, key), protocol=5)
-        if args is None and fn is None:
-            ref = actor.handle.run_inline.remote(blob)
-        else:
-            ref = actor.handle.run.remote(blob, args, fn)
+        ref = deliver(self._ray, actor, order, function, self._fn_refs)
         arrived = functools.partial(self._on_arrival, device, actor.generation)
         ref.future().add_done_callback(arrived)
 
-    def _args(self, order: TaskOrder) -> Any:
-        """The object store reference of large arguments (``None``: they ride in the order)."""
-        packed = order.args
-        if isinstance(packed, list) or len(packed.data) < ARG_REF_BYTES:
-            return None  # a batch's calls ride in the order (each is sent once)
-        if packed.handle is None:  # once per task: retries and steals reuse the object
-            packed.handle = self._ray.put(packed)
-        return packed.handle
-
-    def _spawn(self, index: int) -> _Actor:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from hetero.runtime.ray_actor import DeviceActor
-
+    def _spawn(self, index: int) -> ActorHandle:
         with self._lock:
             existing = self._actors[index]
             if existing is not None:
                 return existing
             if self._closed:
                 raise BackendError("the backend is closed")
-            device = self._devices[index]
-            node = self._node_of[index]
-            real_gpu = device.kind is DeviceKind.GPU and not device.emulated
-            options: dict[str, Any] = {
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(node.id, soft=False),
-                # An emulated device mostly sleeps: it holds no CPU of the node.
-                "num_cpus": 1 if device.kind is DeviceKind.CPU and not device.emulated else 0,
-                "num_gpus": 1 if real_gpu else 0,
-            }
-            resource = resource_name(device.model)
-            if node.resources.get(resource):
-                options["resources"] = {resource: 1}
-            setup = WorkerSetup(
-                device=device,
-                prefix=f"hetero-ray-{os.getpid()}-{index}",
-                time_scale=self.time_scale,
-                memory_limit=device.memory_limit,
-                inline=True,
-            )
+            device, node = self._devices[index], self._node_of[index]
             self._generation += 1
-            handle = DeviceActor.options(**options).remote(setup, PROTOCOL)
-            actor = self._actors[index] = _Actor(handle, self._generation)
+            actor = start_actor(device, node, index, self.time_scale, self._generation)
+            self._actors[index] = actor
         log.debug("started the actor of %s on node %s", device.id, node.short)
-
-        def ready(future: Any) -> None:
-            with contextlib.suppress(Exception):
-                actor.pid = future.result()
-
-        handle.ready.remote().future().add_done_callback(ready)
         return actor
 
     def warm(self, timeout: float | None) -> None:
@@ -409,7 +255,7 @@ class RayBackend(Backend):
             try:
                 self._ray.get(ref)
             except Exception as exc:
-                failed.append(f"{self._devices[refs[ref]].id} ({_first_line(exc)})")
+                failed.append(f"{self._devices[refs[ref]].id} ({first_line(exc)})")
         failed += [self._devices[refs[r]].id for r in late]
         if failed:
             raise BackendError(f"actors not ready after {timeout:g} s: {', '.join(failed)}")
@@ -510,7 +356,7 @@ class RayBackend(Backend):
         if not self._alive(node.id):
             self._node_left(node, f"node {node.short} ({node.address}) left the cluster")
             return
-        reason = f"actor of {self._devices[device].id} died ({_first_line(exc)})"
+        reason = f"actor of {self._devices[device].id} died ({first_line(exc)})"
         assert self._events is not None
         try:
             self._events.worker_lost(device, reason)
@@ -523,7 +369,7 @@ class RayBackend(Backend):
         except Exception:
             return True  # cannot tell: treat it as a lost worker
 
-    def _node_left(self, node: _Node, reason: str) -> None:
+    def _node_left(self, node: RayNode, reason: str) -> None:
         with self._lock:
             if not node.alive:
                 return
@@ -557,13 +403,13 @@ class RayBackend(Backend):
             new = [n for nid, n in alive.items() if nid not in self._nodes]
             if not new or self._stop.is_set():
                 continue
-            for nid, probe in self._probe(new).items():
+            for nid, probe in probe_nodes(self._ray, new).items():
                 if probe.problem:
-                    log.error("node %s joined but is not used: %s", _short(nid), probe.problem)
-                    self._nodes[nid] = _Node(nid, _short(nid), "?", {}, alive=False)
+                    log.error("node %s joined but is not used: %s", short_id(nid), probe.problem)
+                    self._nodes[nid] = RayNode(nid, short_id(nid), "?", {}, alive=False)
                     continue
                 added = self._adopt(alive[nid], probe)
-                log.info("node %s joined with %d device(s)", _short(nid), len(added))
+                log.info("node %s joined with %d device(s)", short_id(nid), len(added))
                 assert self._events is not None
                 for i in added:
                     try:
@@ -591,36 +437,3 @@ def ray_node_topology(address: str | None = None) -> NodeTopology:
         return backend.node_topology()
     finally:
         backend.close()
-
-
-def _short(node_id: str) -> str:
-    return node_id[:6]
-
-
-def _head_first(info: dict[str, Any]) -> tuple[bool, str]:
-    return ("node:__internal_head__" not in info.get("Resources", {}), info["NodeID"])
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-
-
-def _check_reachable(address: str, timeout: float) -> None:
-    """A ``HeteroError`` now, rather than ``ray.init`` waiting on an address nobody answers."""
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    host, port = parts.hostname, parts.port
-    if not host or not port:
-        raise HeteroError(
-            f"Ray address {address!r} is not host:port, ray://host:port, 'auto' or 'local'"
-        )
-    started = time.monotonic()
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as exc:
-        waited = time.monotonic() - started
-        raise HeteroError(
-            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (after "
-            f"{waited:.1f} s); is `ray start --head` running there, and is the port open?"
-        ) from None
