@@ -66,6 +66,7 @@ def test_vllm_older_names_are_read() -> None:
     )
     load = parse_vllm(page)
     assert (load.running, load.waiting, load.kv_usage, load.prefix_hit_rate) == (3, 1, 0.5, 0.4)
+    assert (load.prefix_queries, load.prefix_hits) == (10, 4)  # the counters themselves
 
 
 def test_vllm_data_parallel_engines_are_summed() -> None:

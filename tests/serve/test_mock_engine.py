@@ -84,6 +84,7 @@ async def test_metrics_publish_the_engines_cache_as_vllm_does(
     # The second request found the system prompt's 36 full blocks cached.
     hits = len(SYSTEM) // 64 * BLOCK_SIZE
     assert sample.prefix_hit_rate == pytest.approx(hits / sum(prompts))
+    assert (sample.prefix_queries, sample.prefix_hits) == (sum(prompts), hits)
     assert (sample.running, sample.waiting, sample.kv_usage) == (0, 0, 0.0)
     assert b'vllm:num_preemptions_total{engine="0",model_name="mock-llm"} 0.0' in page
 

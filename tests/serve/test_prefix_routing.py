@@ -96,3 +96,27 @@ async def test_bad_and_huge_prompts_are_answered_and_the_index_stays_bounded(
     index = policy.index  # type: ignore[attr-defined]
     # At most the capacity set, or what the engine publishes once its load is read.
     assert all(index.held(i) <= index.capacity(i) for i in range(2))
+
+
+async def test_the_index_shrinks_where_the_engine_counters_find_fewer_hits(serve: Serve) -> None:
+    fleet = await serve(Spec(), Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    router = fleet.router
+    index = router.policy.index  # type: ignore[attr-defined]
+    for state in router.replicas:  # the engines' counters at start
+        router.load_read(
+            state, "vllm", LoadSample(running=0, waiting=0, prefix_queries=0, prefix_hits=0)
+        )
+    for k in range(8):
+        status, _ = await fleet.post(conversation(f"question {k} " * 100))
+        assert status == 200
+    holder = next(s for s in router.replicas if router.decisions.get(s.replica.name))
+    assert router.decisions[holder.replica.name] == 8
+    # Its engine (8,192 tokens: 64 blocks) looked up every prompt token and found none cached
+    # (caching off): the index keeps a quarter of its size there.
+    router.load_read(
+        holder,
+        "vllm",
+        LoadSample(running=0, waiting=0, kv_tokens=8192, prefix_queries=20_000, prefix_hits=0),
+    )
+    assert index.capacity(holder.index) == 16
+    assert index.held(holder.index) <= 16

@@ -44,12 +44,14 @@ DEFAULT_CAPACITY_BLOCKS = 8192
 @dataclass(frozen=True, slots=True)
 class Prefix:
     """What a work item's prompt shares with others: its chained block hashes, the work units
-    one cached block saves (its tokens times the cost of a prompt token), and the session it
-    belongs to (a conversation, kept together while that costs nothing)."""
+    one cached block saves (its tokens times the cost of a prompt token), the session it
+    belongs to (a conversation, kept together while that costs nothing), and the prompt's
+    length in blocks, its partial last block included (0: as many as ``blocks``)."""
 
     blocks: tuple[int, ...]
     block_work: float
     session: str | None = None
+    span: float = 0.0
 
 
 def prefix_blocks(

@@ -37,7 +37,7 @@ from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.driver import Driver
 from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
-from hetero.sched.prefix import BLOCK_CHARS, Prefix, PrefixIndex, prefix_blocks
+from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
@@ -71,10 +71,10 @@ class Router(Driver):
         self.policy = make_policy(options.strategy, options.strategy_options)
         # The index of a policy that weighs prefix caches: only then do requests carry their
         # prompt's blocks (hashing a long prompt is not free), and it follows the engines.
-        self.prefix_index: PrefixIndex | None = (
-            self.policy.index if isinstance(self.policy, PrefixAffinity) else None
+        self.prefix_policy: PrefixAffinity | None = (
+            self.policy if isinstance(self.policy, PrefixAffinity) else None
         )
-        self.prefix_aware = self.prefix_index is not None
+        self.prefix_aware = self.prefix_policy is not None
         # Work units one cached block saves: its tokens' prefill.
         self._block_work = BLOCK_CHARS / CHARS_PER_TOKEN * options.prefill_weight
         self.dispatcher = Dispatcher(
@@ -173,7 +173,8 @@ class Router(Driver):
         cost = self.outputs.cost(model, prompt, max_tokens)
         prefix = None
         if self.prefix_aware and (text or session):
-            prefix = Prefix(prefix_blocks(text or ""), self._block_work, session)
+            text = text or ""
+            prefix = Prefix(prefix_blocks(text), self._block_work, session, len(text) / BLOCK_CHARS)
         item = WorkItem(cost=cost, priority=priority, id=ticket.id, prefix=prefix)
         self.tickets[ticket.id] = ticket
         try:
@@ -282,10 +283,15 @@ class Router(Driver):
         state.load = sample
         state.load_at = self.clock.now()
         state.load_error = ""
-        if sample.kv_tokens and self.prefix_index is not None:
-            # The engine's cache evicts at its KV capacity: the index follows it.
-            blocks = max(1, round(sample.kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
-            self.prefix_index.set_capacity(state.index, blocks)
+        if self.prefix_policy is not None:
+            # The engine's cache evicts at its KV capacity, and its counters say how much of
+            # what the index predicted it really found: the index follows both.
+            blocks = None
+            if sample.kv_tokens:
+                blocks = max(1, round(sample.kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
+            self.prefix_policy.engine_cache(
+                state.index, blocks=blocks, queries=sample.prefix_queries, hits=sample.prefix_hits
+            )
         capacity = state.capacity
         capacity.set_cap(sample.cap)
         if sample.waiting is not None:
@@ -560,8 +566,8 @@ class Router(Driver):
     def remove(self, name: str) -> None:
         state = self.state_of(name)
         self.apply(self.dispatcher.remove_device(name, "replica removed"))
-        if self.prefix_index is not None:
-            self.prefix_index.forget(state.index)  # it comes back, if ever, with a cold cache
+        if self.prefix_policy is not None:
+            self.prefix_policy.forget(state.index)  # it comes back, if ever, with a cold cache
         self._model_masks.clear()
 
     def set_models(self, state: ReplicaState, models: set[str]) -> None:

@@ -7,6 +7,7 @@ from collections import OrderedDict
 import numpy as np
 
 from hetero.errors import ConfigError
+from hetero.sched.cache_check import CacheCheck
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.load import check_overtake_weight
 from hetero.sched.policy import BoolArray, Policy, masked_argmin
@@ -31,6 +32,10 @@ class PrefixAffinity(Policy):
     it differently), under the same trade against queueing. The index keeps at most
     ``capacity_blocks`` blocks per device (``hetero.sched.prefix``) and ``sessions`` sessions,
     least recently used first.
+
+    An executor that reads the engines tells it each device's KV cache size and prefix-cache
+    counters (``engine_cache``): the index's capacity follows the cache, scaled down where the
+    engine finds far fewer cached tokens than the index predicted (``CacheCheck``).
     """
 
     name = "prefix_affinity"
@@ -51,19 +56,29 @@ class PrefixAffinity(Policy):
         self.capacity_blocks = capacity_blocks
         self.max_sessions = sessions
         self.index = PrefixIndex([])
+        self.check = CacheCheck()
+        self._ceiling: list[int] = []  # per device: its cache in blocks, as last known
         # session -> the device of its last turn, and that turn's blocks
         self._sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
     def bind(self, view: FleetView) -> None:
         while self.index.n < view.n:  # the fleet at start, then each device that joins
             self.index.add_device(self.capacity_blocks)
+            self.check.add_device()
+            self._ceiling.append(self.capacity_blocks)
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         inv = view.perf.inv_speed(item.kind)
         score = view.delay_score(item.cost, inv, self.overtake_weight)
         prefix = item.prefix
-        if prefix is None or not prefix.blocks:
+        if prefix is None:
             return masked_argmin(score, allowed)
+        span = prefix.span or len(prefix.blocks)
+        if not prefix.blocks:
+            i = masked_argmin(score, allowed)
+            if i is not None:
+                self.check.placed(i, 0.0, span)
+            return i
         matched = self.index.match(prefix.blocks)
         if prefix.session is not None:
             # The device of its last turn holds about as much of this one as that turn had,
@@ -80,10 +95,35 @@ class PrefixAffinity(Policy):
             score[held] -= saved * inv[held]
         i = masked_argmin(score, allowed)
         if i is not None:
+            self.check.placed(i, float(matched[i]), span)
             self.index.insert(i, prefix.blocks)
             if prefix.session is not None:
                 self._remember(prefix.session, i, len(prefix.blocks))
         return i
+
+    def engine_cache(
+        self,
+        device: int,
+        *,
+        blocks: int | None = None,
+        queries: int | None = None,
+        hits: int | None = None,
+    ) -> None:
+        """What device ``device``'s engine publishes of its cache: its size in index blocks
+        and its prefix-cache counters (prompt tokens looked up and found, cumulative). The
+        index keeps the size times the share the counters bear out."""
+        if queries is not None and hits is not None:
+            self.check.read(device, queries, hits)
+        ceiling = self._ceiling[device] if blocks is None else blocks
+        capacity = round(ceiling * self.check.factor(device))
+        if capacity != self.index.capacity(device):
+            self.index.set_capacity(device, capacity)  # refuses a negative size
+        self._ceiling[device] = ceiling
+
+    def forget(self, device: int) -> None:
+        """Device ``device``'s engine starts again with an empty cache."""
+        self.index.forget(device)
+        self.check.forget(device)
 
     def _remember(self, session: str, device: int, blocks: int) -> None:
         sessions = self._sessions

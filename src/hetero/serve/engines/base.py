@@ -54,6 +54,10 @@ class LoadSample:
     """Tokens its KV cache holds (SGLang's ``max_total_num_tokens``)."""
     prefix_hit_rate: float | None = None
     """Prefix-cache hits over queries since it started, 0 to 1."""
+    prefix_queries: int | None = None
+    """Prompt tokens looked up in its prefix cache since it started (a counter)."""
+    prefix_hits: int | None = None
+    """Of those, the tokens found cached."""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}

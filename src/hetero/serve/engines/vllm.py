@@ -64,7 +64,7 @@ def parse(body: bytes) -> LoadSample:
             values = [fraction(v, name) for v in found[name]]
             kv_usage = sum(values) / len(values)
             break
-    hit_rate = None
+    hit_rate = queries = hits = None
     for queries_name, hits_name in PREFIX:
         if found[queries_name] and found[hits_name]:
             queries = sum(count(v, queries_name) for v in found[queries_name])
@@ -79,6 +79,8 @@ def parse(body: bytes) -> LoadSample:
         kv_usage=kv_usage,
         kv_tokens=_kv_tokens(body),
         prefix_hit_rate=hit_rate,
+        prefix_queries=queries,
+        prefix_hits=hits,
     )
 
 
