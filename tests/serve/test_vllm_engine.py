@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from hetero.serve.engines.vllm import parse as parse_vllm
 from tests.serve.vllm_fixtures import VllmEndpoint, VllmFleet
 
 # Startup of both engines (30-100 s; torch.compile's first run here is the slow part) counts
@@ -94,3 +95,27 @@ async def test_metrics(vllm_fleet: VllmFleet, session: aiohttp.ClientSession) ->
         labels = f'{{engine="0",model_name="{replica.model}"}}'
         for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
             assert f"{gauge}{labels} " in text, f"{gauge} missing from {replica.name}'s /metrics"
+
+
+async def test_prefix_cache_counters(vllm_fleet: VllmFleet, session: aiohttp.ClientSession) -> None:
+    """The counters the router holds its prefix index to (``CacheCheck``): a prompt sent again
+    is looked up in full and found cached but for its last block."""
+    replica = vllm_fleet["small"]
+
+    async def counters() -> tuple[int, int]:
+        async with session.get(replica.url + "/metrics") as r:
+            sample = parse_vllm(await r.read())
+        assert sample.prefix_queries is not None and sample.prefix_hits is not None
+        return sample.prefix_queries, sample.prefix_hits
+
+    text = "A fleet of devices shares one long system prompt, word for word. " * 12
+    body = {**chat(replica.model, max_tokens=1), "messages": [{"role": "user", "content": text}]}
+    queries, hits = await counters()
+    tokens = []
+    for _ in range(2):
+        async with session.post(replica.url + "/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            tokens.append((await r.json())["usage"]["prompt_tokens"])
+    after_queries, after_hits = await counters()
+    assert after_queries - queries == sum(tokens)
+    assert 0 < after_hits - hits < tokens[1]  # the second found all but a partial block
