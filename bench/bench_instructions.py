@@ -74,8 +74,15 @@ def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
 
 def per_request(tree: Path, devices: int, order: str, low: int, high: int) -> dict[str, Any]:
     count = instructions(tree, devices, high, order) - instructions(tree, devices, low, order)
+    revision = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     row = {
         "tree": str(tree),
+        "revision": revision or "unknown",
         "devices": devices,
         "queue_order": order,
         "requests": [low, high],
