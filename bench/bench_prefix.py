@@ -4,7 +4,10 @@ it against every replica's index, scores, and records the placement.
 Each fleet size gets a view with random load (as ``bench_decisions.py`` builds it) and an index
 warmed with earlier requests; requests are multi-turn chats: one of ``--systems`` system
 prompts of about 2k tokens, then turns that bring the prompt to about ``--tokens`` tokens.
-Times are medians over repeats of the mean per request. Prints JSON; ``--out`` saves it.
+The view's load does not change with the placements, so requests gather on the replica it
+favours, whose index runs at its capacity: each request's new blocks evict as many old ones,
+the costliest case for recording a placement. Times are medians over repeats of the mean per
+request. Prints JSON; ``--out`` saves it.
 
     python bench/bench_prefix.py --out bench/results/prefix.json
 """
@@ -44,11 +47,10 @@ def text(rng: np.random.Generator, chars: int) -> str:
     return " ".join(words.tolist())[:chars]
 
 
-def prompts(rng: np.random.Generator, count: int, systems: int, tokens: int) -> list[str]:
-    heads = [text(rng, 2048 * CHARS_PER_TOKEN) for _ in range(systems)]
+def prompts(rng: np.random.Generator, count: int, heads: list[str], tokens: int) -> list[str]:
     out = []
     for _ in range(count):
-        head = heads[int(rng.integers(systems))]
+        head = heads[int(rng.integers(len(heads)))]
         out.append(head + text(rng, tokens * CHARS_PER_TOKEN - len(head)))
     return out
 
@@ -59,12 +61,13 @@ def measure(n: int, tokens: int, systems: int, requests: int, repeats: int, seed
     policy = make_policy("prefix_affinity")
     policy.bind(view)
     block_work = BLOCK_CHARS / CHARS_PER_TOKEN * 0.5
-    warm = prompts(rng, 4 * n, systems, tokens)
+    heads = [text(rng, 2048 * CHARS_PER_TOKEN) for _ in range(systems)]  # the system prompts
+    warm = prompts(rng, 4 * n, heads, tokens)
     for p in warm:
         policy.pick(
             WorkItem(cost=float(tokens), prefix=Prefix(prefix_blocks(p), block_work)), view, None
         )
-    texts = prompts(rng, requests, systems, tokens)
+    texts = prompts(rng, requests, heads, tokens)
     hash_runs, pick_runs = [], []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, ManualClock, WorkItem, make_policy
-from hetero.sched.prefix import Prefix, PrefixIndex, prefix_blocks
+from hetero.sched.prefix import BLOCK_CHARS, MAX_BLOCKS, Prefix, PrefixIndex, prefix_blocks
 from tests.sched.conftest import make_devices
 
 SYSTEM = "You are a helpful assistant. " * 40  # about 1,100 characters: 4 full blocks
@@ -29,6 +29,14 @@ def test_only_full_blocks_count_and_long_prompts_are_cut_at_the_limit() -> None:
     assert prefix_blocks("a" * 255, block_chars=256) == ()
     assert len(prefix_blocks("a" * 513, block_chars=256)) == 2
     assert len(prefix_blocks("ab" * 10**6, block_chars=256, limit=8)) == 8
+    assert prefix_blocks("a" * 5000, limit=-1) == ()
+
+
+def test_the_default_blocks_hash_as_any_other_size_does() -> None:
+    # Past MAX_BLOCKS the default size takes the general path: both must name blocks alike.
+    text = "".join(f"{i:07d} " for i in range((MAX_BLOCKS + 3) * BLOCK_CHARS // 8))
+    longer = prefix_blocks(text, limit=MAX_BLOCKS + 3)
+    assert len(longer) == MAX_BLOCKS + 3 and longer[:MAX_BLOCKS] == prefix_blocks(text)
 
 
 def test_match_counts_the_leading_blocks_each_device_holds() -> None:
@@ -88,6 +96,57 @@ def test_match_and_eviction_agree_with_a_plain_model(
         while expected < len(query) and query[expected] in model[device]:
             expected += 1
         assert index.match(query)[device] == expected
+
+
+def test_match_counts_many_holders_at_once() -> None:
+    index = PrefixIndex([10] * 70)
+    for device in range(70):
+        index.insert(device, [1, 2, 3, 4][: 2 + device % 3])  # 2, 3 or 4 blocks
+    assert index.match([1, 2, 3, 4, 5]).tolist() == [2 + d % 3 for d in range(70)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "capacity", "forget"]),
+            st.integers(0, 39),
+            st.lists(st.integers(0, 6), max_size=6),
+            st.integers(0, 8),
+        ),
+        max_size=80,
+    ),
+    st.lists(st.integers(0, 6), max_size=8),
+)
+def test_a_fleet_of_devices_agrees_with_a_plain_model(
+    ops: list[tuple[str, int, list[int], int]], query: list[int]
+) -> None:
+    n = 40  # enough for a block to have more holders than match sets one by one
+    index = PrefixIndex([4] * n)
+    model: list[list[int]] = [[] for _ in range(n)]  # least recently used first
+    capacity = [4] * n
+    for op, device, blocks, blocks_held in ops:
+        if op == "insert":
+            index.insert(device, blocks)
+            for h in blocks:
+                if h in model[device]:
+                    model[device].remove(h)
+                model[device].append(h)
+        elif op == "capacity":
+            index.set_capacity(device, blocks_held)
+            capacity[device] = blocks_held
+        else:
+            index.forget(device)
+            model[device].clear()
+        del model[device][: max(0, len(model[device]) - capacity[device])]
+    expected = []
+    for held in model:
+        depth = 0
+        while depth < len(query) and query[depth] in held:
+            depth += 1
+        expected.append(depth)
+    assert index.match(query).tolist() == expected
+    assert [index.held(d) for d in range(n)] == [len(held) for held in model]
 
 
 def dispatcher(speeds: tuple[float, ...]) -> Dispatcher:
