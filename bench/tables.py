@@ -84,6 +84,27 @@ def simulator(doc: dict[str, Any]) -> str:
     )
 
 
+def instructions(doc: dict[str, Any]) -> str:
+    counts = sorted({r["devices"] for r in doc["results"]})
+    cells: dict[str, dict[int, int]] = {}
+    for r in doc["results"]:
+        label = f"{r['revision']}, {r['queue_order']} queue order"
+        cells.setdefault(label, {})[r["devices"]] = r["instructions_per_request"]
+    rows = [
+        [label, *(f"{by[n]:,}" if n in by else "-" for n in counts)] for label, by in cells.items()
+    ]
+    return (
+        "## Simulator instructions per request\n\n"
+        "`python bench/bench_instructions.py --tree <a checkout of df9dfcb> --devices 10,1000"
+        " --queue-order default,fifo --out bench/results/instructions.json` — the simulator's"
+        " run of `bench_sim.py` under valgrind at two request counts (10,000 and 50,000 at 10"
+        " devices; 20 and 40 per device at 1,000), instructions per request from the"
+        " difference: no clock, so the shared machine's drift does not enter it (repeats differ"
+        " by about 2%). The default queue order is size-ordered since d3c81ea; df9dfcb had"
+        " FIFO queues only.\n\n" + _table(["revision", *(f"{n} devices" for n in counts)], rows)
+    )
+
+
 def decisions(doc: dict[str, Any]) -> str:
     counts = sorted({r["devices"] for r in doc["results"]})
     by_policy: dict[str, dict[int, float]] = {}
@@ -99,7 +120,14 @@ def decisions(doc: dict[str, Any]) -> str:
 
 def prefix(doc: dict[str, Any]) -> str:
     rows = [
-        [r["devices"], r["prompt_tokens"], r["blocks_per_prompt"], r["us_hash"], r["us_pick"]]
+        [
+            r["devices"],
+            r["prompt_tokens"],
+            r["blocks_per_prompt"],
+            r["us_hash"],
+            r["us_pick"],
+            r["us_per_request"],
+        ]
         for r in doc["results"]
     ]
     return (
@@ -108,8 +136,8 @@ def prefix(doc: dict[str, Any]) -> str:
         " multi-turn chats (20 system prompts of about 2k tokens, prompts of 8k tokens), the index"
         " warmed with 4 requests per replica; µs per request, median of repeats: hashing the prompt"
         " into blocks (at admission), and the pick (match against every replica, score, record)."
-        " The budget for the pick is 50 µs at 64 replicas.\n\n"
-        + _table(["replicas", "prompt tokens", "blocks", "hash µs", "pick µs"], rows)
+        " The budget for the two together is 50 µs at 64 replicas.\n\n"
+        + _table(["replicas", "prompt tokens", "blocks", "hash µs", "pick µs", "total µs"], rows)
     )
 
 
@@ -1644,6 +1672,7 @@ def main() -> int:
     ]
     for name, render in (
         ("sim.json", simulator),
+        ("instructions.json", instructions),
         ("decisions.json", decisions),
         ("prefix.json", prefix),
         ("quality.json", quality),
