@@ -54,6 +54,8 @@ _COMPLETIONS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 _FLOODABLE = ("asyncio", "aiohttp.server", "aiohttp.web", "hetero.serve")
 #: The status of a request whose client hung up before its answer (nginx's "client closed").
 _CLIENT_GONE = 499
+#: Seconds a connection to a replica is kept idle for reuse: under uvicorn's 5.
+_IDLE_CONNECTION_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,12 @@ class Server:
         for name in _FLOODABLE:
             logging.getLogger(name).addFilter(self._repeats)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            # Idle connections are dropped before the engines' servers drop them (uvicorn, under
+            # vLLM and SGLang, after 5 s): one reused as the server closes it fails its write,
+            # which would read as the replica's fault.
+            connector=aiohttp.TCPConnector(
+                limit=0, ttl_dns_cache=300, keepalive_timeout=_IDLE_CONNECTION_S
+            ),
             cookie_jar=aiohttp.DummyCookieJar(),  # replicas set no cookies worth keeping
             # No total: the dispatcher's deadline ends a request (a Stop). A second timer of
             # the same length fires in the same loop turn, and aiohttp then turns the Stop's
