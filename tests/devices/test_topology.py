@@ -35,6 +35,7 @@ from hetero.devices.topology import (
 from hetero.devices.topology_file import read_topology_file
 from hetero.devices.topology_nvml import read_topology
 from hetero.errors import AllocationError, ConfigError, DeviceError
+from tests.cli_apps import command_app
 
 GIB = 1024**3
 
@@ -363,14 +364,7 @@ def test_format_matrix_and_to_dict() -> None:
 
 @pytest.fixture
 def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-
-    @app.callback()
-    def main() -> None:
-        """hetero"""
-
-    return app
+    return command_app(register)
 
 
 runner = CliRunner()

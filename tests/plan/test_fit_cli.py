@@ -4,20 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from hetero.commands.fit import register
 from hetero.plan.memory import FitRequest, fit_memory
 from hetero.plan.models import get_model, model_names
+from tests.cli_apps import command_app
 
-app = typer.Typer()
-register(app)
-
-
-@app.callback()
-def _root() -> None:
-    """A group, so the command is invoked by name as under `hetero`."""
+app = command_app(register)
 
 
 runner = CliRunner()

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -22,6 +21,7 @@ from hetero.plan.buckets import make_buckets
 from hetero.plan.sizing import FleetPlan, InfeasiblePlan, capacity_table, plan_fleet
 from hetero.plan.sizing_spec import PlanSpec, load_plan, parse_plan
 from hetero.plan.verification import TIGHTEN, Verification, plan_verified, verify
+from tests.cli_apps import command_app
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plan.yaml"
 
@@ -311,14 +311,7 @@ def test_a_failed_check_tightens_the_caps_and_re_solves(monkeypatch: pytest.Monk
 
 
 def cli(*args: str) -> Any:
-    app = typer.Typer()
-    register(app)
-
-    @app.callback()
-    def main() -> None:
-        """hetero"""
-
-    return CliRunner().invoke(app, ["plan", *args])
+    return CliRunner().invoke(command_app(register), ["plan", *args])
 
 
 def test_cli_prints_the_mix_and_the_comparison() -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ import pytest
 
 import hetero
 from hetero.errors import TaskFailed
+from tests.cli_apps import hetero_cli
 from tests.ray.conftest import FLEETS
 
 TIME_SCALE = 0.05
@@ -143,12 +142,6 @@ def test_checkpoints_reach_every_node_and_a_retry_resumes_from_the_last(
     os.kill(int(marker.read_text()), 9)  # the actor's process, mid-task
     start, ran, _ = f.result(timeout=60)
     assert start == 5 and ran == list(range(10))
-
-
-def hetero_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("hetero")
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_hetero_devices_ray_lists_the_whole_cluster_by_node(cluster: Any) -> None:

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from hetero.devices.topology import NodeTopology
 from hetero.runtime import ray_actor
 from hetero.runtime.ray_backend import RayBackend
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV, local_cluster
+from tests.cli_apps import command_app, hetero_cli
 
 T4 = {"type": "gpu", "model": "T4", "emulate": True}
 # Two nodes declare their NICs; the third declares none, so it reports those read on it.
@@ -144,12 +142,6 @@ def test_the_backend_keeps_every_nodes_nics_under_its_devices_node_name(cluster:
     assert nodes.nodes[0] == name["head"]  # the head first, as in the fleet
 
 
-def hetero_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).with_name("hetero")
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=120)
-
-
 def test_hetero_topology_ray_prints_the_node_matrix_as_config_does(cluster: Any) -> None:
     done = hetero_cli("topology", "--ray", "--address", cluster.address, "--json")
     assert done.returncode == 0, done.stderr
@@ -178,14 +170,7 @@ def test_hetero_topology_ray_prints_the_node_matrix_as_config_does(cluster: Any)
 
 @pytest.fixture
 def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-
-    @app.callback()
-    def main() -> None:
-        """hetero"""
-
-    return app
+    return command_app(register)
 
 
 def free_port() -> int:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import typer
 from rich.console import Console
 from typer.testing import CliRunner
 
 from hetero.commands.top import _watch, register
 from hetero.runtime.status import StatusWriter, status_dir
+from tests.cli_apps import command_app
 from tests.rendering import assert_whole, flat, headers
 from tests.runtime.conftest import interruptible
 from tests.runtime.test_status import snapshot
@@ -25,13 +25,7 @@ from tests.runtime.test_status import snapshot
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mixed_fleet.yaml"
 
-app = typer.Typer()
-register(app)
-
-
-@app.callback()
-def _root() -> None:
-    """A group, so the command is invoked by name as under `hetero`."""
+app = command_app(register)
 
 
 runner = CliRunner()
