@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass
 from typing import Literal
 
+from hetero._checks import is_positive
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, DeviceKind
 from hetero.errors import ConfigError, HeteroError
@@ -52,18 +52,9 @@ def _flag(value: object, path: str, problems: Problems) -> None:
         problems.append((path, f"expected true or false, got {value!r}"))
 
 
-def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
 def lease_problems(value: object, path: str = "lease") -> Problems:
     """What is wrong with ``value`` as a lease: seconds, finite and > 0, or None (no lease)."""
-    if value is None or _positive(value):
+    if value is None or is_positive(value):
         return []
     return [(path, f"expected seconds > 0 (None: no lease), got {value!r}")]
 
@@ -178,7 +169,7 @@ class AllocationRequest:
                     f"converts sizes), got {self.memory!r}",
                 )
             )
-        if self.min_tflops is not None and not _positive(self.min_tflops):
+        if self.min_tflops is not None and not is_positive(self.min_tflops):
             problems.append(
                 ("min_tflops", f"expected TFLOPS > 0 (None: no minimum), got {self.min_tflops!r}")
             )

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetero._checks import is_positive
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceSpec
 from hetero.errors import ConfigError, DeviceError
@@ -77,15 +78,6 @@ _COMPUTE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 _UNBOUNDED = sys.maxsize
 
 
-def _positive(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """How close to the catalog's peaks the engine runs: the share of the peak TFLOPS its
@@ -103,11 +95,11 @@ class Calibration:
         out = []
         for name in ("compute_efficiency", "bandwidth_efficiency"):
             value = getattr(self, name)
-            if not (_positive(value) and value <= 1):
+            if not (is_positive(value) and value <= 1):
                 out.append((name, f"must be a fraction of the peak in (0, 1], got {value!r}"))
         for name in ("step_overhead", "request_overhead"):
             value = getattr(self, name)
-            if not (_positive(value) or (value == 0 and not isinstance(value, bool))):
+            if not (is_positive(value) or (value == 0 and not isinstance(value, bool))):
                 out.append((name, f"must be a finite number of seconds >= 0, got {value!r}"))
         return out
 

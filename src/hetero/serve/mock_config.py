@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
+from hetero._checks import is_integer, is_number
 from hetero.errors import ConfigError
 from hetero.serve.engine_model import (
     DEFAULT_MAX_BATCHED_TOKENS,
@@ -45,15 +46,6 @@ _LOGNORMAL_SIGMA = 1.0
 _PARETO_ALPHA = 1.5
 _KV_TOKENS_PER_SLOT = 2048
 _CALIBRATION = Calibration()
-
-
-def _real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_integer(value: object) -> bool:
-    """An ``int`` and not a ``bool`` (which Python counts as one)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -141,15 +133,15 @@ class MockConfig:
             and len(set(models)) == len(models),
             "a non-empty list of distinct, non-blank model names",
         )
-        check("speed", _real(self.speed) and self.speed > 0, "a positive finite number")
+        check("speed", is_number(self.speed) and self.speed > 0, "a positive finite number")
         check("slots", is_integer(self.slots) and self.slots >= 1, "an integer >= 1")
         check("seed", is_integer(self.seed), "an integer")
         for name in ("decode_time", "prefill_time"):
             value = getattr(self, name)
-            check(name, _real(value) and value >= 0, "a finite number of seconds >= 0")
+            check(name, is_number(value) and value >= 0, "a finite number of seconds >= 0")
         check(
             "output_mean",
-            _real(self.output_mean) and self.output_mean >= 1,
+            is_number(self.output_mean) and self.output_mean >= 1,
             "a finite number of tokens >= 1",
         )
         check("output_dist", self.output_dist in OUTPUT_DISTS, f"one of {', '.join(OUTPUT_DISTS)}")
@@ -160,10 +152,10 @@ class MockConfig:
         )
         for name in ("fail_rate", "garbage_rate"):
             value = getattr(self, name)
-            check(name, _real(value) and 0 <= value <= 1, "a probability from 0 to 1")
+            check(name, is_number(value) and 0 <= value <= 1, "a probability from 0 to 1")
         check(
             "slowdown",
-            _real(self.slowdown) and self.slowdown > 0,
+            is_number(self.slowdown) and self.slowdown > 0,
             "a positive finite number (1: no slowdown)",
         )
         check(
@@ -180,7 +172,7 @@ class MockConfig:
         check("load_fault", self.load_fault in LOAD_FAULTS, f"one of {', '.join(LOAD_FAULTS)}")
         check(
             "load_delay",
-            _real(self.load_delay) and self.load_delay >= 0,
+            is_number(self.load_delay) and self.load_delay >= 0,
             "a finite number of seconds >= 0",
         )
         check(

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from hetero.serve.mock_config import is_integer
+from hetero._checks import is_integer
 
 __all__ = [
     "EMBEDDING_DIM",
