@@ -77,8 +77,7 @@ class BackendSink:
                     log.warning("%s", msg[1])
                 if device in engine.holding and tag in _LET_GO:
                     self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id)
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
 
     def _stopped(self, device: int, task_id: int) -> None:
         """The worker of held ``device`` has let go of ``task_id`` (dropped it, or replied);
@@ -238,8 +237,7 @@ class BackendSink:
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
             engine.apply(out)
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
 
     def _cooldown_over(self, device: int) -> None:
         """A device's circuit has been open for its cooldown: it takes work again, and its next
@@ -251,8 +249,7 @@ class BackendSink:
             dev = engine.devices[device].id
             log.info("%s: circuit half-open, on trial", dev)
             engine.apply(engine.dispatcher.release(dev, Hold.CIRCUIT_OPEN))
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
 
     def device_added(self, device: Device) -> int:
         """A device joined (its node joined the cluster): it takes work at once."""
@@ -262,8 +259,7 @@ class BackendSink:
             log.info("%s joined the fleet", device.id)
             out = engine.dispatcher.add_device(device, slots=1 + engine.prefetch, parallel=1)
             engine.apply(out)
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
         return index
 
     def device_gone(self, device: int, reason: str) -> None:
@@ -281,8 +277,7 @@ class BackendSink:
             log.warning("%s left the fleet: %s", dev.id, reason)
             engine.apply(out)
             self._fail_if_fleetless(reason)
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
 
     def readings(self, samples: Iterable[DeviceSample]) -> list[tuple[int, DeviceSample]]:
         """A monitor round: memory measured beyond what placed tasks declare goes to the
@@ -304,8 +299,7 @@ class BackendSink:
                     engine.holding.pop(i, None)  # down now: it takes no work until device_up
                     out += dispatcher.device_down(device.id, "device reported errors")
             engine.apply(out)
-        engine.backend.flush()
-        engine.settle()
+        engine.flush()
         return found
 
     def _fail_if_fleetless(self, reason: str) -> None:
