@@ -18,21 +18,18 @@ to the ideal (global batch / the sum of the ranks' samples/s).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
 import sys
 
+import _training  # what the training examples share
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import TensorDataset
 
 from hetero import comm
-from hetero.commands.launch import free_port
-from hetero.train import StepReport, Trainer, TrainerOptions
+from hetero.train import StepReport, Trainer
 
 FEATURES, CLASSES = 32, 10
 
@@ -58,26 +55,6 @@ def mean_loss(model: nn.Module, data: TensorDataset) -> float:
         return float(nn.functional.cross_entropy(model(x), y))
 
 
-def summary(speeds: list[float], reports: list[StepReport]) -> str:
-    last = reports[-1]
-    lines = ["rank  speed  share  samples/s  compute ms  comm ms  idle ms"]
-    for r, speed in enumerate(speeds):
-        ranks = [rep.ranks[r] for rep in reports]
-        lines.append(
-            f"{r:<5} {speed:<6g} {last.shares[r]:<6} {last.throughputs[r]:<10.0f} "
-            f"{statistics.mean(x.compute_seconds for x in ranks) * 1e3:<11.1f} "
-            f"{statistics.mean(x.comm_seconds for x in ranks) * 1e3:<8.1f} "
-            f"{statistics.mean(x.idle_seconds for x in ranks) * 1e3:.1f}"
-        )
-    step = statistics.median(rep.step_seconds for rep in reports)
-    ideal = statistics.median(rep.ideal_seconds for rep in reports)
-    lines.append(
-        f"median step {step * 1e3:.1f} ms, ideal {ideal * 1e3:.1f} ms (global batch / Σ "
-        f"samples/s): efficiency {ideal / step:.0%}"
-    )
-    return "\n".join(lines)
-
-
 def train(
     trainer: Trainer, steps: int, args: argparse.Namespace, data: TensorDataset, progress: bool
 ) -> list[StepReport]:
@@ -94,48 +71,25 @@ def train(
     return reports
 
 
-def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> None:
-    if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets it to 1 for the same reason:
-        torch.set_num_threads(1)  # the ranks share this machine's cores
-    comm.init(rank, world, backend="gloo", master_port=port)
+def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
+    """One rank's run: train, dying on the way when --fail-at says so; rank 0 reports."""
     # Under a launcher, the local rank names the rank's device (hetero launch keeps it when the
     # ranks shrink, while RANK is renumbered).
     slot = int(os.environ.get("LOCAL_RANK", rank))
-    speeds = [float(s) for s in args.speeds.split(",")]
+    speed = _training.speeds(args)[slot]
     data = dataset(args.samples, args.seed)
     model = mlp(args.seed)
-    options = TrainerOptions(
-        global_batch=args.global_batch,
-        micro_batch=args.micro_batch,
-        rebalance_every=args.rebalance_every,
-        seed=args.seed,
-        speed=speeds[slot],
-        emulate_sample_time=args.sample_time or None,
-        report_path=args.report,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-    )
     before = mean_loss(model, data)
     trainer = Trainer(
         model,
         lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
         nn.CrossEntropyLoss(reduction="sum"),
         data,
-        options,
+        _training.trainer_options(args, speed),
     )
-    speeds = comm.all_gather_object(speeds[slot])  # each rank's, in rank order
+    ranks_speeds = comm.all_gather_object(speed)  # each rank's, in rank order
     if rank == 0:
-        resumed = (
-            f"; resumed from the checkpoint of step {trainer.resumed_from}"
-            if trainer.resumed_from is not None
-            else ""
-        )
-        print(
-            f"{world} ranks (gloo), global batch {args.global_batch}, speeds "
-            f"{' : '.join(f'{s:g}' for s in speeds)}; shares after profiling: "
-            f"{'/'.join(map(str, trainer.shares))}{resumed}",
-            flush=True,
-        )
+        print(f"{world} ranks (gloo), {_training.shares_line(trainer, ranks_speeds)}", flush=True)
     start = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     failing = slot == args.fail_rank and start < args.fail_starts
     if failing and args.fail_at is not None and trainer.steps < args.fail_at:
@@ -146,33 +100,18 @@ def run(rank: int, world: int, args: argparse.Namespace, port: int | None) -> No
     reports = train(trainer, max(0, args.steps - trainer.steps), args, data, not args.quiet)
     if rank == 0:
         if reports:
-            print(summary(speeds, reports))
+            print(_training.summary(ranks_speeds, reports))
         print(f"loss over the dataset: {before:.3f} -> {mean_loss(model, data):.3f}")
         if args.save_params:
             torch.save(model.state_dict(), args.save_params)
-    del trainer
-    gc.collect()  # DDP holds reference cycles: free them while the process group is up
-    comm.destroy()
 
 
 @record  # an uncaught error goes to the launcher's error file: it learns which rank failed first
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nproc", type=int, default=3, help="ranks to start (without torchrun)")
-    parser.add_argument("--speeds", default="1,0.5,0.25", help="relative speed of each rank")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--global-batch", type=int, default=63)
-    parser.add_argument("--micro-batch", type=int, default=None)
-    parser.add_argument(
-        "--sample-time", type=float, default=0.004, help="seconds per sample at speed 1"
+    _training.add_training_options(
+        parser, steps=30, global_batch=63, sample_time=0.004, samples=4096, checkpoint_every=10
     )
-    parser.add_argument("--rebalance-every", type=int, default=10)
-    parser.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", default=None, help="JSON lines of step reports (rank 0)")
-    parser.add_argument("--quiet", action="store_true", help="no live progress")
-    parser.add_argument("--checkpoint-dir", default=None, help="save and resume training here")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between saves")
     parser.add_argument(
         "--fail-at", type=int, default=None, help="--fail-rank dies after this step"
     )
@@ -183,16 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-params", default=None, help="rank 0 saves the final parameters")
     parser.add_argument("--loss-log", default=None, help="rank 0 adds each step's loss (JSON)")
     args = parser.parse_args(argv)
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.nproc
-    # An elastic launch may run fewer ranks than there are speeds: one per local rank.
-    slots = max(world, int(os.environ.get("LOCAL_RANK", "0")) + 1)
-    if len(args.speeds.split(",")) < slots:
-        parser.error(f"--speeds gives {len(args.speeds.split(','))} speeds for {slots} ranks")
-    if under_torchrun:
-        run(int(os.environ["RANK"]), world, args, None)
-    else:
-        mp.spawn(run, args=(world, args, free_port()), nprocs=world, join=True)
+    _training.start_ranks(parser, args, train_rank, elastic=True)
     return 0
 
 

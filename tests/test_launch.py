@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_apps import hetero_cli
+
 SCRIPT = """
 import json, os, sys, time
 out = sys.argv[1]
@@ -73,18 +75,13 @@ def test_out_of_restarts_is_a_clear_failure(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text("")
     for args, message in (
-        (["--nproc", "0", "job.py"], "--nproc must be >= 1, got 0"),
-        (["--max-restarts", "-1", "job.py"], "--max-restarts must be >= 0, got -1"),
+        (["--nproc", "0", str(job)], "--nproc must be >= 1, got 0"),
+        (["--max-restarts", "-1", str(job)], "--max-restarts must be >= 0, got -1"),
         ([str(tmp_path / "missing.py")], "does not exist or is not a file"),
     ):
-        (tmp_path / "job.py").write_text("")
-        done = subprocess.run(
-            [sys.executable, "-m", "hetero", "launch", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
+        done = hetero_cli("launch", *args)
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr

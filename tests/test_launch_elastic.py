@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_apps import hetero_cli
+
 SCRIPT = """
 import json, os, sys, time
 out, finish = sys.argv[1], int(sys.argv[3])
@@ -139,13 +141,8 @@ def test_the_rank_that_failed_first_is_charged_and_the_same_error_twice_stops_it
     ],
 )
 def test_bad_arguments_are_clear_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    (tmp_path / "job.py").write_text("")
-    done = subprocess.run(
-        [sys.executable, "-m", "hetero", "launch", *args, "job.py"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    job = tmp_path / "job.py"
+    job.write_text("")
+    done = hetero_cli("launch", *args, str(job))
     assert done.returncode == 2, (args, done.stderr)
     assert message in done.stderr and "Traceback" not in done.stderr

@@ -33,15 +33,16 @@ def run_scenarios(scenarios: Mapping[str, Callable[[int], Any]], rank: int) -> d
     return results
 
 
-def run_ranks(module: str, world: int, out: Path) -> None:
+def run_ranks(module: str, world: int, out: Path) -> list[dict[str, Outcome]]:
     """Run the ``SCENARIOS`` of test module ``module`` on ``world`` gloo ranks, one process
-    each, every rank's results written to ``out`` (read them with ``recorded``); a module's
-    ``_OUT``, where its scenarios write files, is set to ``out`` in each rank."""
+    each, and return what each rank recorded (written to ``out``, read with ``recorded``); a
+    module's ``_OUT``, where its scenarios write files, is set to ``out`` in each rank."""
     import torch.multiprocessing as mp
 
     from hetero.commands.launch import free_port
 
     mp.spawn(_rank_main, args=(module, world, free_port(), str(out)), nprocs=world, join=True)
+    return recorded(out, world)
 
 
 def _rank_main(rank: int, module: str, world: int, port: int, out: str) -> None:
@@ -70,6 +71,19 @@ def each(ranks: list[dict[str, Outcome]], name: str) -> list[Any]:
     outcomes = [r[name] for r in ranks]
     assert all(kind == "ok" for kind, _ in outcomes), outcomes
     return [value for _, value in outcomes]
+
+
+def matching_one_process(
+    ranks: list[dict[str, Outcome]], name: str, tolerance: float
+) -> list[dict[str, Any]]:
+    """Every rank's result of scenario ``name``, failing the test unless each one's ``diff``
+    (its parameters against one process training on the same global batches) is within
+    ``tolerance``."""
+    results = each(ranks, name)
+    diffs = [r["diff"] for r in results]
+    print(f"{name}: difference per rank {diffs}")
+    assert max(diffs) <= tolerance
+    return results
 
 
 def errors(ranks: list[dict[str, Outcome]], name: str) -> str:

@@ -9,7 +9,7 @@ check what each rank recorded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +19,23 @@ pytest.importorskip("torch")
 
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
 from hetero.train import Trainer, TrainerOptions
 from hetero.train.memory import MemoryProbe, optimizer_state_bytes
 from hetero.train.parallel import fsdp_units
-from tests.train._ranks import (
-    Outcome,
-    each,
-    errors,
-    one_process,
-    recorded,
-    run_ranks,
+from tests.train._models import (
+    LOSS,
+    adam,
+    data,
+    relative_difference,
+    sgd,
+    trained_in_one_process,
 )
+from tests.train._ranks import Outcome, each, errors, matching_one_process, run_ranks
 
 WORLD = 3
 STEPS = 5
-LOSS = nn.CrossEntropyLoss(reduction="sum")
 
 
 class _Blocks(nn.Module):
@@ -59,32 +56,9 @@ class _Blocks(nn.Module):
         return self.head(h)
 
 
-def _data(n: int = 60) -> TensorDataset:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 8, generator=generator)
-    y = torch.randint(0, 4, (n,), generator=generator)
-    return TensorDataset(x, y)
-
-
 def _model(width: int = 16) -> nn.Module:
     torch.manual_seed(0)
     return _Blocks(width)
-
-
-def _sgd(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
-def _adam(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=0.01)
-
-
-def _relative_difference(state: dict[str, torch.Tensor], reference: nn.Module) -> float:
-    """The largest parameter difference, relative to the largest value of that parameter."""
-    return max(
-        ((state[name] - p).abs().max() / p.abs().max()).item()
-        for name, p in reference.named_parameters()
-    )
 
 
 def _exact(
@@ -92,14 +66,11 @@ def _exact(
 ) -> Callable[[int], Any]:
     def scenario(rank: int) -> Any:
         options = TrainerOptions(global_batch=24, seed=3, sharding=sharding, **kw)  # type: ignore[arg-type]
-        trainer = Trainer(_model(), make_optimizer, LOSS, _data(), options)
+        trainer = Trainer(_model(), make_optimizer, LOSS, data(), options)
         reports = trainer.train(STEPS, progress=False)
-        model = _model()
-        reference = one_process(
-            model, _data(), make_optimizer(model.parameters()), LOSS, options, STEPS
-        )
+        reference = trained_in_one_process(_model(), make_optimizer, options, STEPS)
         return {
-            "diff": _relative_difference(trainer.model_state_dict(), reference),
+            "diff": relative_difference(trainer.model_state_dict(), reference),
             "reports": [r.to_dict() for r in reports],
         }
 
@@ -118,10 +89,10 @@ def _resume(rank: int) -> Any:
         checkpoint_dir=str(folder),
         checkpoint_every=3,
     )
-    first = Trainer(_model(), _adam, LOSS, _data(), options)
+    first = Trainer(_model(), adam, LOSS, data(), options)
     first.train(STEPS, progress=False)
     whole = first.model_state_dict()
-    second = Trainer(_model(), _adam, LOSS, _data(), options)
+    second = Trainer(_model(), adam, LOSS, data(), options)
     resumed = second.resumed_from
     second.train(STEPS - second.steps, progress=False)
     diff = max(
@@ -136,14 +107,14 @@ def _other_sharding(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, checkpoint_dir=str(Path(_OUT, "fsdp-checkpoints")), profile_steps=1
     )
-    Trainer(_model(), _adam, LOSS, _data(), options)
+    Trainer(_model(), adam, LOSS, data(), options)
 
 
 def _bf16(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, micro_batch=5, sharding="fsdp", mixed_precision="bf16", profile_steps=1
     )
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(_model(), sgd, LOSS, data(), options)
     reports = trainer.train(2, progress=False)
     return {
         "global_batches": [r.global_batch for r in reports],
@@ -156,7 +127,7 @@ def _memory(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, shares=(12, 8, 4), sharding="fsdp", memory_limit=10**9, profile_steps=1
     )
-    trainer = Trainer(_model(), _adam, LOSS, _data(), options)
+    trainer = Trainer(_model(), adam, LOSS, data(), options)
     reports = trainer.train(2, progress=False)
     assert trainer.memory is not None
     return {
@@ -168,17 +139,17 @@ def _memory(rank: int) -> Any:
 
 def _mixed_shardings(rank: int) -> Any:
     options = TrainerOptions(global_batch=24, sharding="fsdp" if rank == 1 else "ddp")
-    Trainer(_model(), _sgd, LOSS, _data(), options)
+    Trainer(_model(), sgd, LOSS, data(), options)
 
 
 SCENARIOS: dict[str, Callable[[int], Any]] = {
     # Unequal shares; micro_batch 4 makes ranks 0 and 1 accumulate (14 = 4+4+3+3, 7 = 4+3).
     # 60 samples: the third step is an epoch's partial last batch of 12, the fourth a new epoch.
-    "sgd": _exact(_sgd, shares=(14, 7, 3), micro_batch=4),
-    "adam": _exact(_adam, shares=(5, 16, 3), micro_batch=5),
-    "share0": _exact(_sgd, shares=(16, 8, 0), micro_batch=6),
-    "ddp_share0": _exact(_sgd, sharding="ddp", shares=(16, 8, 0), micro_batch=6),
-    "profiled": _exact(_adam, micro_batch=3),
+    "sgd": _exact(sgd, shares=(14, 7, 3), micro_batch=4),
+    "adam": _exact(adam, shares=(5, 16, 3), micro_batch=5),
+    "share0": _exact(sgd, shares=(16, 8, 0), micro_batch=6),
+    "ddp_share0": _exact(sgd, sharding="ddp", shares=(16, 8, 0), micro_batch=6),
+    "profiled": _exact(adam, micro_batch=3),
     "resume": _resume,
     "other_sharding": _other_sharding,
     "bf16": _bf16,
@@ -191,20 +162,14 @@ _OUT = ""  # set in each rank by run_ranks: where scenarios write files
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
-    path = tmp_path_factory.mktemp("fsdp")
-    run_ranks(__name__, WORLD, path)
-    return recorded(path, WORLD)
+    return run_ranks(__name__, WORLD, tmp_path_factory.mktemp("fsdp"))
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam", "share0", "ddp_share0", "profiled"])
 def test_fsdp_matches_one_process_training_on_the_global_batches(
     ranks: list[dict[str, Outcome]], name: str
 ) -> None:
-    results = each(ranks, name)
-    diffs = [r["diff"] for r in results]
-    print(f"{name}: relative difference per rank {diffs}")
-    assert max(diffs) <= 1e-6
-    reports = results[0]["reports"]
+    reports = matching_one_process(ranks, name, 1e-6)[0]["reports"]
     assert [r["global_batch"] for r in reports] == [24, 24, 12, 24, 24]
 
 
@@ -246,7 +211,7 @@ def test_a_memory_limit_under_fsdp_counts_this_ranks_shards(
     assert result["parts"] == {
         "the model's tensors": weights,
         "its parameters' shard": -(-weights // WORLD),
-        "the optimizer's state shard": -(-optimizer_state_bytes(_adam, model) // WORLD),
+        "the optimizer's state shard": -(-optimizer_state_bytes(adam, model) // WORLD),
     }
     assert result["cap"] == 24 and result["steps"] == 2
 
@@ -259,14 +224,6 @@ def test_ranks_with_different_shardings_are_refused(ranks: list[dict[str, Outcom
 
 
 # ------------------------------------------------------------------------------ one process
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A process group of this one rank, left as it was found."""
-    comm.init(0, 1, backend="gloo", master_port=free_port(), timeout=30)
-    yield
-    comm.destroy()
 
 
 @pytest.mark.parametrize(
@@ -298,7 +255,7 @@ def test_bad_sharding_options_are_named(options: dict[str, Any], message: str) -
 def test_fsdp_needs_an_optimizer_factory(group: None) -> None:
     model = _model()
     with pytest.raises(ConfigError, match=r"^optimizer: with sharding='fsdp' give a function"):
-        Trainer(model, _sgd(model.parameters()), LOSS, _data(), TrainerOptions(8, sharding="fsdp"))
+        Trainer(model, sgd(model.parameters()), LOSS, data(), TrainerOptions(8, sharding="fsdp"))
 
 
 def test_the_units_are_the_module_lists_members() -> None:
@@ -311,26 +268,26 @@ def test_the_optimizer_state_is_measured_on_a_stand_in() -> None:
     params = sum(p.numel() for p in model.parameters())
     tensors = len(list(model.parameters()))
     # Adam: two fp32 moments per element and a step count per parameter (an fp32 scalar).
-    assert optimizer_state_bytes(_adam, model) == 8 * params + 4 * tensors
-    assert optimizer_state_bytes(_sgd(model.parameters()), model) == 4 * params
+    assert optimizer_state_bytes(adam, model) == 8 * params + 4 * tensors
+    assert optimizer_state_bytes(sgd(model.parameters()), model) == 4 * params
     assert optimizer_state_bytes(torch.optim.SGD(model.parameters(), lr=0.1), model) == 0
 
 
 def test_fsdp_shards_the_resident_state_over_the_ranks() -> None:
     model = _model(64)
     weights = sum(p.numel() * 4 for p in model.parameters())
-    adam = optimizer_state_bytes(_adam, model)
-    ddp = MemoryProbe(model, LOSS, _data(), optimizer=_adam).resident_parts()
+    adam_state = optimizer_state_bytes(adam, model)
+    ddp = MemoryProbe(model, LOSS, data(), optimizer=adam).resident_parts()
     fsdp = MemoryProbe(
-        model, LOSS, _data(), optimizer=_adam, sharding="fsdp", world_size=4
+        model, LOSS, data(), optimizer=adam, sharding="fsdp", world_size=4
     ).resident_parts()
     assert ddp == {
         "the model's tensors": weights,
         "DDP's gradient buckets": weights,
-        "the optimizer's state": adam,
+        "the optimizer's state": adam_state,
     }
     assert fsdp == {
         "the model's tensors": weights,
         "its parameters' shard": weights // 4,
-        "the optimizer's state shard": adam // 4,
+        "the optimizer's state shard": adam_state // 4,
     }

@@ -22,32 +22,21 @@ pytest.importorskip("transformers")
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from hetero.train import Trainer, TrainerOptions
-from tests.train._ranks import Outcome, each, one_process, recorded, run_ranks
+from tests.train._ranks import Outcome, matching_one_process, one_process, run_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.append(str(ROOT / "examples"))
+from train_gpt import gpt  # noqa: E402  (the example's model, here smaller)
+
 WORLD = 3
 STEPS = 5
 SEQ, VOCAB = 12, 48
 
 
 def _gpt(dtype: torch.dtype = torch.float32) -> nn.Module:
-    config = GPT2Config(
-        n_layer=2,
-        n_embd=32,
-        n_head=2,
-        vocab_size=VOCAB,
-        n_positions=SEQ,
-        bos_token_id=0,
-        eos_token_id=0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(config).to(dtype)
+    return gpt(2, 32, VOCAB, SEQ, seed=0, heads=2).to(dtype)
 
 
 def _tokens(n: int = 30) -> TensorDataset:
@@ -107,20 +96,14 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
-    path = tmp_path_factory.mktemp("gpt")
-    run_ranks(__name__, WORLD, path)
-    return recorded(path, WORLD)
+    return run_ranks(__name__, WORLD, tmp_path_factory.mktemp("gpt"))
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_a_transformer_matches_one_process_training_on_the_global_batches(
     ranks: list[dict[str, Outcome]], name: str
 ) -> None:
-    results = each(ranks, name)
-    diffs = [r["diff"] for r in results]
-    print(f"{name}: relative difference per rank {diffs}")
-    assert max(diffs) <= 1e-6
-    reports = results[0]["reports"]
+    reports = matching_one_process(ranks, name, 1e-6)[0]["reports"]
     assert [r["global_batch"] for r in reports] == [12, 12, 6, 12, 12]
     micro = [(r["samples"], r["micro_batches"]) for r in reports[0]["ranks"]]
     assert micro == ([(7, 3), (4, 2), (1, 1)] if "share0" not in name else [(8, 3), (4, 2), (0, 0)])

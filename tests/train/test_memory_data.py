@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,41 +23,25 @@ pytest.importorskip("torch")
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
-from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.errors import ConfigError
 from hetero.train import Trainer, TrainerOptions
 from hetero.train.memory import MemoryProbe, largest_fitting
-from tests.train._ranks import (
-    Outcome,
-    each,
-    errors,
-    one_process,
-    recorded,
-    run_ranks,
-)
+from tests.train._models import LOSS, data, mlp, relative_difference, sgd, trained_in_one_process
+from tests.train._ranks import Outcome, each, errors, matching_one_process, run_ranks
 
 WORLD = 3
 STEPS = 5
-LOSS = nn.CrossEntropyLoss(reduction="sum")
 SPEEDS = (1.0, 0.5, 0.25)
 SLEEP = 0.005  # seconds each sample of the slow dataset takes to load
 
 
-def _data(n: int = 60) -> TensorDataset:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 8, generator=generator)
-    y = torch.randint(0, 4, (n,), generator=generator)
-    return TensorDataset(x, y)
-
-
 class _SlowData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """``_data()``, each sample taking ``SLEEP`` seconds to load (a disk, a decoder)."""
+    """``data()``, each sample taking ``SLEEP`` seconds to load (a disk, a decoder)."""
 
     def __init__(self) -> None:
-        self.data = _data()
+        self.data = data()
 
     def __len__(self) -> int:
         return len(self.data)
@@ -69,30 +53,12 @@ class _SlowData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 4))
-
-
-def _sgd(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
-def _reference(options: TrainerOptions, steps: int) -> nn.Module:
-    model = _model()
-    return one_process(model, _data(), _sgd(model.parameters()), LOSS, options, steps)
-
-
-def _relative_difference(model: nn.Module, reference: nn.Module) -> float:
-    """The largest parameter difference, relative to the largest value of that parameter."""
-    return max(
-        ((a - b).abs().max() / b.abs().max()).item()
-        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
-    )
+    return mlp(64)
 
 
 def _need(samples: int) -> int:
     """What a micro-batch of ``samples`` needs on this rank, as the trainer's probe measures."""
-    probe = MemoryProbe(_model(), LOSS, _data(), optimizer=_sgd)
+    probe = MemoryProbe(_model(), LOSS, data(), optimizer=sgd)
     with probe.session():
         transient = probe.transient(samples)
         assert transient is not None
@@ -112,7 +78,7 @@ def _memory_capped(rank: int) -> Any:
         emulate_sample_time=0.002,
         memory_limit=limit,
     )
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(_model(), sgd, LOSS, data(), options)
     reports = trainer.train(STEPS, progress=False)
     assert trainer.memory is not None
     return {
@@ -122,13 +88,15 @@ def _memory_capped(rank: int) -> Any:
         "fits": [trainer.memory.need(n) <= limit for n in (trainer.micro_batch, 1)],
         "shares": trainer.shares,
         "reports": [r.to_dict() for r in reports],
-        "diff": _relative_difference(trainer.model, _reference(options, STEPS)),
+        "diff": relative_difference(
+            trainer.model_state_dict(), trained_in_one_process(_model(), sgd, options, STEPS)
+        ),
     }
 
 
 def _too_big(rank: int) -> Any:
     options = TrainerOptions(global_batch=24, memory_limit=1000 if rank == 2 else 10**9)
-    Trainer(_model(), _sgd, LOSS, _data(), options)
+    Trainer(_model(), sgd, LOSS, data(), options)
 
 
 def _override_too_big(rank: int) -> Any:
@@ -136,7 +104,7 @@ def _override_too_big(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, memory_limit=limit, micro_batch=12 if rank == 1 else None
     )
-    Trainer(_model(), _sgd, LOSS, _data(), options)
+    Trainer(_model(), sgd, LOSS, data(), options)
 
 
 def _slow_data(workers: int) -> Callable[[int], Any]:
@@ -152,7 +120,7 @@ def _slow_data(workers: int) -> Callable[[int], Any]:
             emulate_sample_time=0.02,
             num_workers=workers,
         )
-        trainer = Trainer(_model(), _sgd, LOSS, _SlowData(), options)
+        trainer = Trainer(_model(), sgd, LOSS, _SlowData(), options)
         try:
             return [r.to_dict() for r in trainer.train(4, progress=False)]
         finally:
@@ -167,7 +135,7 @@ def _workers_exact(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, seed=3, shares=(14, 7, 3), micro_batch=4, profile_steps=1, num_workers=2
     )
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(_model(), sgd, LOSS, data(), options)
     try:
         reports = trainer.train(2, progress=False)
         trainer.sampler.set_shares((5, 16, 3))
@@ -175,7 +143,9 @@ def _workers_exact(rank: int) -> Any:
     finally:
         trainer.close()
     return {
-        "diff": _relative_difference(trainer.model, _reference(options, STEPS)),
+        "diff": relative_difference(
+            trainer.model_state_dict(), trained_in_one_process(_model(), sgd, options, STEPS)
+        ),
         "reports": [r.to_dict() for r in reports],
     }
 
@@ -193,9 +163,7 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
     """What each of the 3 ranks recorded, by scenario."""
-    out = tmp_path_factory.mktemp("memory_data")
-    run_ranks(__name__, WORLD, out)
-    return recorded(out, WORLD)
+    return run_ranks(__name__, WORLD, tmp_path_factory.mktemp("memory_data"))
 
 
 # ----------------------------------------------------------------------------------- memory
@@ -204,7 +172,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Outcome]]:
 def test_a_fast_rank_with_a_quarter_of_the_memory_keeps_its_share_in_smaller_micro_batches(
     ranks: list[dict[str, Outcome]],
 ) -> None:
-    results = each(ranks, "memory_capped")
+    # The update is still the global batch's, whatever carries it.
+    results = matching_one_process(ranks, "memory_capped", 1e-6)
     fast, *others = results
     assert fast["limit"] * 4 == others[0]["limit"] == others[1]["limit"]
     # Its cap is the largest micro-batch measured to fit: 4 samples, by how the limit was set.
@@ -222,10 +191,6 @@ def test_a_fast_rank_with_a_quarter_of_the_memory_keeps_its_share_in_smaller_mic
         assert mine["micro_batches"] == math.ceil(mine["samples"] / 4)
         assert all(r["micro_batches"] == (1 if r["samples"] else 0) for r in theirs)
     assert fast["reports"][0]["ranks"][0]["micro_batches"] >= 4
-    # And the update is still the global batch's.
-    diffs = [r["diff"] for r in results]
-    print(f"memory-capped: relative difference per rank {diffs}")
-    assert max(diffs) <= 1e-6
 
 
 def test_the_probe_fits_a_line_and_measures_the_cap(ranks: list[dict[str, Outcome]]) -> None:
@@ -301,11 +266,7 @@ def test_workers_load_the_next_micro_batches_while_the_rank_computes(
 def test_workers_and_changed_shares_keep_the_update_exact(
     ranks: list[dict[str, Outcome]],
 ) -> None:
-    results = each(ranks, "workers_exact")
-    diffs = [r["diff"] for r in results]
-    print(f"workers: relative difference per rank {diffs}")
-    assert max(diffs) <= 1e-6
-    reports = results[0]["reports"]
+    reports = matching_one_process(ranks, "workers_exact", 1e-6)[0]["reports"]
     assert [r["shares"] for r in reports] == [[14, 7, 3]] * 2 + [[5, 16, 3]] * 3
     assert [r["global_batch"] for r in reports] == [24, 24, 12, 24, 24]
 
@@ -313,39 +274,31 @@ def test_workers_and_changed_shares_keep_the_update_exact(
 # ------------------------------------------------------------------------------ one process
 
 
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A process group of this one rank, left as it was found."""
-    comm.init(0, 1, backend="gloo", master_port=free_port(), timeout=30)
-    yield
-    comm.destroy()
-
-
 def test_measurements_are_cached_and_reused(group: None, tmp_path: Path) -> None:
     cache = tmp_path / "probe.json"
     options = TrainerOptions(
         global_batch=24, profile_steps=1, memory_limit=_need(6), memory_cache=str(cache)
     )
-    first = Trainer(_model(), _sgd, LOSS, _data(), options)
-    second = Trainer(_model(), _sgd, LOSS, _data(), options)
+    first = Trainer(_model(), sgd, LOSS, data(), options)
+    second = Trainer(_model(), sgd, LOSS, data(), options)
     assert first.memory is not None and second.memory is not None
     assert first.micro_batch == second.micro_batch == 6
     assert first.memory.probed > 0 and second.memory.probed == 0
     assert second.memory.points == first.memory.points
     # Another model is another entry.
     wider = nn.Sequential(nn.Linear(8, 65), nn.Tanh(), nn.Linear(65, 4))
-    third = Trainer(wider, _sgd, LOSS, _data(), options)
+    third = Trainer(wider, sgd, LOSS, data(), options)
     assert third.memory is not None and third.memory.probed > 0
 
 
 def test_the_cache_defaults_to_the_checkpoint_dir(group: None, tmp_path: Path) -> None:
     options = TrainerOptions(global_batch=24, memory_limit=10**9, checkpoint_dir=str(tmp_path))
-    Trainer(_model(), _sgd, LOSS, _data(), options)
+    Trainer(_model(), sgd, LOSS, data(), options)
     assert (tmp_path / "memory_probe.json").exists()
 
 
 def test_without_a_memory_limit_nothing_is_probed(group: None) -> None:
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=24, micro_batch=5))
+    trainer = Trainer(_model(), sgd, LOSS, data(), TrainerOptions(global_batch=24, micro_batch=5))
     assert trainer.memory is None and trainer.micro_batch == 5
     report = trainer.step()
     assert [(r.samples, r.micro_batches) for r in report.ranks] == [(24, 5)]
@@ -355,7 +308,7 @@ def test_without_a_memory_limit_nothing_is_probed(group: None) -> None:
 def test_a_micro_batch_that_fits_the_limit_is_kept(group: None) -> None:
     # No step gives this rank more than the global batch: that size is what is measured.
     options = TrainerOptions(global_batch=8, micro_batch=100, memory_limit=10**9)
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(_model(), sgd, LOSS, data(), options)
     assert trainer.memory is not None and trainer.micro_batch == 100
     assert sorted(trainer.memory.points) == [1, 8]
     assert [(r.samples, r.micro_batches) for r in trainer.step().ranks] == [(8, 1)]

@@ -23,49 +23,21 @@ pytest.importorskip("torch")
 
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from hetero.errors import ConfigError
 from hetero.train import StepReport, Trainer, TrainerOptions
+from tests.train._models import LOSS, adam, data, mlp, sgd, trained_in_one_process
 from tests.train._ranks import (
     Outcome,
     each,
     errors,
-    one_process,
+    matching_one_process,
     recorded,
     run_ranks,
 )
 
 WORLD = 3
 STEPS = 5
-LOSS = nn.CrossEntropyLoss(reduction="sum")
-
-
-def _data(n: int = 60) -> TensorDataset:
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 8, generator=generator)
-    y = torch.randint(0, 4, (n,), generator=generator)
-    return TensorDataset(x, y)
-
-
-def _model(hidden: int = 16) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 4))
-
-
-def _sgd(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-
-def _adam(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=0.01)
-
-
-def _reference(
-    make_optimizer: Callable[[Any], torch.optim.Optimizer], options: TrainerOptions, steps: int
-) -> nn.Module:
-    model = _model()
-    return one_process(model, _data(), make_optimizer(model.parameters()), LOSS, options, steps)
 
 
 def _exact(
@@ -73,9 +45,9 @@ def _exact(
 ) -> Callable[[int], Any]:
     def scenario(rank: int) -> Any:
         options = TrainerOptions(global_batch=24, seed=3, **kw)
-        trainer = Trainer(_model(), make_optimizer, LOSS, _data(), options)
+        trainer = Trainer(mlp(), make_optimizer, LOSS, data(), options)
         reports = trainer.train(STEPS, progress=False)
-        reference = _reference(make_optimizer, options, STEPS)
+        reference = trained_in_one_process(mlp(), make_optimizer, options, STEPS)
         diff = max(
             (a - b).abs().max().item()
             for a, b in zip(trainer.model.parameters(), reference.parameters(), strict=True)
@@ -96,7 +68,7 @@ def _speeds(rank: int) -> Any:
         emulate_sample_time=0.002,
         report_path=str(Path(_OUT, "speeds.jsonl")),
     )
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(mlp(), sgd, LOSS, data(), options)
     reports = trainer.train(4, progress=False)
     return {
         "shares": trainer.shares,
@@ -111,7 +83,7 @@ def _rebalance(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, rebalance_every=3, profile_steps=2, speed=1.0, emulate_sample_time=0.002
     )
-    trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+    trainer = Trainer(mlp(), sgd, LOSS, data(), options)
     before = list(trainer.shares)
     reports = trainer.train(3, progress=False)
     if rank == 0:
@@ -123,7 +95,7 @@ def _rebalance(rank: int) -> Any:
 def _options_run(**kw: Any) -> Callable[[int], Any]:
     def scenario(rank: int) -> Any:
         options = TrainerOptions(global_batch=24, profile_steps=1, **kw)
-        trainer = Trainer(_model(), _sgd, LOSS, _data(), options)
+        trainer = Trainer(mlp(), sgd, LOSS, data(), options)
         return [r.to_dict() for r in trainer.train(2, progress=False)]
 
     return scenario
@@ -138,29 +110,29 @@ def _batchnorm(rank: int) -> Any:
     options = TrainerOptions(
         global_batch=24, shares=(16, 8, 0), micro_batch=6, profile_steps=1, drop_last=True
     )
-    trainer = Trainer(model, _sgd, LOSS, _data(), options)
+    trainer = Trainer(model, sgd, LOSS, data(), options)
     trainer.train(3, progress=False)
     return int(norm.num_batches_tracked)
 
 
 def _small_batch(rank: int) -> Any:
-    Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=2))
+    Trainer(mlp(), sgd, LOSS, data(), TrainerOptions(global_batch=2))
 
 
 def _other_model(rank: int) -> Any:
-    Trainer(_model(17 if rank == 2 else 16), _sgd, LOSS, _data(), TrainerOptions(global_batch=24))
+    Trainer(mlp(17 if rank == 2 else 16), sgd, LOSS, data(), TrainerOptions(global_batch=24))
 
 
 def _other_seed(rank: int) -> Any:
-    Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=24, seed=int(rank == 1)))
+    Trainer(mlp(), sgd, LOSS, data(), TrainerOptions(global_batch=24, seed=int(rank == 1)))
 
 
 SCENARIOS: dict[str, Callable[[int], Any]] = {
     # Unequal shares; micro_batch 4 makes ranks 0 and 1 accumulate (14 = 4+4+3+3, 7 = 4+3).
     # 60 samples: the third step is an epoch's partial last batch of 12, the fourth a new epoch.
-    "sgd": _exact(_sgd, shares=(14, 7, 3), micro_batch=4),
-    "adam": _exact(_adam, shares=(5, 16, 3), micro_batch=5),
-    "share0": _exact(_sgd, shares=(16, 8, 0), micro_batch=6),
+    "sgd": _exact(sgd, shares=(14, 7, 3), micro_batch=4),
+    "adam": _exact(adam, shares=(5, 16, 3), micro_batch=5),
+    "share0": _exact(sgd, shares=(16, 8, 0), micro_batch=6),
     "speeds": _speeds,
     "rebalance": _rebalance,
     "batchnorm": _batchnorm,
@@ -192,11 +164,7 @@ def ranks(out: Path) -> list[dict[str, Outcome]]:
 def test_parameters_match_one_process_training_on_the_global_batches(
     ranks: list[dict[str, Outcome]], name: str
 ) -> None:
-    results = each(ranks, name)
-    diffs = [r["diff"] for r in results]
-    print(f"{name}: max abs difference per rank {diffs}")
-    assert max(diffs) <= 1e-5
-    reports = results[0]["reports"]
+    reports = matching_one_process(ranks, name, 1e-5)[0]["reports"]
     assert [r["global_batch"] for r in reports] == [24, 24, 12, 24, 24]
     assert [r["epoch"] for r in reports] == [0, 0, 0, 1, 1]
 
@@ -324,7 +292,7 @@ def test_options_name_every_bad_value() -> None:
 
 def test_a_trainer_needs_a_process_group() -> None:
     with pytest.raises(ConfigError, match=r"call hetero.comm.init\(\)"):
-        Trainer(_model(), _sgd, LOSS, _data(), TrainerOptions(global_batch=8))
+        Trainer(mlp(), sgd, LOSS, data(), TrainerOptions(global_batch=8))
 
 
 def test_step_report_derives_ideal_time_and_efficiency() -> None:

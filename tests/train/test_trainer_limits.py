@@ -5,7 +5,6 @@ One rank in this process (a process group of one)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,10 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
-from hetero import comm  # noqa: E402
-from hetero.commands.launch import free_port  # noqa: E402
 from hetero.errors import ConfigError  # noqa: E402
 from hetero.train import Trainer, TrainerOptions  # noqa: E402
 
 LOSS = nn.CrossEntropyLoss(reduction="sum")
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A process group of this one rank, left as it was found."""
-    comm.init(0, 1, backend="gloo", master_port=free_port(), timeout=30)
-    yield
-    comm.destroy()
 
 
 def trainer(folder: Path, **options: Any) -> Trainer:
