@@ -15,9 +15,9 @@ from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 
 __all__ = [
-    "RAY_ADDRESS_HELP",
     "JsonOpt",
     "ProgressBars",
+    "RayAddressOpt",
     "console",
     "err_console",
     "fail",
@@ -31,11 +31,15 @@ err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
-#: The help of ``--address`` beside ``--ray``.
-RAY_ADDRESS_HELP = (
-    "With --ray: the cluster ('auto', host:port, ray://host:port); default: RAY_ADDRESS, else "
-    "the cluster started on this machine, else a new local one."
-)
+#: ``--address`` beside ``--ray``.
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
+        "RAY_ADDRESS, else the cluster started on this machine, else a new local one.",
+    ),
+]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

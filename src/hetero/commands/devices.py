@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from hetero._cli_util import RAY_ADDRESS_HELP, JsonOpt, console, fail, print_json
+from hetero._cli_util import JsonOpt, RayAddressOpt, console, fail, print_json
 from hetero._format import count
 from hetero._tables import SplitTable
 from hetero.config import load_config
@@ -38,13 +38,7 @@ def devices(
             "else its detected devices).",
         ),
     ] = False,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address",
-            help=RAY_ADDRESS_HELP,
-        ),
-    ] = None,
+    address: RayAddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List the devices of a fleet config, the ones discovered on this machine, or (--ray)

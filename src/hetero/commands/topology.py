@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from hetero._cli_util import (
-    RAY_ADDRESS_HELP,
     JsonOpt,
+    RayAddressOpt,
     console,
     err_console,
     fail,
@@ -89,14 +89,7 @@ def topology(
             "reports (its HETERO_NODE_CONFIG's nodes: section, else read there).",
         ),
     ] = False,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address",
-            help=RAY_ADDRESS_HELP,
-            show_default=False,
-        ),
-    ] = None,
+    address: RayAddressOpt = None,
     group: Annotated[
         int | None,
         typer.Option(
