@@ -4,6 +4,9 @@ virtual clock, a test's manual clock and the router's real clock are interchange
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
+from operator import getitem, setitem
 from typing import Protocol
 
 __all__ = ["Clock", "ManualClock", "MonotonicClock"]
@@ -27,20 +30,24 @@ class MonotonicClock:
 class ManualClock:
     """Time that moves only when told: the clock of tests and of the simulator."""
 
-    __slots__ = ("_now",)
+    __slots__ = ("_time", "now")
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-
-    def now(self) -> float:
-        return self._now
+        self._time = [start]
+        # A read without a Python frame: the simulator's dispatcher asks for every event.
+        self.now: Callable[[], float] = partial(getitem, self._time, 0)  # type: ignore[assignment]
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:
             raise ValueError(f"cannot move a clock backwards (advance by {seconds})")
-        self._now += seconds
+        self._time[0] += seconds
 
     def set(self, t: float) -> None:
-        if t < self._now:
-            raise ValueError(f"cannot move a clock backwards (from {self._now} to {t})")
-        self._now = t
+        if t < self._time[0]:
+            raise ValueError(f"cannot move a clock backwards (from {self._time[0]} to {t})")
+        self._time[0] = t
+
+    def setter(self) -> Callable[[float], None]:
+        """``set`` without the check, and without a Python frame: for a caller whose times
+        never go back (the simulator, which takes them in order from its event heap)."""
+        return partial(setitem, self._time, 0)

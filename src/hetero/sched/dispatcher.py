@@ -799,9 +799,14 @@ class Dispatcher:
         # Any usable device (None) in the common case, without the call.
         restricted = rec.excluded or rec.item.memory or rec.only is not None
         allowed = self._allowed(rec) if restricted else None
-        i = None if allowed is not None and not allowed.any() else self._try_pick(rec, out, allowed)
-        if i is not None and i < 0:
-            return
+        if allowed is not None and not allowed.any():
+            i = None
+        else:
+            try:  # _try_pick, inlined: every item passes here
+                i = self.policy.pick(rec.item, view, allowed)
+            except NoCapableDevice as exc:
+                self._reject(rec, out, exc)
+                return
         if i is None:
             if rec.state is not PENDING:
                 rec.move(PENDING)
@@ -1053,10 +1058,14 @@ class Dispatcher:
         try:
             return self.policy.pick(rec.item, self.view, allowed)
         except NoCapableDevice as exc:
-            self.waiting -= 1
-            rec.move(FAILED)
-            self._end(rec, out, FAILED, str(exc), Cause.REJECTED)
+            self._reject(rec, out, exc)
             return -1
+
+    def _reject(self, rec: ItemRecord, out: list[Instruction], exc: NoCapableDevice) -> None:
+        """The policy found that ``rec`` can never run: it fails with the policy's reason."""
+        self.waiting -= 1
+        rec.move(FAILED)
+        self._end(rec, out, FAILED, str(exc), Cause.REJECTED)
 
     def _steal(self, thief: int, out: list[Instruction]) -> None:
         """Idle ``thief`` takes the last queued item of the most-loaded device if it would
@@ -1075,9 +1084,11 @@ class Dispatcher:
                 return
             rec = entry[3]
             item = rec.item
-            if item.memory > view.mem_total[thief] - view.mem_used_at[thief] - view.mem_external[
-                thief
-            ] or (rec.only is not None and not rec.only[thief]):
+            if (rec.only is not None and not rec.only[thief]) or (
+                item.memory  # numpy's scalars are slow: read them only for an item that needs to
+                and item.memory
+                > view.mem_total[thief] - view.mem_used_at[thief] - view.mem_external[thief]
+            ):
                 return
             inv = self.perf.inv_speed(item.kind)
             here = (float(view.outstanding_at[thief]) + item.cost) * float(inv[thief])
@@ -1190,18 +1201,11 @@ class Dispatcher:
     def busy_seconds(self) -> npt.NDArray[np.float64]:
         """Slot-seconds each device has spent running items so far, the running ones included
         (differences over an interval give its average utilization)."""
-        now = self.clock.now()
-        busy = np.array(self.metrics.busy)
-        for i, running in enumerate(self._running):
-            runs: set[SharedRun] = set()
-            for rec in running:
-                run = rec.run
-                if run is None:
-                    busy[i] += now - rec.started
-                elif run not in runs:  # a shared run holds one slot
-                    runs.add(run)
-                    busy[i] += now - run.started
-        return busy
+        view = self.view
+        # The view keeps the running slots and the sum of their start times (a shared run's
+        # once), so what runs now adds slots × now less that sum.
+        in_progress = view.running * self.clock.now() - view.running_since
+        return np.array(self.metrics.busy) + in_progress
 
     def state_of(self, item_id: int | str) -> ItemState:
         rec = self.records.get(item_id)

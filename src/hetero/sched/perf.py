@@ -185,7 +185,9 @@ class PerfModel:
         ran ``concurrency`` items at once (so the device did ``work × concurrency / seconds``)."""
         if seconds <= 0 or work <= 0:
             return
-        arr = self.speed(kind)
+        arr = self._speed.get(kind)
+        if arr is None:
+            arr = self.speed(kind)
         observed = work * concurrency / seconds
         if not _MIN_SPEED < observed < math.inf:
             return  # a duration too short to time, or an item too small to weigh

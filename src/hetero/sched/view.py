@@ -8,7 +8,9 @@ so a policy ranks every device with a handful of vector operations instead of a 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -17,6 +19,12 @@ import numpy.typing as npt
 from hetero.devices.spec import Device
 from hetero.sched.clock import Clock
 from hetero.sched.perf import PerfModel
+
+KERNEL: ModuleType | None
+try:  # the hot path in C (_kernel.c); without it, numpy computes the same scores
+    from hetero.sched import _kernel as KERNEL
+except ImportError:  # pragma: no cover - installed where no C compiler was found
+    KERNEL = None
 
 __all__ = ["SIZE_CLASSES", "FleetView"]
 
@@ -135,6 +143,8 @@ class FleetView:
         self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
         self._class_base: float | None = None
         self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
+        self.kernel = KERNEL  # the compiled hot path, or None: numpy does its work
+        self._scratch: FloatArray = np.empty(n)  # the scores ``soonest`` ranks
         self._bind_cells()
         for i in np.flatnonzero(~self.usable):
             perf.set_usable(int(i), False)
@@ -150,6 +160,14 @@ class FleetView:
         self.last_start_at: Cells[float] = _cells(self.last_start)
         self.mem_used_at: Cells[int] = _cells(self.mem_used)
         self.usable_at: Cells[bool] = _cells(self.usable)
+        #: ``note_queued(index, size_class, cost, sign)``: an item of ``cost`` in ``size_class``
+        #: joined (``sign=1``) or left (``-1``) device ``index``'s queue. The kernel's function
+        #: itself where it is built: no Python frame on the way.
+        self.note_queued: Callable[[int, int, float, int], None] = (
+            self._note_queued_numpy
+            if self.kernel is None
+            else partial(self.kernel.note_queued, self.queued_below, self.queued_from)
+        )
 
     def add(self, device: Device, slots: int, parallel: int | None = None) -> int:
         """Append ``device`` (idle, usable) to every per-device array; returns its position.
@@ -177,6 +195,7 @@ class FleetView:
         self.running_work = np.append(self.running_work, 0.0)
         self.running_since = np.append(self.running_since, 0.0)
         self.last_start = np.append(self.last_start, 0.0)
+        self._scratch = np.empty(self.n)
         column = np.zeros((SIZE_CLASSES + 1, 1))
         self.queued_below = np.hstack([self.queued_below, column])
         self.queued_from = np.hstack([self.queued_from, column])
@@ -228,9 +247,7 @@ class FleetView:
         self._class_of = (cost, size_class)
         return size_class
 
-    def note_queued(self, index: int, size_class: int, cost: float, sign: int) -> None:
-        """An item of ``cost`` in ``size_class`` joined (``sign=1``) or left (``-1``) device
-        ``index``'s queue."""
+    def _note_queued_numpy(self, index: int, size_class: int, cost: float, sign: int) -> None:
         k = size_class + 1
         below = self.queued_below[k:, index]
         # ufuncs on the views, ``out`` by position: a third less than ``+=``
@@ -292,6 +309,53 @@ class FleetView:
         A free item (cost 0) would finish at once on every idle device: ties are broken by the
         items in flight, so that free items spread instead of all landing on the first
         device."""
+        if self.kernel is None:
+            return self._delay_numpy(cost, inv, overtake_weight, remaining)
+        score = np.empty(self.n)
+        self._delay_kernel(score, cost, inv, overtake_weight, remaining)
+        return score
+
+    def soonest(self, cost: float, inv: FloatArray, overtake_weight: float) -> int | None:
+        """The position of the lowest ``delay_score`` (the first of equals), or ``None`` when no
+        device's is finite: ``shortest_expected_delay``'s pick, one pass with the kernel."""
+        if self.kernel is None:
+            score = self._delay_numpy(cost, inv, overtake_weight, False)
+            i = int(score.argmin())
+            return i if score[i] < np.inf else None
+        i = self._delay_kernel(self._scratch, cost, inv, overtake_weight, False)
+        return i if i >= 0 else None
+
+    def _delay_kernel(
+        self, out: FloatArray, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool
+    ) -> int:
+        """``delay_score`` into ``out`` by the kernel; the position of its minimum (-1: none)."""
+        assert self.kernel is not None
+        if not self.size_order:
+            base, below, counts, k = self.outstanding, None, None, 0
+        elif not self.queued:
+            base, below, counts, k = self.running_work, None, None, 0
+        else:
+            base, below, counts = self.running_work, self.queued_below, self.queued_from
+            k = self.size_class(cost) + 1
+        best: int = self.kernel.delay(
+            out,
+            base,
+            inv,
+            below,
+            counts,
+            k,
+            self.elapsed_work() if remaining else None,
+            self.parallel if self.multi_slot else None,
+            self.in_flight,
+            cost,
+            overtake_weight,
+        )
+        return best
+
+    def _delay_numpy(
+        self, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool
+    ) -> FloatArray:
+        """``delay_score`` in numpy: what the kernel computes, operation for operation."""
         if not self.size_order:
             score: FloatArray = self.outstanding + cost
         elif not self.queued:

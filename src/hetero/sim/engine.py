@@ -151,7 +151,8 @@ class Simulator:
         max_points = 2 * max(self.samples, 1)
         submitted = rejected = handled = 0
         pop = heapq.heappop
-        submit, complete, set_time, apply = d.submit, d.complete, clock.set, events.apply
+        submit, complete, set_time, apply = d.submit, d.complete, clock.setter(), events.apply
+        on_run, on_finish = events.on_run, events.on_finish
         run_token = events.run_token
         next_arrival = next(arrivals, None)
         gc_was_enabled = gc.isenabled()
@@ -211,7 +212,16 @@ class Simulator:
                     break
                 handled += 1
                 events.now = now
-                apply(out)
+                # Driver.apply inlined for the two instructions of every item: a simulated run
+                # or finish leads to no further instruction.
+                for ins in out:
+                    cls = type(ins)
+                    if cls is Run:
+                        on_run(ins)  # type: ignore[arg-type]
+                    elif cls is Finish:
+                        on_finish(ins)  # type: ignore[arg-type]
+                    else:
+                        apply((ins,))
                 if progress is not None and handled % 20000 == 0:
                     progress(events.done + events.failed + rejected, total)
         finally:

@@ -81,12 +81,10 @@ class ShortestExpectedDelay(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         inv = view.perf.inv_speed(item.kind)
-        score = view.delay_score(item.cost, inv, self.overtake_weight)
         # inv_speed is inf on unusable devices, so without a mask no extra pass is needed.
-        if allowed is not None:
-            return masked_argmin(score, allowed)
-        i = int(score.argmin())  # the hot path of every simulation: no helper call
-        return i if score[i] < np.inf else None
+        if allowed is None:
+            return view.soonest(item.cost, inv, self.overtake_weight)
+        return masked_argmin(view.delay_score(item.cost, inv, self.overtake_weight), allowed)
 
 
 @register

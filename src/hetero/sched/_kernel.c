@@ -1,0 +1,290 @@
+/* The placement hot path in C: the expected-delay score of every device and the size-class
+ * sums it reads (hetero/sched/view.py).
+ *
+ * Every placement ranks every device, and every item that waits in a device queue updates that
+ * device's sums by size class twice. In numpy each is a handful of vector operations, and at
+ * tens of devices each operation costs its call overhead (about a microsecond) rather than its
+ * arithmetic. Here each is one call and one pass.
+ *
+ * The arithmetic is numpy's, operation for operation and in the same order, so a score is
+ * bit-identical to FleetView's numpy expression (the fallback where this module is not built;
+ * tests/sched/test_kernel.py holds the two to that). Built with -ffp-contract=off: a fused
+ * multiply-add would round differently.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <math.h>
+#include <string.h>
+
+/* Same spacing as view.py's _TIE: work units per item in flight that break free items' ties. */
+#define TIE 1e-9
+
+/* The passes over the devices are compiled twice on x86-64, for AVX2 and for the baseline, and
+ * the loader picks one for the machine (numpy dispatches its loops the same way). */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DISPATCHED __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef DISPATCHED
+#define DISPATCHED
+#endif
+
+/* The data of obj, a C-contiguous numpy array of at least `count` values of `type`
+ * (NPY_FLOAT64 or NPY_INT64); NULL with ValueError naming the argument otherwise. */
+static void *
+data_of(PyObject *obj, npy_intp count, int type, int writable, const char *name)
+{
+    const char *what = type == NPY_FLOAT64 ? "float64" : "int64";
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a numpy %s array, got %.100s", name, what,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *array = (PyArrayObject *)obj;
+    if (!PyArray_EquivTypenums(PyArray_TYPE(array), type) || !PyArray_IS_C_CONTIGUOUS(array)
+        || PyArray_SIZE(array) < count || (writable && !PyArray_ISWRITEABLE(array))) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: expected a C-contiguous%s %s array of at least %zd values, got %zd "
+                     "values of %s",
+                     name, writable ? " writable" : "", what, (Py_ssize_t)count,
+                     (Py_ssize_t)PyArray_SIZE(array), PyArray_DESCR(array)->typeobj->tp_name);
+        return NULL;
+    }
+    return PyArray_DATA(array);
+}
+
+PyDoc_STRVAR(note_queued_doc,
+"note_queued(below, counts, index, size_class, cost, sign)\n--\n\n"
+"An item of cost in size_class joined (sign 1) or left (-1) device index's queue: with\n"
+"k = size_class + 1, add sign * cost to rows k and up of below's column index, and sign to\n"
+"rows 0 to k - 1 of counts' (both float64 arrays of shape (classes + 1, n)).");
+
+static PyObject *
+note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "note_queued() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t k = PyLong_AsSsize_t(args[3]) + 1;
+    double cost = PyFloat_AsDouble(args[4]);
+    long sign = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    double *below = data_of(args[0], 0, NPY_FLOAT64, 1, "below");
+    double *counts = below ? data_of(args[1], 0, NPY_FLOAT64, 1, "counts") : NULL;
+    if (counts == NULL)
+        return NULL;
+    PyArrayObject *b = (PyArrayObject *)args[0], *c = (PyArrayObject *)args[1];
+    if (PyArray_NDIM(b) != 2 || PyArray_NDIM(c) != 2
+        || PyArray_DIM(b, 0) != PyArray_DIM(c, 0) || PyArray_DIM(b, 1) != PyArray_DIM(c, 1)) {
+        PyErr_SetString(PyExc_ValueError, "below and counts: expected two arrays of one 2-D shape");
+        return NULL;
+    }
+    Py_ssize_t rows = PyArray_DIM(b, 0), n = PyArray_DIM(b, 1);
+    if (index < 0 || index >= n || k < 0 || k > rows) {
+        PyErr_Format(PyExc_ValueError,
+                     "index %zd or size_class %zd out of range for shape (%zd, %zd)", index, k - 1,
+                     rows, n);
+        return NULL;
+    }
+    double step = (double)sign, work = step * cost;
+    for (Py_ssize_t r = k; r < rows; r++)
+        below[r * n + index] += work;
+    for (Py_ssize_t r = 0; r < k; r++)
+        counts[r * n + index] += step;
+    Py_RETURN_NONE;
+}
+
+/* What the scores are made of; a NULL array is a term left out. */
+struct terms {
+    const double *base, *inv, *below, *counts, *minus;
+    const npy_int64 *parallel, *in_flight;
+    double cost, a; /* a: cost * weight */
+};
+
+/* numpy's operations in numpy's order (view.py, FleetView._delay_numpy), in passes with no
+ * branch inside, so that the compiler vectorises each. */
+DISPATCHED static void
+scores(double *restrict s, const struct terms *t, Py_ssize_t n)
+{
+    const double *restrict base = t->base, *restrict inv = t->inv;
+    const double cost = t->cost, a = t->a;
+    /* The usual case in one pass: nothing to subtract, a cost, size-ordered queues. */
+    int fused = t->below && !t->minus && cost != 0;
+    if (fused) {
+        const double *restrict below = t->below, *restrict counts = t->counts;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            double x = counts[j] * a;
+            x += base[j];
+            x += below[j];
+            x += cost;
+            s[j] = x * inv[j];
+        }
+    }
+    else if (t->below) {
+        const double *restrict below = t->below, *restrict counts = t->counts;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            double x = counts[j] * a;
+            x += base[j];
+            x += below[j];
+            s[j] = x + cost;
+        }
+    }
+    else if (!t->minus && cost != 0) {
+        fused = 1;
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] = (base[j] + cost) * inv[j];
+    }
+    else
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] = base[j] + cost;
+    if (t->minus) {
+        const double *restrict minus = t->minus;
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] -= minus[j];
+    }
+    if (cost == 0) {
+        const npy_int64 *restrict in_flight = t->in_flight;
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] = isinf(inv[j]) ? INFINITY : s[j] * inv[j] + (double)in_flight[j] * TIE;
+        return;
+    }
+    if (!fused)
+        for (Py_ssize_t j = 0; j < n; j++)
+            s[j] *= inv[j];
+    if (t->parallel) {
+        const npy_int64 *restrict parallel = t->parallel;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            /* np.maximum: a NaN on either side wins */
+            double floor = (double)parallel[j] * (cost * inv[j]), x = s[j];
+            s[j] = (isnan(floor) || (!isnan(x) && floor > x)) ? floor : x;
+        }
+    }
+}
+
+/* argmin's answer where it is a device: the first position of the lowest score, or -1 when
+ * none is finite or a score is NaN (argmin would pick the NaN). */
+DISPATCHED static Py_ssize_t
+lowest(const double *restrict s, Py_ssize_t n)
+{
+    double low = INFINITY;
+    Py_ssize_t best = -1;
+    int nan = 0;
+    Py_ssize_t j = 0;
+#if defined(__GNUC__)
+    /* Four lanes in vector registers, each with the lowest it saw and where: compilers
+     * vectorise neither a floating-point min nor a sum without giving up IEEE semantics.
+     * x < m picks x exactly as `<` does below, so a lane keeps its first lowest. */
+    typedef double v4d __attribute__((vector_size(32)));
+    typedef long long v4i __attribute__((vector_size(32)));
+    v4d m = {INFINITY, INFINITY, INFINITY, INFINITY};
+    v4i at = {-1, -1, -1, -1}, here = {0, 1, 2, 3}, unordered = {0, 0, 0, 0};
+    const v4i four = {4, 4, 4, 4};
+    for (; j + 4 <= n; j += 4, here += four) {
+        v4d x;
+        memcpy(&x, s + j, sizeof x);
+        v4i less = x < m;
+        m = (v4d)((less & (v4i)x) | (~less & (v4i)m));
+        at = (less & here) | (~less & at);
+        unordered |= x != x;
+    }
+    for (int lane = 0; lane < 4; lane++) {
+        nan |= unordered[lane] != 0;
+        if (m[lane] < low || (m[lane] == low && at[lane] < best)) {
+            low = m[lane];
+            best = at[lane];
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        nan |= s[j] != s[j];
+        if (s[j] < low) {
+            low = s[j];
+            best = j;
+        }
+    }
+    return nan || !(low < INFINITY) ? -1 : best;
+}
+
+PyDoc_STRVAR(delay_doc,
+"delay(out, base, inv, below, counts, k, minus, parallel, in_flight, cost, weight) -> int\n--\n\n"
+"FleetView.delay_score into out; returns the position of the lowest score, or -1 when none is\n"
+"finite (argmin's first minimum; a NaN anywhere counts as none).\n\n"
+"Per device j, with a = cost * weight:\n"
+"  score = counts[k][j] * a + base[j] + below[k][j] + cost  (below is None: base[j] + cost)\n"
+"  score -= minus[j]                                          (minus is not None)\n"
+"  cost > 0:  score = max(score * inv[j], parallel[j] * (cost * inv[j]))  (parallel not None)\n"
+"  cost == 0: score = inf where inv[j] is inf, else score * inv[j] + in_flight[j] * 1e-9");
+
+enum { OUT, BASE, INV, BELOW, COUNTS, K, MINUS, PARALLEL, IN_FLIGHT, COST, WEIGHT, NARGS };
+
+static PyObject *
+delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != NARGS) {
+        PyErr_Format(PyExc_TypeError, "delay() takes %d arguments (%zd given)", NARGS, nargs);
+        return NULL;
+    }
+    struct terms t = {0};
+    t.cost = PyFloat_AsDouble(args[COST]);
+    double weight = PyFloat_AsDouble(args[WEIGHT]);
+    Py_ssize_t k = PyLong_AsSsize_t(args[K]);
+    if (PyErr_Occurred())
+        return NULL;
+    t.a = t.cost * weight;
+    double *s = data_of(args[OUT], 0, NPY_FLOAT64, 1, "out");
+    if (s == NULL)
+        return NULL;
+    npy_intp n = PyArray_SIZE((PyArrayObject *)args[OUT]);
+    if (!(t.base = data_of(args[BASE], n, NPY_FLOAT64, 0, "base"))
+        || !(t.inv = data_of(args[INV], n, NPY_FLOAT64, 0, "inv"))
+        || !(t.in_flight = data_of(args[IN_FLIGHT], n, NPY_INT64, 0, "in_flight")))
+        return NULL;
+    if (args[BELOW] != Py_None) {
+        if (k < 0) {
+            PyErr_Format(PyExc_ValueError, "k: expected a row >= 0, got %zd", k);
+            return NULL;
+        }
+        if (!(t.below = data_of(args[BELOW], (k + 1) * n, NPY_FLOAT64, 0, "below"))
+            || !(t.counts = data_of(args[COUNTS], (k + 1) * n, NPY_FLOAT64, 0, "counts")))
+            return NULL;
+        t.below += k * n;
+        t.counts += k * n;
+    }
+    if (args[MINUS] != Py_None && !(t.minus = data_of(args[MINUS], n, NPY_FLOAT64, 0, "minus")))
+        return NULL;
+    if (args[PARALLEL] != Py_None
+        && !(t.parallel = data_of(args[PARALLEL], n, NPY_INT64, 0, "parallel")))
+        return NULL;
+    scores(s, &t, n);
+    return PyLong_FromSsize_t(lowest(s, n));
+}
+
+static PyMethodDef methods[] = {
+    {"note_queued", (PyCFunction)(void (*)(void))note_queued, METH_FASTCALL, note_queued_doc},
+    {"delay", (PyCFunction)(void (*)(void))delay, METH_FASTCALL, delay_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "hetero.sched._kernel",
+    "The placement hot path in C: delay scores and size-class sums (see view.py).",
+    0,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__kernel(void)
+{
+    import_array();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,25 @@
+# The placement hot path in C (_kernel.c); FleetView calls it, numpy being its fallback.
+
+import numpy as np
+import numpy.typing as npt
+
+_Floats = npt.NDArray[np.float64]
+_Ints = npt.NDArray[np.int64]
+
+def note_queued(
+    below: _Floats, counts: _Floats, index: int, size_class: int, cost: float, sign: int, /
+) -> None: ...
+def delay(
+    out: _Floats,
+    base: _Floats,
+    inv: _Floats,
+    below: _Floats | None,
+    counts: _Floats | None,
+    k: int,
+    minus: _Floats | None,
+    parallel: _Ints | None,
+    in_flight: _Ints,
+    cost: float,
+    weight: float,
+    /,
+) -> int: ...

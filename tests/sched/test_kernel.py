@@ -1,0 +1,176 @@
+"""The placement kernel (``hetero.sched._kernel``, C) against FleetView's numpy expressions:
+the same scores bit for bit, the same pick, the same size-class sums, and whole simulations
+that place every item alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hetero.sched.view as view_module
+from hetero.sched.clock import ManualClock
+from hetero.sched.item import WorkItem
+from hetero.sched.perf import PerfModel
+from hetero.sched.registry import make_policy
+from hetero.sched.view import SIZE_CLASSES, FleetView
+from hetero.sim.engine import Simulator
+from tests.sched.conftest import make_devices
+
+kernel = pytest.importorskip("hetero.sched._kernel", reason="the C kernel is not built here")
+
+finite = st.floats(0.0, 1e3, allow_nan=False, allow_infinity=False)
+
+
+def two_views(
+    speeds: list[float], slots: list[int], parallel: list[int]
+) -> tuple[FleetView, FleetView]:
+    """The same fleet twice: one view with the kernel, one without."""
+    views = []
+    for built in (kernel, None):
+        devices = make_devices(speeds)
+        view = FleetView(devices, PerfModel(devices), ManualClock(5.0), slots, parallel)
+        view.kernel = built
+        view.note_queued = view._note_queued_numpy if built is None else view.note_queued
+        view.size_order = True
+        views.append(view)
+    return views[0], views[1]
+
+
+@st.composite
+def fleets(draw: Any) -> tuple[FleetView, FleetView, list[float]]:
+    """Two identical views in a random state (queues joined and left by random items), and
+    the costs of those items (a new item often shares a size class with queued ones)."""
+    n = draw(st.integers(1, 9))
+    speeds = draw(st.lists(st.floats(0.25, 8.0), min_size=n, max_size=n))
+    slots = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    parallel = [draw(st.integers(1, s)) for s in slots]
+    fast, slow = two_views(speeds, slots, parallel)
+    costs = draw(st.lists(st.floats(0.0, 50.0), max_size=12))
+    queued: list[tuple[int, int, float]] = []
+    for cost in costs:
+        device = draw(st.integers(0, n - 1))
+        size_class = fast.size_class(cost)
+        assert slow.size_class(cost) == size_class
+        if queued and draw(st.booleans()):  # one that joined before leaves
+            leaving = queued.pop(draw(st.integers(0, len(queued) - 1)))
+            for view in (fast, slow):
+                view.note_queued(*leaving, -1)
+        queued.append((device, size_class, cost))
+        for view in (fast, slow):
+            view.note_queued(device, size_class, cost, 1)
+    for view in (fast, slow):
+        view.queued = len(queued)
+    for name in ("running_work", "outstanding", "running_since"):
+        values = draw(st.lists(finite, min_size=n, max_size=n))
+        for view in (fast, slow):
+            getattr(view, name)[:] = values
+    running = np.array(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    waiting = np.array(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))
+    for view in (fast, slow):
+        view.running[:] = running
+        view.in_flight[:] = running + waiting
+    return fast, slow, costs
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fleet=fleets(),
+    cost=st.one_of(st.just(0.0), st.floats(0.0, 60.0), st.sampled_from([1.0, 2.5, 7.0])),
+    weight=st.sampled_from([0.0, 1.0, 2.0, 3.5]),
+    remaining=st.booleans(),
+    unusable=st.lists(st.booleans(), max_size=9),
+    size_order=st.booleans(),
+)
+def test_scores_and_picks_match_numpy_bit_for_bit(
+    fleet: tuple[FleetView, FleetView, list[float]],
+    cost: float,
+    weight: float,
+    remaining: bool,
+    unusable: list[bool],
+    size_order: bool,
+) -> None:
+    fast, slow, _ = fleet
+    inv = 1.0 / fast.speed()
+    for i, off in enumerate(unusable[: fast.n]):
+        if off:
+            inv[i] = np.inf
+    fast.size_order = slow.size_order = size_order
+    expected = slow.delay_score(cost, inv, weight, remaining)
+    got = fast.delay_score(cost, inv, weight, remaining)
+    np.testing.assert_array_equal(got, expected)  # NaN matches NaN, and nothing else differs
+    assert fast.soonest(cost, inv, weight) == slow.soonest(cost, inv, weight)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleet=fleets())
+def test_size_class_sums_match_numpy(fleet: tuple[FleetView, FleetView, list[float]]) -> None:
+    fast, slow, _ = fleet
+    np.testing.assert_array_equal(fast.queued_below, slow.queued_below)
+    np.testing.assert_array_equal(fast.queued_from, slow.queued_from)
+
+
+def test_soonest_is_none_when_no_device_is_usable() -> None:
+    fast, slow = two_views([1.0, 2.0], [1, 1], [1, 1])
+    inv = np.full(2, np.inf)
+    assert fast.soonest(1.0, inv, 2.0) is None
+    assert slow.soonest(1.0, inv, 2.0) is None
+
+
+def test_the_kernel_refuses_arrays_it_cannot_read() -> None:
+    n = 3
+    out, base, inv = np.empty(n), np.zeros(n), np.ones(n)
+    counts = np.zeros((SIZE_CLASSES + 1, n))
+    flight = np.zeros(n, dtype=np.int64)
+    with pytest.raises(
+        ValueError, match=r"in_flight: expected .* int64 array of at least 3 values, got 2 "
+    ):
+        kernel.delay(out, base, inv, None, None, 0, None, None, flight[:2], 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"inv: expected .* float64 array .* of numpy.float32"):
+        kernel.delay(out, base, inv.astype(np.float32), None, None, 0, None, None, flight, 1.0, 1.0)
+    with pytest.raises(ValueError, match="out: expected a numpy float64 array, got bytes"):
+        kernel.delay(b"abc", base, inv, None, None, 0, None, None, flight, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"below: expected .* of at least 198 values"):
+        kernel.delay(out, base, inv, counts[:3], counts, 65, None, None, flight, 1.0, 1.0)
+    with pytest.raises(ValueError, match="size_class 65 out of range"):
+        kernel.note_queued(counts, counts.copy(), 0, 65, 1.0, 1)
+    with pytest.raises(ValueError, match="one 2-D shape"):
+        kernel.note_queued(counts, counts[:3], 0, 1, 1.0, 1)
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        kernel.note_queued(counts, counts)  # type: ignore[call-arg]
+
+
+def _placements(
+    monkeypatch: pytest.MonkeyPatch, built: Any, policy: str, order: str
+) -> list[tuple[float, str, int | str, str]]:
+    monkeypatch.setattr(view_module, "KERNEL", built)
+    devices = make_devices([4.0, 2.0, 2.0, 1.0, 0.5])
+    sim = Simulator(
+        devices,
+        make_policy(policy),
+        slots=[3, 1, 1, 2, 1],
+        dispatcher_options={"queue_order": order},
+    )
+    rng = np.random.default_rng(7)
+    times = np.cumsum(rng.exponential(0.12, 600))
+    costs = rng.lognormal(0.0, 1.0, 600)
+    arrivals = [
+        (float(t), WorkItem(cost=float(c), id=k))
+        for k, (t, c) in enumerate(zip(times, costs, strict=True))
+    ]
+    log: list[tuple[float, str, int | str, str]] = []
+    sim.run(iter(arrivals), log=log)
+    return log
+
+
+@pytest.mark.parametrize("policy", ["shortest_expected_delay", "tail_budget"])
+@pytest.mark.parametrize("order", ["size", "fifo"])
+def test_a_simulation_places_every_item_alike_with_and_without_the_kernel(
+    monkeypatch: pytest.MonkeyPatch, policy: str, order: str
+) -> None:
+    with_kernel = _placements(monkeypatch, kernel, policy, order)
+    assert any(what == "run" for _, what, _, _ in with_kernel)
+    assert with_kernel == _placements(monkeypatch, None, policy, order)
