@@ -6,7 +6,8 @@ lognormal sizes, as ``bench_sim.py``) under ``valgrind --tool=cachegrind`` twice
 counts, and divides the difference in instructions by the difference in requests, so that
 start-up, imports and warm-up cancel out. ``--tree`` measures another checkout of the project
 (a ``git worktree`` of an older revision) in the same run; ``--queue-order`` compares the
-device queues' orders. Skipped, with a message, where valgrind is not installed. Prints JSON;
+device queues' orders. A tree's C kernel must be built in it first (``python setup.py
+build_ext --inplace``). Skipped, with a message, where valgrind is not installed. Prints JSON;
 ``--out`` saves it.
 
     git worktree add /tmp/old df9dfcb
@@ -51,7 +52,14 @@ sim.run(generate(workload, sim.capacity), expected_duration=duration)
 def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
     """Instructions valgrind counts for one run of ``requests`` in ``tree``."""
     # A fixed hash seed: string hashes decide how dicts probe, and so the count.
-    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONHASHSEED": "0"}
+    # One BLAS thread: idle ones spin, and valgrind counts their instructions for as long as the
+    # run lasts under it.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree / "src"),
+        "PYTHONHASHSEED": "0",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
     argv = [
         "valgrind",
         "--tool=cachegrind",
@@ -87,6 +95,8 @@ def per_request(tree: Path, devices: int, order: str, low: int, high: int) -> di
         "queue_order": order,
         "requests": [low, high],
         "instructions_per_request": round(count / (high - low)),
+        # The C placement kernel, where the tree has one and it is built (else numpy's path).
+        "kernel": any((tree / "src/hetero/sched").glob("_kernel*.so")),
     }
     print(json.dumps(row), file=sys.stderr)
     return row

@@ -32,6 +32,7 @@ from _common import calibration_seconds, emit
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
 from hetero.sched.registry import make_policy
+from hetero.sched.view import KERNEL
 from hetero.sim.engine import Simulator
 from hetero.sim.run import expected_duration
 from hetero.sim.workload import generate, parse_workload
@@ -98,6 +99,7 @@ def run_one(
         "events": result.events,
         "events_per_second": round(result.events / wall),
         "us_per_request": round(wall / requests * 1e6, 2),
+        "kernel": KERNEL is not None,  # the C placement kernel, or numpy's fallback
         "p99_latency": round(result.metrics.p99, 4),
         "makespan_efficiency": round(result.metrics.makespan_efficiency, 4),
         "simulated_seconds": round(result.metrics.elapsed, 1),
@@ -178,6 +180,8 @@ def check(path: str, policy: str, load: float, seed: int, tolerance: float) -> i
     now_cal = calibration_seconds()
     worst = 0.0
     print(f"calibration loop: {then_cal} s committed, {now_cal} s now")
+    if KERNEL is None:
+        print("the C placement kernel is not built here (no C compiler?): numpy's fallback runs")
     print("devices  committed µs  now µs  ratio  adjusted")
     for devices in (10, 1000):
         then = next(

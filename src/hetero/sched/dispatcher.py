@@ -815,11 +815,12 @@ class Dispatcher:
             heapq.heappush(self._pending, (-rec.item.priority, self._key(rec), seq, rec))
             return
         running = view.running_at[i]
-        if running < self._slots[i] and view.in_flight_at[i] == running:
+        free = running < self._slots[i]
+        if free and view.in_flight_at[i] == running:
             self._run_now(rec, i, out)  # a free slot and nothing queued (view.starts_now)
             return
         self._enqueue(rec, i)
-        if view.running_at[i] < self._slots[i]:
+        if free:
             self._start_ready(i, out)
             return
         if self.preemption:
@@ -854,22 +855,24 @@ class Dispatcher:
         rec.device = i
         rec.seq = seq = next(self._seq)
         key = self._key(rec)
-        heapq.heappush(self._queues[i], (-item.priority, key, seq, rec))
+        queue = self._queues[i]
+        heapq.heappush(queue, (-item.priority, key, seq, rec))
         # The same entry, last-to-start first, so a thief finds its item in O(log n).
         tail = self._tails[i]
         heapq.heappush(tail, (item.priority, -key, -seq, rec))
-        if len(tail) > 64 + 2 * len(self._queues[i]):
+        if len(tail) > 64 + 2 * len(queue):
             # Items that started normally leave stale tail entries: drop them now and then.
-            self._tails[i] = [(-p, -k, -q, r) for p, k, q, r in self._queues[i] if r.seq == q]
+            self._tails[i] = [(-p, -k, -q, r) for p, k, q, r in queue if r.seq == q]
             heapq.heapify(self._tails[i])
+        cost = item.cost
         if self._size_order:
             if rec.size_class < 0:
-                rec.size_class = view.size_class(item.cost)
-            view.note_queued(i, rec.size_class, item.cost, 1)
+                rec.size_class = view.size_class(cost)
+            view.note_queued(i, rec.size_class, cost, 1)
         self._enqueues += 1
         view.in_flight_at[i] += 1
-        view.outstanding_at[i] += item.cost
-        view.queued_work[i] += item.cost
+        view.outstanding_at[i] += cost
+        view.queued_work[i] += cost
         if item.memory:
             view.mem_used_at[i] += item.memory
         view.queued += 1
@@ -884,15 +887,16 @@ class Dispatcher:
         rec.move(RUNNING)
         rec.device = i
         rec.seq = next(self._seq)
-        rec.started = self.clock.now()
+        rec.started = now = self.clock.now()
         rec.attempts += 1
+        cost = item.cost
         view.in_flight_at[i] += 1
         view.running_at[i] += 1
-        view.outstanding_at[i] += item.cost
-        view.running_work_at[i] += item.cost
-        view.running_since_at[i] += rec.started
+        view.outstanding_at[i] += cost
+        view.running_work_at[i] += cost
+        view.running_since_at[i] += now
         if view.prefetching:
-            view.last_start_at[i] = rec.started
+            view.last_start_at[i] = now
         if item.memory:
             view.mem_used_at[i] += item.memory
         self._free_slots -= 1
@@ -915,24 +919,26 @@ class Dispatcher:
 
     def _start(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
         view = self.view
+        item = rec.item
+        cost = item.cost
         rec.move(RUNNING)
-        rec.started = self.clock.now()
+        rec.started = now = self.clock.now()
         rec.attempts += 1
         view.running_at[i] += 1
-        view.queued_work[i] -= rec.item.cost
-        view.running_work_at[i] += rec.item.cost
-        view.running_since_at[i] += rec.started
+        view.queued_work[i] -= cost
+        view.running_work_at[i] += cost
+        view.running_since_at[i] += now
         if view.prefetching:
-            view.last_start_at[i] = rec.started
+            view.last_start_at[i] = now
         if self._size_order:
-            view.note_queued(i, rec.size_class, rec.item.cost, -1)
+            view.note_queued(i, rec.size_class, cost, -1)
         self._free_slots -= 1
         view.queued -= 1
         self.waiting -= 1
         self._running[i].add(rec)
         if self.preemption:
-            heapq.heappush(self._running_heap, (rec.item.priority, rec.seq, rec))
-        out.append(Run(rec.item, i, view.ids[i]))
+            heapq.heappush(self._running_heap, (item.priority, rec.seq, rec))
+        out.append(Run(item, i, view.ids[i]))
 
     def _release(self, rec: ItemRecord, running: bool) -> None:
         """Give back what ``rec`` holds on its device (slot, load, memory); a member of a
@@ -940,9 +946,11 @@ class Dispatcher:
         view = self.view
         i = rec.device
         item = rec.item
-        view.outstanding_at[i] -= item.cost
+        cost = item.cost
         if item.memory:
             view.mem_used_at[i] -= item.memory
+        # Each entry read once into a local: this runs for every item.
+        in_flight = view.in_flight_at[i] - 1
         if running:
             self._running[i].discard(rec)
             started = rec.started
@@ -951,32 +959,34 @@ class Dispatcher:
                 rec.run = None
                 run.members -= 1
                 if run.members:  # the run goes on in its slot without this item
-                    view.running_work_at[i] -= item.cost
+                    view.outstanding_at[i] -= cost
+                    view.running_work_at[i] -= cost
                     return
                 started = run.started
-            view.in_flight_at[i] -= 1
-            view.running_at[i] -= 1
-            if view.running_at[i]:
-                view.running_work_at[i] -= item.cost
+            view.in_flight_at[i] = in_flight
+            still = view.running_at[i] - 1
+            view.running_at[i] = still
+            if still:
+                view.running_work_at[i] -= cost
                 view.running_since_at[i] -= started
             else:  # exactly nothing running: drop the float drift
                 view.running_work_at[i] = 0.0
                 view.running_since_at[i] = 0.0
             # A device may run more than slots that set_slots lowered: no slot frees up then.
-            if view.usable_at[i] and (not self._lowered or view.running_at[i] < self._slots[i]):
+            if view.usable_at[i] and (not self._lowered or still < self._slots[i]):
                 self._free_slots += 1
         else:
-            view.in_flight_at[i] -= 1
-            view.queued_work[i] -= item.cost
+            view.in_flight_at[i] = in_flight
+            view.queued_work[i] -= cost
             view.queued -= 1
             if self._size_order:
-                view.note_queued(i, rec.size_class, item.cost, -1)
-            if view.in_flight_at[i] == view.running_at[i]:
+                view.note_queued(i, rec.size_class, cost, -1)
+            if in_flight == view.running_at[i]:
                 view.queued_work[i] = 0.0  # drop float drift once the queue is empty
                 if self._size_order:
                     view.clear_queue(i)
-        if view.in_flight_at[i] == 0:
-            view.outstanding_at[i] = 0.0
+        # Nothing left on the device: no float drift either.
+        view.outstanding_at[i] = view.outstanding_at[i] - cost if in_flight else 0.0
 
     def _end(
         self,
@@ -1023,8 +1033,8 @@ class Dispatcher:
         view = self.view
         if view.usable_at[i]:
             if view.in_flight_at[i] > view.running_at[i]:
-                self._start_ready(i, out)
-            if self.stealing and view.queued and view.running_at[i] == 0:
+                self._start_ready(i, out)  # it starts one at least: nothing to steal then
+            elif self.stealing and view.queued and view.running_at[i] == 0:
                 self._steal(i, out)
         if self._pending:
             self._drain_pending(out)

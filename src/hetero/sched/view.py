@@ -312,24 +312,24 @@ class FleetView:
         if self.kernel is None:
             return self._delay_numpy(cost, inv, overtake_weight, remaining)
         score = np.empty(self.n)
-        self._delay_kernel(score, cost, inv, overtake_weight, remaining)
+        self.soonest(cost, inv, overtake_weight, remaining, score)
         return score
 
-    def soonest(self, cost: float, inv: FloatArray, overtake_weight: float) -> int | None:
+    def soonest(
+        self,
+        cost: float,
+        inv: FloatArray,
+        overtake_weight: float,
+        remaining: bool = False,
+        out: FloatArray | None = None,
+    ) -> int | None:
         """The position of the lowest ``delay_score`` (the first of equals), or ``None`` when no
-        device's is finite: ``shortest_expected_delay``'s pick, one pass with the kernel."""
+        device's is finite: ``shortest_expected_delay``'s pick, one pass with the kernel.
+        ``out``: the kernel writes the scores there too."""
         if self.kernel is None:
-            score = self._delay_numpy(cost, inv, overtake_weight, False)
+            score = self._delay_numpy(cost, inv, overtake_weight, remaining)
             i = int(score.argmin())
             return i if score[i] < np.inf else None
-        i = self._delay_kernel(self._scratch, cost, inv, overtake_weight, False)
-        return i if i >= 0 else None
-
-    def _delay_kernel(
-        self, out: FloatArray, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool
-    ) -> int:
-        """``delay_score`` into ``out`` by the kernel; the position of its minimum (-1: none)."""
-        assert self.kernel is not None
         if not self.size_order:
             base, below, counts, k = self.outstanding, None, None, 0
         elif not self.queued:
@@ -338,7 +338,7 @@ class FleetView:
             base, below, counts = self.running_work, self.queued_below, self.queued_from
             k = self.size_class(cost) + 1
         best: int = self.kernel.delay(
-            out,
+            self._scratch if out is None else out,
             base,
             inv,
             below,
@@ -350,7 +350,7 @@ class FleetView:
             cost,
             overtake_weight,
         )
-        return best
+        return best if best >= 0 else None
 
     def _delay_numpy(
         self, cost: float, inv: FloatArray, overtake_weight: float, remaining: bool
