@@ -41,9 +41,9 @@ def two_views(
 
 
 @st.composite
-def fleets(draw: Any) -> tuple[FleetView, FleetView, list[float]]:
+def fleets(draw: Any) -> tuple[FleetView, FleetView, list[tuple[int, int, float]]]:
     """Two identical views in a random state (queues joined and left by random items), and
-    the costs of those items (a new item often shares a size class with queued ones)."""
+    the items queued at the end: (device, size class, cost)."""
     n = draw(st.integers(1, 9))
     speeds = draw(st.lists(st.floats(0.25, 8.0), min_size=n, max_size=n))
     slots = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
@@ -73,7 +73,7 @@ def fleets(draw: Any) -> tuple[FleetView, FleetView, list[float]]:
     for view in (fast, slow):
         view.running[:] = running
         view.in_flight[:] = running + waiting
-    return fast, slow, costs
+    return fast, slow, queued
 
 
 @settings(max_examples=300, deadline=None)
@@ -86,7 +86,7 @@ def fleets(draw: Any) -> tuple[FleetView, FleetView, list[float]]:
     size_order=st.booleans(),
 )
 def test_scores_and_picks_match_numpy_bit_for_bit(
-    fleet: tuple[FleetView, FleetView, list[float]],
+    fleet: tuple[FleetView, FleetView, list[tuple[int, int, float]]],
     cost: float,
     weight: float,
     remaining: bool,
@@ -106,11 +106,27 @@ def test_scores_and_picks_match_numpy_bit_for_bit(
 
 
 @settings(max_examples=100, deadline=None)
-@given(fleet=fleets())
-def test_size_class_sums_match_numpy(fleet: tuple[FleetView, FleetView, list[float]]) -> None:
-    fast, slow, _ = fleet
+@given(fleet=fleets(), later=st.lists(st.floats(0.0, 1e4), max_size=4))
+def test_size_class_sums_match_numpy_and_what_is_queued(
+    fleet: tuple[FleetView, FleetView, list[tuple[int, int, float]]], later: list[float]
+) -> None:
+    fast, slow, queued = fleet
     np.testing.assert_array_equal(fast.queued_below, slow.queued_below)
     np.testing.assert_array_equal(fast.queued_from, slow.queued_from)
+    # Every row kept sums what is queued, those of classes first met later included: row k of
+    # queued_below the work of classes below k, row k of queued_from the items of k and up.
+    for cost in [0.0, *later]:
+        fast.size_class(cost)
+        lo, hi = fast.class_rows.tolist()
+        for k in range(lo, hi + 1):
+            below, count = np.zeros(fast.n), np.zeros(fast.n)
+            for device, size_class, item_cost in queued:
+                if size_class < k:
+                    below[device] += item_cost
+                if size_class >= k:
+                    count[device] += 1
+            np.testing.assert_allclose(fast.queued_below[k], below, atol=1e-9)
+            np.testing.assert_array_equal(fast.queued_from[k], count)
 
 
 def test_soonest_is_none_when_no_device_is_usable() -> None:
@@ -135,11 +151,12 @@ def test_the_kernel_refuses_arrays_it_cannot_read() -> None:
         kernel.delay(b"abc", base, inv, None, None, 0, None, None, flight, 1.0, 1.0)
     with pytest.raises(ValueError, match=r"below: expected .* of at least 198 values"):
         kernel.delay(out, base, inv, counts[:3], counts, 65, None, None, flight, 1.0, 1.0)
-    with pytest.raises(ValueError, match="size_class 65 out of range"):
-        kernel.note_queued(counts, counts.copy(), 0, 65, 1.0, 1)
+    rows = np.array([1, SIZE_CLASSES], dtype=np.int64)
+    with pytest.raises(ValueError, match="size_class 64 out of range: 3 devices, rows 1 to 64"):
+        kernel.note_queued(counts, counts.copy(), rows, 0, 64, 1.0, 1)
     with pytest.raises(ValueError, match="one 2-D shape"):
-        kernel.note_queued(counts, counts[:3], 0, 1, 1.0, 1)
-    with pytest.raises(TypeError, match="takes 6 arguments"):
+        kernel.note_queued(counts, counts[:3], rows, 0, 1, 1.0, 1)
+    with pytest.raises(TypeError, match="takes 7 arguments"):
         kernel.note_queued(counts, counts)  # type: ignore[call-arg]
 
 

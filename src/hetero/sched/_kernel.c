@@ -58,28 +58,30 @@ data_of(PyObject *obj, npy_intp count, int type, int writable, const char *name)
 }
 
 PyDoc_STRVAR(note_queued_doc,
-"note_queued(below, counts, index, size_class, cost, sign)\n--\n\n"
+"note_queued(below, counts, rows, index, size_class, cost, sign)\n--\n\n"
 "An item of cost in size_class joined (sign 1) or left (-1) device index's queue: with\n"
-"k = size_class + 1, add sign * cost to rows k and up of below's column index, and sign to\n"
-"rows 0 to k - 1 of counts' (both float64 arrays of shape (classes + 1, n)).");
+"k = size_class + 1 and rows = [lo, hi] (the rows kept, lo <= k <= hi), add sign * cost to\n"
+"rows k to hi of below's column index, and sign to rows lo - 1 to k - 1 of counts' (below,\n"
+"counts: float64 arrays of shape (classes + 1, n); rows: int64).");
 
 static PyObject *
 note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "note_queued() takes 6 arguments (%zd given)", nargs);
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "note_queued() takes 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t k = PyLong_AsSsize_t(args[3]) + 1;
-    double cost = PyFloat_AsDouble(args[4]);
-    long sign = PyLong_AsLong(args[5]);
+    Py_ssize_t index = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t k = PyLong_AsSsize_t(args[4]) + 1;
+    double cost = PyFloat_AsDouble(args[5]);
+    long sign = PyLong_AsLong(args[6]);
     if (PyErr_Occurred())
         return NULL;
     double *below = data_of(args[0], 0, NPY_FLOAT64, 1, "below");
     double *counts = below ? data_of(args[1], 0, NPY_FLOAT64, 1, "counts") : NULL;
-    if (counts == NULL)
+    const npy_int64 *rows = counts ? data_of(args[2], 2, NPY_INT64, 0, "rows") : NULL;
+    if (rows == NULL)
         return NULL;
     PyArrayObject *b = (PyArrayObject *)args[0], *c = (PyArrayObject *)args[1];
     if (PyArray_NDIM(b) != 2 || PyArray_NDIM(c) != 2
@@ -87,17 +89,19 @@ note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "below and counts: expected two arrays of one 2-D shape");
         return NULL;
     }
-    Py_ssize_t rows = PyArray_DIM(b, 0), n = PyArray_DIM(b, 1);
-    if (index < 0 || index >= n || k < 0 || k > rows) {
+    Py_ssize_t height = PyArray_DIM(b, 0), n = PyArray_DIM(b, 1);
+    Py_ssize_t lo = (Py_ssize_t)rows[0], hi = (Py_ssize_t)rows[1];
+    if (index < 0 || index >= n || lo < 1 || hi >= height || k < lo || k > hi) {
         PyErr_Format(PyExc_ValueError,
-                     "index %zd or size_class %zd out of range for shape (%zd, %zd)", index, k - 1,
-                     rows, n);
+                     "index %zd or size_class %zd out of range: %zd devices, rows %zd to %zd kept "
+                     "of %zd",
+                     index, k - 1, n, lo, hi, height);
         return NULL;
     }
     double step = (double)sign, work = step * cost;
-    for (Py_ssize_t r = k; r < rows; r++)
+    for (Py_ssize_t r = k; r <= hi; r++)
         below[r * n + index] += work;
-    for (Py_ssize_t r = 0; r < k; r++)
+    for (Py_ssize_t r = lo - 1; r < k; r++)
         counts[r * n + index] += step;
     Py_RETURN_NONE;
 }

@@ -7,7 +7,14 @@ _Floats = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
 
 def note_queued(
-    below: _Floats, counts: _Floats, index: int, size_class: int, cost: float, sign: int, /
+    below: _Floats,
+    counts: _Floats,
+    rows: _Ints,
+    index: int,
+    size_class: int,
+    cost: float,
+    sign: int,
+    /,
 ) -> None: ...
 def delay(
     out: _Floats,

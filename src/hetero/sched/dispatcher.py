@@ -1283,10 +1283,9 @@ class Dispatcher:
             )
             assert np.allclose(since, view.running_since, atol=1e-6), "running_since drifted"
             if self._size_order:
-                assert np.allclose(queued_work, view.queued_below[-1], atol=1e-6), (
-                    "queued_below drifted"
-                )
-                assert np.array_equal(queued, view.queued_from[0]), "queued_from drifted"
+                work_by_class, count_by_class = view.queued_totals()
+                assert np.allclose(queued_work, work_by_class, atol=1e-6), "queued_below drifted"
+                assert np.array_equal(queued, count_by_class), "queued_from drifted"
             assert int(queued.sum()) == self.queued_total, "queued_total drifted"
         # A device may run more than its slots only after set_slots lowered them.
         free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())

@@ -140,6 +140,13 @@ class FleetView:
         # every device is a contiguous slice.
         self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
         self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
+        # Only the rows of the classes met so far are kept, [lo, hi] of ``queued_below`` and
+        # [lo - 1, hi - 1] of ``queued_from`` (lo > hi: none yet); those beyond repeat an end
+        # row's sums, and are written when a class there first comes (``size_class``). A
+        # workload spans a few octaves: an item joining a queue then writes a score of rows,
+        # not all 130, which on a large fleet are as many cache lines.
+        self.class_rows: IntArray = np.array([1, 0], dtype=np.int64)
+        self._kept = (1, 0)  # class_rows as ints, for the check each new cost makes
         self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
         self._class_base: float | None = None
         self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
@@ -166,7 +173,9 @@ class FleetView:
         self.note_queued: Callable[[int, int, float, int], None] = (
             self._note_queued_numpy
             if self.kernel is None
-            else partial(self.kernel.note_queued, self.queued_below, self.queued_from)
+            else partial(
+                self.kernel.note_queued, self.queued_below, self.queued_from, self.class_rows
+            )
         )
 
     def add(self, device: Device, slots: int, parallel: int | None = None) -> int:
@@ -239,20 +248,48 @@ class FleetView:
         if cost == self._class_of[0]:
             return self._class_of[1]  # the item the policy just classed, queued now
         if cost <= 0:
-            return 0
-        level = 2.0 * math.log2(cost)
-        if self._class_base is None:
-            self._class_base = math.floor(level) - SIZE_CLASSES // 2
-        size_class = min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
+            size_class = 0
+        else:
+            level = 2.0 * math.log2(cost)
+            if self._class_base is None:
+                self._class_base = math.floor(level) - SIZE_CLASSES // 2
+            size_class = min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
         self._class_of = (cost, size_class)
+        row = size_class + 1
+        lo, hi = self._kept
+        if not lo <= row <= hi:
+            self._keep_row(row, lo, hi)
         return size_class
+
+    def _keep_row(self, row: int, lo: int, hi: int) -> None:
+        """Extend the rows kept to ``row``: the new rows of ``queued_below`` above the kept
+        ones sum every queued item, as the highest kept row does, and those of
+        ``queued_from`` below them count every queued item, as the lowest kept row does; the
+        others are 0, as they were left."""
+        if lo > hi:
+            lo = hi = row  # the first class: nothing is queued yet
+        elif row > hi:
+            self.queued_below[hi + 1 : row + 1] = self.queued_below[hi]
+            hi = row
+        else:
+            self.queued_from[row - 1 : lo - 1] = self.queued_from[lo - 1]
+            lo = row
+        self.class_rows[:] = self._kept = (lo, hi)
+
+    def queued_totals(self) -> tuple[FloatArray, FloatArray]:
+        """Per device, the work and the number of items queued, as the class sums hold them."""
+        lo, hi = self._kept
+        if lo > hi:
+            return np.zeros(self.n), np.zeros(self.n)
+        return self.queued_below[hi], self.queued_from[lo - 1]
 
     def _note_queued_numpy(self, index: int, size_class: int, cost: float, sign: int) -> None:
         k = size_class + 1
-        below = self.queued_below[k:, index]
+        lo, hi = self._kept
+        below = self.queued_below[k : hi + 1, index]
         # ufuncs on the views, ``out`` by position: a third less than ``+=``
         np.add(below, sign * cost, below)
-        counts = self.queued_from[:k, index]
+        counts = self.queued_from[lo - 1 : k, index]
         np.add(counts, sign, counts)
 
     def clear_queue(self, index: int) -> None:
