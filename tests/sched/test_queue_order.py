@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, ManualClock, WorkItem
+from hetero.sched.perf import PerfModel
 from hetero.sched.registry import make_policy
+from hetero.sched.view import SIZE_CLASSES, FleetView
 from tests.sched.conftest import make_devices
 from tests.sched.test_dispatcher import Always
 
@@ -192,3 +198,24 @@ def test_bad_queue_options_are_config_errors() -> None:
     assert "allowed: size, fifo" in str(info.value)
     with pytest.raises(ConfigError, match="overtake_weight"):
         make_policy("shortest_expected_delay", {"overtake_weight": -1})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.floats(0.0, 1e15, exclude_min=True),
+    costs=st.lists(st.floats(0.0, 1e12), min_size=1, max_size=20),
+    steps=st.integers(-3, 3),
+)
+def test_size_classes_are_half_octaves_from_the_first_cost(
+    first: float, costs: list[float], steps: int
+) -> None:
+    # The view finds a class by bisection over precomputed bounds; the bounds must class every
+    # cost as the formula does, the floats either side of each bound included.
+    devices = make_devices([1.0])
+    view = FleetView(devices, PerfModel(devices), ManualClock())
+    view.size_class(first)
+    base = math.floor(2.0 * math.log2(first)) - SIZE_CLASSES // 2
+    near = [math.nextafter(b, math.inf if steps > 0 else 0.0) for b in view._class_bounds]
+    for cost in [*costs, *view._class_bounds, *near]:
+        expected = 0 if cost <= 0 else min(max(int(2.0 * math.log2(cost) - base), 0), 63)
+        assert view.size_class(cost) == expected

@@ -8,6 +8,7 @@ so a policy ranks every device with a handful of vector operations instead of a 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
 from types import ModuleType
@@ -54,6 +55,27 @@ def _cells(array: npt.NDArray[Any]) -> Any:
 
 # Work units per item in flight that break ties between free (cost 0) items' delays.
 _TIE = 1e-9
+
+
+def _class_bounds(base: int) -> list[float]:
+    """The lowest cost of each size class from 1 up, classes being half-octaves from ``base``:
+    where ``int(2 log2(cost) - base)`` first reaches the class, to the last float, so that a
+    bisection classes every cost as that formula does (at the cost of one search, not a log2
+    and three clips for each new cost)."""
+
+    def level(cost: float) -> int:
+        return int(2.0 * math.log2(cost) - base)
+
+    tiniest = math.ulp(0.0)  # a bound below it would class a cost of 0 above class 0
+    bounds = []
+    for size_class in range(1, SIZE_CLASSES):
+        cost = max(2.0 ** ((base + size_class) / 2), tiniest)
+        while cost > tiniest and level(cost) >= size_class:
+            cost = math.nextafter(cost, 0.0)
+        while level(cost) < size_class:
+            cost = math.nextafter(cost, math.inf)
+        bounds.append(cost)
+    return bounds
 
 
 class FleetView:
@@ -148,7 +170,7 @@ class FleetView:
         self.class_rows: IntArray = np.array([1, 0], dtype=np.int64)
         self._kept = (1, 0)  # class_rows as ints, for the check each new cost makes
         self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
-        self._class_base: float | None = None
+        self._class_bounds: list[float] = []  # set by the first positive cost (_class_bounds)
         self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
         self.kernel = KERNEL  # the compiled hot path, or None: numpy does its work
         self._scratch: FloatArray = np.empty(n)  # the scores ``soonest`` ranks
@@ -247,13 +269,11 @@ class FleetView:
         in the user's units: tokens, FLOPs, seconds; classes beyond either end are clipped)."""
         if cost == self._class_of[0]:
             return self._class_of[1]  # the item the policy just classed, queued now
-        if cost <= 0:
-            size_class = 0
-        else:
-            level = 2.0 * math.log2(cost)
-            if self._class_base is None:
-                self._class_base = math.floor(level) - SIZE_CLASSES // 2
-            size_class = min(max(int(level - self._class_base), 0), SIZE_CLASSES - 1)
+        bounds = self._class_bounds
+        if not bounds and cost > 0:
+            base = math.floor(2.0 * math.log2(cost)) - SIZE_CLASSES // 2
+            bounds = self._class_bounds = _class_bounds(base)
+        size_class = bisect_right(bounds, cost)  # 0 for a cost <= 0 or before any bounds
         self._class_of = (cost, size_class)
         row = size_class + 1
         lo, hi = self._kept
