@@ -173,39 +173,76 @@ scores(double *restrict s, const struct terms *t, Py_ssize_t n)
     }
 }
 
-/* argmin's answer where it is a device: the first position of the lowest score, or -1 when
- * none is finite or a score is NaN (argmin would pick the NaN). */
-DISPATCHED static Py_ssize_t
-lowest(const double *restrict s, Py_ssize_t n)
+/* The terms of devices j and up. */
+static struct terms
+from_device(const struct terms *t, Py_ssize_t j)
+{
+    struct terms u = *t;
+    u.base += j;
+    u.inv += j;
+    u.in_flight += j;
+    if (u.below) {
+        u.below += j;
+        u.counts += j;
+    }
+    if (u.minus)
+        u.minus += j;
+    if (u.parallel)
+        u.parallel += j;
+    return u;
+}
+
+#if defined(__GNUC__)
+/* Four devices at a time in vector registers: compilers vectorise neither a floating-point min
+ * nor a sum without giving up IEEE semantics, so the lanes are written out. */
+typedef double v4d __attribute__((vector_size(32)));
+typedef long long v4i __attribute__((vector_size(32)));
+#define LANES 4
+
+/* The lowest score each lane saw and where (x < m picks x exactly as `<` does, so a lane keeps
+ * its first lowest), and whether it saw a NaN. */
+struct lanes {
+    v4d low;
+    v4i at, here, unordered;
+};
+
+static inline void
+track(struct lanes *l, const v4d *score)
+{
+    v4d x = *score;
+    v4i less = x < l->low;
+    l->low = (v4d)((less & (v4i)x) | (~less & (v4i)l->low));
+    l->at = (less & l->here) | (~less & l->at);
+    l->unordered |= x != x;
+    l->here += (v4i){LANES, LANES, LANES, LANES};
+}
+#else
+#define LANES 0
+struct lanes {
+    int unused;
+};
+#endif
+
+/* argmin's answer where it is a device, from the lanes' findings up to j and s[j:n]: the first
+ * position of the lowest score, or -1 when none is finite or a score is NaN (argmin would pick
+ * the NaN). */
+static Py_ssize_t
+finish(const struct lanes *l, const double *s, Py_ssize_t j, Py_ssize_t n)
 {
     double low = INFINITY;
     Py_ssize_t best = -1;
     int nan = 0;
-    Py_ssize_t j = 0;
 #if defined(__GNUC__)
-    /* Four lanes in vector registers, each with the lowest it saw and where: compilers
-     * vectorise neither a floating-point min nor a sum without giving up IEEE semantics.
-     * x < m picks x exactly as `<` does below, so a lane keeps its first lowest. */
-    typedef double v4d __attribute__((vector_size(32)));
-    typedef long long v4i __attribute__((vector_size(32)));
-    v4d m = {INFINITY, INFINITY, INFINITY, INFINITY};
-    v4i at = {-1, -1, -1, -1}, here = {0, 1, 2, 3}, unordered = {0, 0, 0, 0};
-    const v4i four = {4, 4, 4, 4};
-    for (; j + 4 <= n; j += 4, here += four) {
-        v4d x;
-        memcpy(&x, s + j, sizeof x);
-        v4i less = x < m;
-        m = (v4d)((less & (v4i)x) | (~less & (v4i)m));
-        at = (less & here) | (~less & at);
-        unordered |= x != x;
-    }
-    for (int lane = 0; lane < 4; lane++) {
-        nan |= unordered[lane] != 0;
-        if (m[lane] < low || (m[lane] == low && at[lane] < best)) {
-            low = m[lane];
-            best = at[lane];
+    if (j > 0)
+        for (int lane = 0; lane < LANES; lane++) {
+            nan |= l->unordered[lane] != 0;
+            if (l->low[lane] < low || (l->low[lane] == low && l->at[lane] < best)) {
+                low = l->low[lane];
+                best = l->at[lane];
+            }
         }
-    }
+#else
+    (void)l;
 #endif
     for (; j < n; j++) {
         nan |= s[j] != s[j];
@@ -215,6 +252,59 @@ lowest(const double *restrict s, Py_ssize_t n)
         }
     }
     return nan || !(low < INFINITY) ? -1 : best;
+}
+
+/* scores(), then the position of the lowest. */
+DISPATCHED static Py_ssize_t
+scores_lowest(double *restrict s, const struct terms *t, Py_ssize_t n)
+{
+    Py_ssize_t j = 0;
+    struct lanes l;
+#if defined(__GNUC__)
+    l = (struct lanes){
+        {INFINITY, INFINITY, INFINITY, INFINITY}, {-1, -1, -1, -1}, {0, 1, 2, 3}, {0, 0, 0, 0}};
+    const double cost = t->cost;
+    const v4d costs = {cost, cost, cost, cost}, as = {t->a, t->a, t->a, t->a};
+    if (!t->minus && !t->parallel && cost != 0) {
+        /* The usual cases in one pass, each score as scores() makes it. */
+        v4d x, y, inv;
+        if (t->below)
+            for (; j + LANES <= n; j += LANES) {
+                memcpy(&x, t->counts + j, sizeof x);
+                x *= as;
+                memcpy(&y, t->base + j, sizeof y);
+                x += y;
+                memcpy(&y, t->below + j, sizeof y);
+                x += y;
+                x += costs;
+                memcpy(&inv, t->inv + j, sizeof inv);
+                x *= inv;
+                memcpy(s + j, &x, sizeof x);
+                track(&l, &x);
+            }
+        else
+            for (; j + LANES <= n; j += LANES) {
+                memcpy(&x, t->base + j, sizeof x);
+                x += costs;
+                memcpy(&inv, t->inv + j, sizeof inv);
+                x *= inv;
+                memcpy(s + j, &x, sizeof x);
+                track(&l, &x);
+            }
+        struct terms rest = from_device(t, j);
+        scores(s + j, &rest, n - j);
+        return finish(&l, s, j, n);
+    }
+    scores(s, t, n);
+    for (; j + LANES <= n; j += LANES) {
+        v4d x;
+        memcpy(&x, s + j, sizeof x);
+        track(&l, &x);
+    }
+#else
+    scores(s, t, n);
+#endif
+    return finish(&l, s, j, n);
 }
 
 PyDoc_STRVAR(delay_doc,
@@ -268,8 +358,7 @@ delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (args[PARALLEL] != Py_None
         && !(t.parallel = data_of(args[PARALLEL], n, NPY_INT64, 0, "parallel")))
         return NULL;
-    scores(s, &t, n);
-    return PyLong_FromSsize_t(lowest(s, n));
+    return PyLong_FromSsize_t(scores_lowest(s, &t, n));
 }
 
 static PyMethodDef methods[] = {
