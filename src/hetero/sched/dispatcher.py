@@ -866,8 +866,9 @@ class Dispatcher:
             heapq.heapify(self._tails[i])
         cost = item.cost
         if self._size_order:
-            if rec.size_class < 0:
-                rec.size_class = view.size_class(cost)
+            if rec.size_class < 0:  # classed by the policy just now, as a rule
+                last_cost, last = view.last_class
+                rec.size_class = last if last_cost == cost else view.size_class(cost)
             view.note_queued(i, rec.size_class, cost, 1)
         self._enqueues += 1
         view.in_flight_at[i] += 1

@@ -171,7 +171,8 @@ class FleetView:
         self._kept = (1, 0)  # class_rows as ints, for the check each new cost makes
         self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
         self._class_bounds: list[float] = []  # set by the first positive cost (_class_bounds)
-        self._class_of: tuple[float, int] = (-1.0, 0)  # the last (cost, class) computed
+        #: The last (cost, class) ``size_class`` gave: the class of the item just placed.
+        self.last_class: tuple[float, int] = (-1.0, 0)
         self.kernel = KERNEL  # the compiled hot path, or None: numpy does its work
         self._scratch: FloatArray = np.empty(n)  # the scores ``soonest`` ranks
         self._bind_cells()
@@ -267,14 +268,14 @@ class FleetView:
     def size_class(self, cost: float) -> int:
         """The half-octave class of ``cost``, centred on the first positive cost seen (costs are
         in the user's units: tokens, FLOPs, seconds; classes beyond either end are clipped)."""
-        if cost == self._class_of[0]:
-            return self._class_of[1]  # the item the policy just classed, queued now
+        if cost == self.last_class[0]:
+            return self.last_class[1]  # the item the policy just classed, queued now
         bounds = self._class_bounds
         if not bounds and cost > 0:
             base = math.floor(2.0 * math.log2(cost)) - SIZE_CLASSES // 2
             bounds = self._class_bounds = _class_bounds(base)
         size_class = bisect_right(bounds, cost)  # 0 for a cost <= 0 or before any bounds
-        self._class_of = (cost, size_class)
+        self.last_class = (cost, size_class)
         row = size_class + 1
         lo, hi = self._kept
         if not lo <= row <= hi:

@@ -213,17 +213,19 @@ class Simulator:
                 handled += 1
                 events.now = now
                 # Driver.apply inlined for the two instructions of every item: a simulated run
-                # or finish leads to no further instruction.
+                # or finish leads to no further instruction, and an item done needs nothing
+                # more unless logged (the dispatcher's metrics count it).
                 for ins in out:
                     cls = type(ins)
                     if cls is Run:
                         on_run(ins)  # type: ignore[arg-type]
                     elif cls is Finish:
-                        on_finish(ins)  # type: ignore[arg-type]
+                        if log is not None or ins.state is not DONE:  # type: ignore[union-attr]
+                            on_finish(ins)  # type: ignore[arg-type]
                     else:
                         apply((ins,))
                 if progress is not None and handled % 20000 == 0:
-                    progress(events.done + events.failed + rejected, total)
+                    progress(len(d.metrics.latency) + events.failed + rejected, total)
         finally:
             wall = time.perf_counter() - wall
             if gc_was_enabled:
@@ -232,7 +234,7 @@ class Simulator:
         if d.active:
             reason = "no usable device before the simulation ended"
             apply(d.abandon_stranded(reason, down_is_final=True))
-        done, failed, reasons = events.done, events.failed, events.reasons
+        done, failed, reasons = len(d.metrics.latency), events.failed, events.reasons
         if progress is not None:
             progress(done + failed + rejected, total)
         metrics = d.metrics.report(view)
@@ -295,7 +297,7 @@ class _Events(Driver):
         self.unit_seconds = unit_seconds  # per device: seconds per work unit of one item
         self.run_token: dict[int | str, int] = {}  # the live run of each running item
         self.expire_token = -1  # the seq of the live _EXPIRE event (-1: none)
-        self.done = self.failed = 0
+        self.failed = 0
         self.reasons: Counter[str] = Counter()
         self.cache = cache  # the devices' prefix caches (None: not modelled)
         n = len(unit_seconds)
@@ -337,11 +339,10 @@ class _Events(Driver):
             self.log.append((self.now, "stop", ins.item.id, device_id))
 
     def on_finish(self, ins: Finish) -> None:
+        # Items done are counted by the dispatcher's metrics (one latency each).
         if self.log is not None:
             self.log.append((self.now, ins.state.value, ins.item.id, ins.reason))
-        if ins.state is DONE:
-            self.done += 1
-        else:
+        if ins.state is not DONE:
             self.failed += 1
             self.reasons[_failure_label(ins)] += 1
 
