@@ -139,25 +139,25 @@ def test_soonest_is_none_when_no_device_is_usable() -> None:
 def test_the_kernel_refuses_arrays_it_cannot_read() -> None:
     n = 3
     out, base, inv = np.empty(n), np.zeros(n), np.ones(n)
-    counts = np.zeros((SIZE_CLASSES + 1, n))
+    sums = np.zeros((SIZE_CLASSES + 1, n, 2))
     flight = np.zeros(n, dtype=np.int64)
     with pytest.raises(
         ValueError, match=r"in_flight: expected .* int64 array of at least 3 values, got 2 "
     ):
-        kernel.delay(out, base, inv, None, None, 0, None, None, flight[:2], 1.0, 1.0)
+        kernel.delay(out, base, inv, None, 0, None, None, flight[:2], 1.0, 1.0)
     with pytest.raises(ValueError, match=r"inv: expected .* float64 array .* of numpy.float32"):
-        kernel.delay(out, base, inv.astype(np.float32), None, None, 0, None, None, flight, 1.0, 1.0)
+        kernel.delay(out, base, inv.astype(np.float32), None, 0, None, None, flight, 1.0, 1.0)
     with pytest.raises(ValueError, match="out: expected a numpy float64 array, got bytes"):
-        kernel.delay(b"abc", base, inv, None, None, 0, None, None, flight, 1.0, 1.0)
-    with pytest.raises(ValueError, match=r"below: expected .* of at least 198 values"):
-        kernel.delay(out, base, inv, counts[:3], counts, 65, None, None, flight, 1.0, 1.0)
+        kernel.delay(b"abc", base, inv, None, 0, None, None, flight, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"sums: expected .* of at least 396 values"):
+        kernel.delay(out, base, inv, sums[:3], 65, None, None, flight, 1.0, 1.0)
     rows = np.array([1, SIZE_CLASSES], dtype=np.int64)
     with pytest.raises(ValueError, match="size_class 64 out of range: 3 devices, rows 1 to 64"):
-        kernel.note_queued(counts, counts.copy(), rows, 0, 64, 1.0, 1)
-    with pytest.raises(ValueError, match="one 2-D shape"):
-        kernel.note_queued(counts, counts[:3], rows, 0, 1, 1.0, 1)
-    with pytest.raises(TypeError, match="takes 7 arguments"):
-        kernel.note_queued(counts, counts)  # type: ignore[call-arg]
+        kernel.note_queued(sums, rows, 0, 64, 1.0, 1)
+    with pytest.raises(ValueError, match=r"sums: expected an array of shape \(rows, devices, 2\)"):
+        kernel.note_queued(sums[:, :, 0].copy(), rows, 0, 1, 1.0, 1)
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        kernel.note_queued(sums, rows)  # type: ignore[call-arg]
 
 
 def _placements(

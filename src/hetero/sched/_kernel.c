@@ -58,38 +58,36 @@ data_of(PyObject *obj, npy_intp count, int type, int writable, const char *name)
 }
 
 PyDoc_STRVAR(note_queued_doc,
-"note_queued(below, counts, rows, index, size_class, cost, sign)\n--\n\n"
-"An item of cost in size_class joined (sign 1) or left (-1) device index's queue: with\n"
-"k = size_class + 1 and rows = [lo, hi] (the rows kept, lo <= k <= hi), add sign * cost to\n"
-"rows k to hi of below's column index, and sign to rows lo - 1 to k - 1 of counts' (below,\n"
-"counts: float64 arrays of shape (classes + 1, n); rows: int64).");
+"note_queued(sums, rows, index, size_class, cost, sign)\n--\n\n"
+"An item of cost in size_class joined (sign 1) or left (-1) device index's queue. sums:\n"
+"float64, shape (classes + 1, n, 2), per row and device the work below the row's class and\n"
+"the items from it up; rows = [lo, hi], the rows kept (lo <= k <= hi, k = size_class + 1).\n"
+"Adds sign * cost to the work of rows k to hi, and sign to the items of rows lo - 1 to k - 1.");
 
 static PyObject *
 note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "note_queued() takes 7 arguments (%zd given)", nargs);
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "note_queued() takes 6 arguments (%zd given)", nargs);
         return NULL;
     }
-    Py_ssize_t index = PyLong_AsSsize_t(args[3]);
-    Py_ssize_t k = PyLong_AsSsize_t(args[4]) + 1;
-    double cost = PyFloat_AsDouble(args[5]);
-    long sign = PyLong_AsLong(args[6]);
+    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t k = PyLong_AsSsize_t(args[3]) + 1;
+    double cost = PyFloat_AsDouble(args[4]);
+    long sign = PyLong_AsLong(args[5]);
     if (PyErr_Occurred())
         return NULL;
-    double *below = data_of(args[0], 0, NPY_FLOAT64, 1, "below");
-    double *counts = below ? data_of(args[1], 0, NPY_FLOAT64, 1, "counts") : NULL;
-    const npy_int64 *rows = counts ? data_of(args[2], 2, NPY_INT64, 0, "rows") : NULL;
+    double *sums = data_of(args[0], 0, NPY_FLOAT64, 1, "sums");
+    const npy_int64 *rows = sums ? data_of(args[1], 2, NPY_INT64, 0, "rows") : NULL;
     if (rows == NULL)
         return NULL;
-    PyArrayObject *b = (PyArrayObject *)args[0], *c = (PyArrayObject *)args[1];
-    if (PyArray_NDIM(b) != 2 || PyArray_NDIM(c) != 2
-        || PyArray_DIM(b, 0) != PyArray_DIM(c, 0) || PyArray_DIM(b, 1) != PyArray_DIM(c, 1)) {
-        PyErr_SetString(PyExc_ValueError, "below and counts: expected two arrays of one 2-D shape");
+    PyArrayObject *array = (PyArrayObject *)args[0];
+    if (PyArray_NDIM(array) != 3 || PyArray_DIM(array, 2) != 2) {
+        PyErr_SetString(PyExc_ValueError, "sums: expected an array of shape (rows, devices, 2)");
         return NULL;
     }
-    Py_ssize_t height = PyArray_DIM(b, 0), n = PyArray_DIM(b, 1);
+    Py_ssize_t height = PyArray_DIM(array, 0), n = PyArray_DIM(array, 1);
     Py_ssize_t lo = (Py_ssize_t)rows[0], hi = (Py_ssize_t)rows[1];
     if (index < 0 || index >= n || lo < 1 || hi >= height || k < lo || k > hi) {
         PyErr_Format(PyExc_ValueError,
@@ -100,15 +98,16 @@ note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     double step = (double)sign, work = step * cost;
     for (Py_ssize_t r = k; r <= hi; r++)
-        below[r * n + index] += work;
+        sums[(r * n + index) * 2] += work;
     for (Py_ssize_t r = lo - 1; r < k; r++)
-        counts[r * n + index] += step;
+        sums[(r * n + index) * 2 + 1] += step;
     Py_RETURN_NONE;
 }
 
 /* What the scores are made of; a NULL array is a term left out. */
 struct terms {
-    const double *base, *inv, *below, *counts, *minus;
+    const double *base, *inv, *minus;
+    const double *pairs; /* row k of the sums: device j's work below at 2j, items from at 2j + 1 */
     const npy_int64 *parallel, *in_flight;
     double cost, a; /* a: cost * weight */
 };
@@ -121,23 +120,23 @@ scores(double *restrict s, const struct terms *t, Py_ssize_t n)
     const double *restrict base = t->base, *restrict inv = t->inv;
     const double cost = t->cost, a = t->a;
     /* The usual case in one pass: nothing to subtract, a cost, size-ordered queues. */
-    int fused = t->below && !t->minus && cost != 0;
+    int fused = t->pairs && !t->minus && cost != 0;
     if (fused) {
-        const double *restrict below = t->below, *restrict counts = t->counts;
+        const double *restrict pairs = t->pairs;
         for (Py_ssize_t j = 0; j < n; j++) {
-            double x = counts[j] * a;
+            double x = pairs[2 * j + 1] * a;
             x += base[j];
-            x += below[j];
+            x += pairs[2 * j];
             x += cost;
             s[j] = x * inv[j];
         }
     }
-    else if (t->below) {
-        const double *restrict below = t->below, *restrict counts = t->counts;
+    else if (t->pairs) {
+        const double *restrict pairs = t->pairs;
         for (Py_ssize_t j = 0; j < n; j++) {
-            double x = counts[j] * a;
+            double x = pairs[2 * j + 1] * a;
             x += base[j];
-            x += below[j];
+            x += pairs[2 * j];
             s[j] = x + cost;
         }
     }
@@ -181,10 +180,8 @@ from_device(const struct terms *t, Py_ssize_t j)
     u.base += j;
     u.inv += j;
     u.in_flight += j;
-    if (u.below) {
-        u.below += j;
-        u.counts += j;
-    }
+    if (u.pairs)
+        u.pairs += 2 * j;
     if (u.minus)
         u.minus += j;
     if (u.parallel)
@@ -198,6 +195,11 @@ from_device(const struct terms *t, Py_ssize_t j)
 typedef double v4d __attribute__((vector_size(32)));
 typedef long long v4i __attribute__((vector_size(32)));
 #define LANES 4
+#if defined(__clang__)
+#define SHUFFLE(a, b, i, j, k, l) __builtin_shufflevector(a, b, i, j, k, l)
+#else
+#define SHUFFLE(a, b, i, j, k, l) __builtin_shuffle(a, b, (v4i){i, j, k, l})
+#endif
 
 /* The lowest score each lane saw and where (x < m picks x exactly as `<` does, so a lane keeps
  * its first lowest), and whether it saw a NaN. */
@@ -268,14 +270,16 @@ scores_lowest(double *restrict s, const struct terms *t, Py_ssize_t n)
     if (!t->minus && !t->parallel && cost != 0) {
         /* The usual cases in one pass, each score as scores() makes it. */
         v4d x, y, inv;
-        if (t->below)
+        if (t->pairs)
             for (; j + LANES <= n; j += LANES) {
-                memcpy(&x, t->counts + j, sizeof x);
+                v4d low, high; /* four devices' (work below, items from) pairs */
+                memcpy(&low, t->pairs + 2 * j, sizeof low);
+                memcpy(&high, t->pairs + 2 * j + LANES, sizeof high);
+                x = SHUFFLE(low, high, 1, 3, 5, 7);
                 x *= as;
                 memcpy(&y, t->base + j, sizeof y);
                 x += y;
-                memcpy(&y, t->below + j, sizeof y);
-                x += y;
+                x += SHUFFLE(low, high, 0, 2, 4, 6);
                 x += costs;
                 memcpy(&inv, t->inv + j, sizeof inv);
                 x *= inv;
@@ -308,16 +312,16 @@ scores_lowest(double *restrict s, const struct terms *t, Py_ssize_t n)
 }
 
 PyDoc_STRVAR(delay_doc,
-"delay(out, base, inv, below, counts, k, minus, parallel, in_flight, cost, weight) -> int\n--\n\n"
+"delay(out, base, inv, sums, k, minus, parallel, in_flight, cost, weight) -> int\n--\n\n"
 "FleetView.delay_score into out; returns the position of the lowest score, or -1 when none is\n"
 "finite (argmin's first minimum; a NaN anywhere counts as none).\n\n"
 "Per device j, with a = cost * weight:\n"
-"  score = counts[k][j] * a + base[j] + below[k][j] + cost  (below is None: base[j] + cost)\n"
+"  score = sums[k][j][1] * a + base[j] + sums[k][j][0] + cost  (sums None: base[j] + cost)\n"
 "  score -= minus[j]                                          (minus is not None)\n"
 "  cost > 0:  score = max(score * inv[j], parallel[j] * (cost * inv[j]))  (parallel not None)\n"
 "  cost == 0: score = inf where inv[j] is inf, else score * inv[j] + in_flight[j] * 1e-9");
 
-enum { OUT, BASE, INV, BELOW, COUNTS, K, MINUS, PARALLEL, IN_FLIGHT, COST, WEIGHT, NARGS };
+enum { OUT, BASE, INV, SUMS, K, MINUS, PARALLEL, IN_FLIGHT, COST, WEIGHT, NARGS };
 
 static PyObject *
 delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -342,16 +346,14 @@ delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         || !(t.inv = data_of(args[INV], n, NPY_FLOAT64, 0, "inv"))
         || !(t.in_flight = data_of(args[IN_FLIGHT], n, NPY_INT64, 0, "in_flight")))
         return NULL;
-    if (args[BELOW] != Py_None) {
+    if (args[SUMS] != Py_None) {
         if (k < 0) {
             PyErr_Format(PyExc_ValueError, "k: expected a row >= 0, got %zd", k);
             return NULL;
         }
-        if (!(t.below = data_of(args[BELOW], (k + 1) * n, NPY_FLOAT64, 0, "below"))
-            || !(t.counts = data_of(args[COUNTS], (k + 1) * n, NPY_FLOAT64, 0, "counts")))
+        if (!(t.pairs = data_of(args[SUMS], (k + 1) * n * 2, NPY_FLOAT64, 0, "sums")))
             return NULL;
-        t.below += k * n;
-        t.counts += k * n;
+        t.pairs += k * n * 2;
     }
     if (args[MINUS] != Py_None && !(t.minus = data_of(args[MINUS], n, NPY_FLOAT64, 0, "minus")))
         return NULL;

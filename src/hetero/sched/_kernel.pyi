@@ -7,8 +7,7 @@ _Floats = npt.NDArray[np.float64]
 _Ints = npt.NDArray[np.int64]
 
 def note_queued(
-    below: _Floats,
-    counts: _Floats,
+    sums: _Floats,
     rows: _Ints,
     index: int,
     size_class: int,
@@ -20,8 +19,7 @@ def delay(
     out: _Floats,
     base: _Floats,
     inv: _Floats,
-    below: _Floats | None,
-    counts: _Floats | None,
+    sums: _Floats | None,
     k: int,
     minus: _Floats | None,
     parallel: _Ints | None,

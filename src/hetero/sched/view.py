@@ -159,14 +159,15 @@ class FleetView:
         # Kept by the dispatcher for size-ordered queues only: row k of ``queued_below`` the
         # queued work in size classes below k and row k of ``queued_from`` the number of queued
         # items in classes k and up, per device. Rows, not columns, so that reading one class for
-        # every device is a contiguous slice.
-        self.queued_below: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
-        self.queued_from: FloatArray = np.zeros((SIZE_CLASSES + 1, n))
+        # every device is one contiguous slice; both views of ``queued_sums``, where each
+        # device's two sit side by side, so that an item joining or leaving a queue writes one
+        # cache line per row rather than two.
+        self.queued_sums: FloatArray = np.zeros((SIZE_CLASSES + 1, n, 2))
         # Only the rows of the classes met so far are kept, [lo, hi] of ``queued_below`` and
         # [lo - 1, hi - 1] of ``queued_from`` (lo > hi: none yet); those beyond repeat an end
         # row's sums, and are written when a class there first comes (``size_class``). A
         # workload spans a few octaves: an item joining a queue then writes a score of rows,
-        # not all 130, which on a large fleet are as many cache lines.
+        # not all 65, each a cache line apart on a large fleet.
         self.class_rows: IntArray = np.array([1, 0], dtype=np.int64)
         self._kept = (1, 0)  # class_rows as ints, for the check each new cost makes
         self.queued = 0  # items waiting in device queues, on every device (the dispatcher's)
@@ -190,15 +191,15 @@ class FleetView:
         self.last_start_at: Cells[float] = _cells(self.last_start)
         self.mem_used_at: Cells[int] = _cells(self.mem_used)
         self.usable_at: Cells[bool] = _cells(self.usable)
+        self.queued_below: FloatArray = self.queued_sums[:, :, 0]
+        self.queued_from: FloatArray = self.queued_sums[:, :, 1]
         #: ``note_queued(index, size_class, cost, sign)``: an item of ``cost`` in ``size_class``
         #: joined (``sign=1``) or left (``-1``) device ``index``'s queue. The kernel's function
         #: itself where it is built: no Python frame on the way.
         self.note_queued: Callable[[int, int, float, int], None] = (
             self._note_queued_numpy
             if self.kernel is None
-            else partial(
-                self.kernel.note_queued, self.queued_below, self.queued_from, self.class_rows
-            )
+            else partial(self.kernel.note_queued, self.queued_sums, self.class_rows)
         )
 
     def add(self, device: Device, slots: int, parallel: int | None = None) -> int:
@@ -228,9 +229,8 @@ class FleetView:
         self.running_since = np.append(self.running_since, 0.0)
         self.last_start = np.append(self.last_start, 0.0)
         self._scratch = np.empty(self.n)
-        column = np.zeros((SIZE_CLASSES + 1, 1))
-        self.queued_below = np.hstack([self.queued_below, column])
-        self.queued_from = np.hstack([self.queued_from, column])
+        column = np.zeros((SIZE_CLASSES + 1, 1, 2))
+        self.queued_sums = np.concatenate([self.queued_sums, column], axis=1)
         self._bind_cells()
         return i
 
@@ -315,8 +315,7 @@ class FleetView:
 
     def clear_queue(self, index: int) -> None:
         """Device ``index``'s queue is empty: drop the float drift of its sums."""
-        self.queued_below[:, index] = 0.0
-        self.queued_from[:, index] = 0.0
+        self.queued_sums[:, index] = 0.0
 
     def starts_now(self, index: int) -> bool:
         """Whether an item placed on device ``index`` now would start at once: a slot is free
@@ -389,18 +388,17 @@ class FleetView:
             i = int(score.argmin())
             return i if score[i] < np.inf else None
         if not self.size_order:
-            base, below, counts, k = self.outstanding, None, None, 0
+            base, sums, k = self.outstanding, None, 0
         elif not self.queued:
-            base, below, counts, k = self.running_work, None, None, 0
+            base, sums, k = self.running_work, None, 0
         else:
-            base, below, counts = self.running_work, self.queued_below, self.queued_from
+            base, sums = self.running_work, self.queued_sums
             k = self.size_class(cost) + 1
         best: int = self.kernel.delay(
             self._scratch if out is None else out,
             base,
             inv,
-            below,
-            counts,
+            sums,
             k,
             self.elapsed_work() if remaining else None,
             self.parallel if self.multi_slot else None,
