@@ -105,6 +105,48 @@ def instructions(doc: dict[str, Any]) -> str:
     )
 
 
+def versus(doc: dict[str, Any]) -> str:
+    rounds = max(r["round"] for r in doc["rounds"])
+    rows = [
+        [
+            s["devices"],
+            f"{s['requests']:,}",
+            s["other_us_per_request"],
+            s["us_per_request"],
+            s["ratio"],
+            ", ".join(
+                f"{run['us_per_request']}/{other['us_per_request']}"
+                for row, row_other in zip(doc["rounds"][::2], doc["rounds"][1::2], strict=True)
+                for run in row["runs"]
+                for other in row_other["runs"]
+                if (run["devices"], run["requests"]) == (s["devices"], s["requests"])
+                and (other["devices"], other["requests"]) == (s["devices"], s["requests"])
+            ),
+        ]
+        for s in doc["summary"]
+    ]
+    return (
+        f"## Simulator speed beside {doc['other']}\n\n"
+        "`python bench/bench_sim_versus.py --tree <a checkout of df9dfcb> --out"
+        " bench/results/sim_versus.json` — `bench_sim.py`'s runs (`shortest_expected_delay`,"
+        " Poisson arrivals at 85% of capacity) in this revision and in the other, in turns,"
+        f" {rounds} rounds each; µs per request, medians of the rounds (the 1,000,000-request"
+        " row is the headline run, whose wall seconds are its µs per request). The hot path's"
+        " budget is the other revision's cost: a ratio at or below 1 meets it.\n\n"
+        + _table(
+            [
+                "devices",
+                "requests",
+                f"{doc['other']} µs",
+                f"{doc['this']} µs",
+                "ratio",
+                "rounds (this/other)",
+            ],
+            rows,
+        )
+    )
+
+
 def decisions(doc: dict[str, Any]) -> str:
     counts = sorted({r["devices"] for r in doc["results"]})
     by_policy: dict[str, dict[int, float]] = {}
@@ -1672,6 +1714,7 @@ def main() -> int:
     ]
     for name, render in (
         ("sim.json", simulator),
+        ("sim_versus.json", versus),
         ("instructions.json", instructions),
         ("decisions.json", decisions),
         ("prefix.json", prefix),

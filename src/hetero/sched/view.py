@@ -2,7 +2,9 @@
 
 The dispatcher owns one view and keeps its arrays current as items are placed, started and
 finished; policies only read it. Per-device numbers are numpy arrays indexed by device position,
-so a policy ranks every device with a handful of vector operations instead of a Python loop.
+so a policy ranks every device with a handful of vector operations instead of a Python loop. The
+expected delay that most policies rank by, and its argmin, are one call into the C kernel
+(``_kernel.c``) where it is built, and the same numpy expressions, bit for bit, where it is not.
 """
 
 from __future__ import annotations
