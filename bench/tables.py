@@ -107,6 +107,11 @@ def instructions(doc: dict[str, Any]) -> str:
 
 def versus(doc: dict[str, Any]) -> str:
     rounds = max(r["round"] for r in doc["rounds"])
+    figures: dict[tuple[str, int, int], list[float]] = {}
+    for row in doc["rounds"]:
+        for run in row["runs"]:
+            key = (row["tree"], run["devices"], run["requests"])
+            figures.setdefault(key, []).append(run["us_per_request"])
     rows = [
         [
             s["devices"],
@@ -115,12 +120,12 @@ def versus(doc: dict[str, Any]) -> str:
             s["us_per_request"],
             s["ratio"],
             ", ".join(
-                f"{run['us_per_request']}/{other['us_per_request']}"
-                for row, row_other in zip(doc["rounds"][::2], doc["rounds"][1::2], strict=True)
-                for run in row["runs"]
-                for other in row_other["runs"]
-                if (run["devices"], run["requests"]) == (s["devices"], s["requests"])
-                and (other["devices"], other["requests"]) == (s["devices"], s["requests"])
+                f"{this}/{other}"
+                for this, other in zip(
+                    figures["this", s["devices"], s["requests"]],
+                    figures["other", s["devices"], s["requests"]],
+                    strict=True,
+                )
             ),
         ]
         for s in doc["summary"]

@@ -113,25 +113,14 @@ struct terms {
 };
 
 /* numpy's operations in numpy's order (view.py, FleetView._delay_numpy), in passes with no
- * branch inside, so that the compiler vectorises each. */
+ * branch inside, so that the compiler vectorises each. The usual cases take scores_lowest's
+ * one pass instead; this makes the rest, and the last few devices of those. */
 DISPATCHED static void
 scores(double *restrict s, const struct terms *t, Py_ssize_t n)
 {
     const double *restrict base = t->base, *restrict inv = t->inv;
     const double cost = t->cost, a = t->a;
-    /* The usual case in one pass: nothing to subtract, a cost, size-ordered queues. */
-    int fused = t->pairs && !t->minus && cost != 0;
-    if (fused) {
-        const double *restrict pairs = t->pairs;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            double x = pairs[2 * j + 1] * a;
-            x += base[j];
-            x += pairs[2 * j];
-            x += cost;
-            s[j] = x * inv[j];
-        }
-    }
-    else if (t->pairs) {
+    if (t->pairs) {
         const double *restrict pairs = t->pairs;
         for (Py_ssize_t j = 0; j < n; j++) {
             double x = pairs[2 * j + 1] * a;
@@ -139,11 +128,6 @@ scores(double *restrict s, const struct terms *t, Py_ssize_t n)
             x += pairs[2 * j];
             s[j] = x + cost;
         }
-    }
-    else if (!t->minus && cost != 0) {
-        fused = 1;
-        for (Py_ssize_t j = 0; j < n; j++)
-            s[j] = (base[j] + cost) * inv[j];
     }
     else
         for (Py_ssize_t j = 0; j < n; j++)
@@ -159,9 +143,8 @@ scores(double *restrict s, const struct terms *t, Py_ssize_t n)
             s[j] = isinf(inv[j]) ? INFINITY : s[j] * inv[j] + (double)in_flight[j] * TIE;
         return;
     }
-    if (!fused)
-        for (Py_ssize_t j = 0; j < n; j++)
-            s[j] *= inv[j];
+    for (Py_ssize_t j = 0; j < n; j++)
+        s[j] *= inv[j];
     if (t->parallel) {
         const npy_int64 *restrict parallel = t->parallel;
         for (Py_ssize_t j = 0; j < n; j++) {

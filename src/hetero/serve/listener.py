@@ -11,7 +11,7 @@ from aiohttp import web
 
 from hetero.serve.proxy import error_json
 
-__all__ = ["ADMIN_CONNECTIONS", "CappedSite", "connection_cap", "listen"]
+__all__ = ["ADMIN_CONNECTIONS", "CappedSite", "connection_cap", "http_url", "listen"]
 
 log = logging.getLogger("hetero.serve")
 
@@ -120,5 +120,10 @@ async def listen(
     assert server is not None
     sock = server.sockets[0]  # type: ignore[attr-defined]
     bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return runner, f"http://{shown}:{bound_port}"
+    return runner, http_url(bound_host, bound_port)
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL of a server on ``host:port`` (an IPv6 address in brackets)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"

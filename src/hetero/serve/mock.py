@@ -33,6 +33,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from hetero.errors import ConfigError
+from hetero.serve.listener import http_url
 from hetero.serve.mock_config import (
     ENGINES,
     LOAD_FAULTS,
@@ -207,8 +208,7 @@ class MockReplica:
             raise
         self._runner = runner
         port = runner.addresses[0][1]
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        self._url = f"http://{host}:{port}"
+        self._url = http_url(self._host, port)
         return self._url
 
     async def stop(self) -> None:
