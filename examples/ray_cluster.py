@@ -65,6 +65,13 @@ def main() -> int:
             elapsed = time.perf_counter() - t0
             assert results == [x * x for x in range(args.items)], "lost or duplicated results"
             print(f"{len(results)} results, every one once and in order, in {elapsed:.1f} s")
+            # Ray reports a node gone a moment after it goes, and the fleet follows when the
+            # backend's watcher next asks: where the map ended first, give it that moment.
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(
+                m.startswith(f"{t4_node}/") for m in ctx.dispatcher.members
+            ):
+                time.sleep(0.1)
             print(f"{'device':28} {'done':>6}  in the fleet")
             members = set(ctx.dispatcher.members)
             for d in ctx.status()["devices"]:
