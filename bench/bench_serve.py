@@ -110,6 +110,7 @@ RECORD_COLUMNS = (
     "lag",
     "prompt_tokens",
     "completion_tokens",
+    "ttft",
 )
 WARM_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1}

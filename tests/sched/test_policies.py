@@ -20,7 +20,7 @@ from tests.sched.conftest import make_devices
 GIB = 1024**3
 ALL = [
     "adaptive", "affinity", "capacity_aware", "least_connections", "least_work",
-    "power_of_two", "prefix_affinity", "random", "round_robin", "shortest_expected_delay",
+    "power_of_two", "prefix_affinity", "random", "round_robin", "shortest_expected_delay", "slo",
     "tail_budget", "tiered",
     "weighted", "weighted_least_connections",
 ]  # fmt: skip

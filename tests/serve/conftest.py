@@ -128,6 +128,8 @@ def assert_settled(router: Router) -> None:
     assert router.dispatcher.active == 0
     assert router.dispatcher.waiting == 0
     assert not router.dispatcher.records  # keep_finished=False: only live items are kept
+    if router.slo_policy is not None:
+        assert router.slo_policy.in_flight() == 0
 
 
 @pytest.fixture

@@ -65,6 +65,22 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    slo_ttft: Annotated[
+        float | None,
+        typer.Option(
+            help="Strategy slo: the time to first token (seconds) each request should meet. "
+            "Default: 1 s, or ten times the fleet's best predicted TTFT of the request if more.",
+            show_default=False,
+        ),
+    ] = None,
+    slo_tpot: Annotated[
+        float | None,
+        typer.Option(
+            help="Strategy slo: the time per output token (seconds) each request should meet. "
+            "Default: five times the fleet's best predicted step time of a lone request.",
+            show_default=False,
+        ),
+    ] = None,
     queue_size: Annotated[
         int, typer.Option(help="Requests waiting in the router before it answers 429.")
     ] = 1000,
@@ -214,6 +230,8 @@ def serve(
             prefill_weight=prefill_weight,
             unit_rate=unit_rate,
             capacity=_capacity(capacity_initial, capacity_tolerance),
+            slo_ttft=slo_ttft,
+            slo_tpot=slo_tpot,
         )
         router = Router([replica_from_config(e) for e in entries], options)
         server = Server(

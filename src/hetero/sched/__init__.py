@@ -13,6 +13,7 @@ from hetero.sched.item import (
     CostModel,
     ItemRecord,
     ItemState,
+    Tokens,
     WorkItem,
 )
 from hetero.sched.metrics import DeviceMetrics, FleetMetrics, Metrics
@@ -55,6 +56,7 @@ __all__ = [
     "Rejected",
     "Run",
     "Stop",
+    "Tokens",
     "WakeAt",
     "WorkItem",
     "make_policy",

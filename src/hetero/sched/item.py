@@ -38,6 +38,7 @@ __all__ = [
     "ItemRecord",
     "ItemState",
     "SharedRun",
+    "Tokens",
     "WorkItem",
 ]
 
@@ -133,6 +134,15 @@ class CostModel:
         return prompt_tokens * self.prefill + max_new_tokens * self.decode
 
 
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """An LLM request's size: its prompt tokens and the output tokens expected of it (what a
+    policy that predicts an engine's latencies, ``slo``, needs)."""
+
+    prompt: int
+    output: float
+
+
 @dataclass(slots=True)
 class WorkItem:
     """One unit of work to place on a device.
@@ -145,7 +155,7 @@ class WorkItem:
     closed batch (a map, a task graph) whose measure is the batch's makespan, not its own
     latency: policies that trade latency for the tail place it where it finishes soonest.
     ``prefix`` is what its prompt shares with others (``hetero.sched.prefix``), for
-    ``prefix_affinity``.
+    ``prefix_affinity``. ``tokens`` is its size as an LLM request, for ``slo``.
     """
 
     cost: float = 1.0
@@ -158,6 +168,7 @@ class WorkItem:
     id: int | str = field(default_factory=lambda: next(_ids))
     batch: bool = False
     prefix: Prefix | None = None
+    tokens: Tokens | None = None
 
     def __post_init__(self) -> None:
         # Refused here, not at submit: an infinite cost or deadline would leave the item waiting

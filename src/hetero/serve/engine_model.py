@@ -49,6 +49,7 @@ from hetero.devices.spec import DeviceSpec
 from hetero.errors import ConfigError, DeviceError
 from hetero.plan.memory import FitRequest, kv_bytes_per_token, memory_breakdown
 from hetero.plan.models import ModelShape, get_model, load_hf_config, model_names
+from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.prefix import PrefixIndex
 
 __all__ = [
@@ -155,6 +156,25 @@ class EngineSpec:
     @property
     def num_blocks(self) -> int:
         return self.kv_tokens // BLOCK_SIZE
+
+    def prior(self) -> EnginePrior:
+        """The router's starting point for a replica running this engine: ``StepCost``
+        linearised (``hetero.sched.engine_fit``). A step reads the weights once (the base),
+        each request in it adds its overhead and its token's compute (an upper bound while the
+        step is bound by memory), each thousand KV tokens their read; a prompt token costs its
+        compute. Each coefficient starts as unsure as it is large: the calibration is a guess
+        until replies correct it."""
+        cost = self.cost
+        weights = cost.weight_bytes / cost.bytes_per_s
+        per_token = cost.flops_per_token / cost.flops_per_s
+        per_request = cost.request_overhead + per_token
+        base = (cost.overhead + weights, per_token, per_request)
+        step = (
+            cost.overhead + weights,
+            per_request,
+            1000 * cost.kv_bytes_per_token / cost.bytes_per_s,
+        )
+        return EnginePrior(*base, *step, ttft_sd=base, tpot_sd=step, kv_tokens=self.kv_tokens)
 
     @property
     def max_context(self) -> int:

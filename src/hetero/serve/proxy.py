@@ -250,6 +250,7 @@ async def forward_stream(
         # Committed: from here a failure ends the stream instead of retrying it.
         ticket.answering = True
         outcome.ttft = loop.time() - started
+        router.first_token(ticket)
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         await response.write(b"".join(first))

@@ -12,6 +12,7 @@ from hetero.errors import ConfigError
 from hetero.sched import Cause, Finish
 from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
 from hetero.sched.health import Breaker, Hold
+from hetero.sched.policies.slo import check_slo
 from hetero.serve.engines import LoadSample
 from hetero.serve.replicas import Replica
 
@@ -43,9 +44,11 @@ class RouterOptions:
     gray_min_done: int = 20
     gray_cooldown: float = 30.0  # seconds a gray replica is out of service before a new trial
     capacity: CapacityOptions = field(default_factory=CapacityOptions)
+    slo_ttft: float | None = None  # seconds; None: derived from the fleet (strategy slo)
+    slo_tpot: float | None = None
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = check_slo("slo_ttft", self.slo_ttft) + check_slo("slo_tpot", self.slo_tpot)
         if self.queue_size < 1:
             problems.append(("queue_size", f"must be >= 1, got {self.queue_size}"))
         if self.timeout is not None and not self.timeout > 0:

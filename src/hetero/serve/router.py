@@ -30,13 +30,16 @@ from hetero.sched import (
     PerfModel,
     Run,
     Stop,
+    Tokens,
     WorkItem,
     make_policy,
 )
 from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.driver import Driver
+from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
+from hetero.sched.policies.slo import SloRouting
 from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
 from hetero.serve.engines import LoadSample
@@ -65,10 +68,21 @@ class Router(Driver):
             raise ConfigError([("replicas", f"duplicate replica name {dup!r}; give each a name")])
         self.options = options = options or RouterOptions()
         self.clock = MonotonicClock()
-        limits = [ConcurrencyLimit(options.capacity, r.slots) for r in replicas]
-        devices = [r.device(c.slots) for r, c in zip(replicas, limits, strict=True)]
-        self.perf = PerfModel(devices, unit_rate=options.unit_rate)
         self.policy = make_policy(options.strategy, options.strategy_options)
+        # A policy that predicts each replica as a continuous-batching engine: it decides how
+        # much each takes, so no learned slot count stands in front of it.
+        self.slo_policy: SloRouting | None = (
+            self.policy if isinstance(self.policy, SloRouting) else None
+        )
+        if self.slo_policy is None and (options.slo_ttft or options.slo_tpot):
+            flag = "slo_ttft" if options.slo_ttft else "slo_tpot"
+            raise ConfigError(
+                [(flag, f"an SLO is routed to by strategy 'slo', not {options.strategy!r}")]
+            )
+        limits = [ConcurrencyLimit(options.capacity, r.slots) for r in replicas]
+        slots = [self._slots_of(r, c) for r, c in zip(replicas, limits, strict=True)]
+        devices = [r.device(n) for r, n in zip(replicas, slots, strict=True)]
+        self.perf = PerfModel(devices, unit_rate=options.unit_rate)
         # The index of a policy that weighs prefix caches: only then do requests carry their
         # prompt's blocks (hashing a long prompt is not free), and it follows the engines.
         self.prefix_policy: PrefixAffinity | None = (
@@ -82,7 +96,7 @@ class Router(Driver):
             self.policy,
             self.clock,
             perf=self.perf,
-            slots=[c.slots for c in limits],
+            slots=slots,
             max_queue_size=options.queue_size,
             timeout=options.timeout,
             max_retries=options.max_retries,
@@ -97,6 +111,11 @@ class Router(Driver):
             CostModel(prefill=options.prefill_weight, decode=1.0), options.default_max_tokens
         )
         super().__init__(self.dispatcher)
+        if self.slo_policy is not None:
+            self.slo_policy.ttft_slo = options.slo_ttft or self.slo_policy.ttft_slo
+            self.slo_policy.tpot_slo = options.slo_tpot or self.slo_policy.tpot_slo
+            for r, state in zip(replicas, self.replicas, strict=True):
+                self.slo_policy.set_prior(state.index, EnginePrior.generic(r.speed))
         self.tickets: dict[int, Ticket] = {}
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -108,6 +127,14 @@ class Router(Driver):
         self.decisions: dict[str, int] = {}  # replica name -> requests placed there
         # A load read older than this is no longer the replica's load (the poller sets it).
         self.load_stale_after = 1.0
+
+    def _slots_of(self, replica: Replica, capacity: ConcurrencyLimit) -> int:
+        """A replica's slots: its learned capacity; under ``slo``, what its engine runs at
+        once at most (published, else declared), else no limit of the router's own
+        (``--capacity-maximum``)."""
+        if self.slo_policy is None:
+            return capacity.slots
+        return capacity.cap or replica.slots or self.options.capacity.maximum
 
     def _breaker(self) -> Breaker:
         return Breaker(self.options.breaker_threshold, self.options.breaker_cooldown)
@@ -175,7 +202,10 @@ class Router(Driver):
         if self.prefix_aware and (text or session):
             text = text or ""
             prefix = Prefix(prefix_blocks(text), self._block_work, session, len(text) / BLOCK_CHARS)
-        item = WorkItem(cost=cost, priority=priority, id=ticket.id, prefix=prefix)
+        tokens = None
+        if self.slo_policy is not None:
+            tokens = Tokens(prompt, self.outputs.expected(model, max_tokens))
+        item = WorkItem(cost=cost, priority=priority, id=ticket.id, prefix=prefix, tokens=tokens)
         self.tickets[ticket.id] = ticket
         try:
             # Always restricted: a replica that joins later may serve other models.
@@ -229,6 +259,8 @@ class Router(Driver):
         0: it refused the request, which teaches the speed model nothing); ``ttft`` the time to
         its first streamed event."""
         state = self.replicas[ticket.replica]
+        if self.slo_policy is not None:
+            self.slo_policy.finished(ticket.id, self.clock.now(), output_tokens or 0)
         work = None
         if output_tokens is not None:
             work = (
@@ -266,12 +298,19 @@ class Router(Driver):
             pace = latency / work
         else:
             return
+        if self.slo_policy is not None:
+            return  # its engine model learns from the same reply
         in_flight = int(self.dispatcher.view.running[state.index]) - 1
         state.capacity.on_reply(self.clock.now(), in_flight, pace, latency, measure, units)
         self._sync_slots(state)
 
+    def first_token(self, ticket: Ticket) -> None:
+        """The replica's first event for ``ticket`` reached the router: its prefill is over."""
+        if self.slo_policy is not None:
+            self.slo_policy.first_token(ticket.id, self.clock.now())
+
     def _sync_slots(self, state: ReplicaState) -> None:
-        slots = state.capacity.slots
+        slots = self._slots_of(state.replica, state.capacity)
         if slots != self.dispatcher.view.slots[state.index] and not state.removed:
             self.apply(self.dispatcher.set_slots(state.replica.name, slots))
 
@@ -294,7 +333,9 @@ class Router(Driver):
             )
         capacity = state.capacity
         capacity.set_cap(sample.cap)
-        if sample.waiting is not None:
+        if self.slo_policy is not None:
+            self.slo_policy.fits[state.index].set_kv_tokens(sample.kv_tokens)
+        elif sample.waiting is not None:
             in_flight = int(self.dispatcher.view.running[state.index])
             capacity.on_load(state.load_at, in_flight, sample.waiting)
         self._sync_slots(state)
@@ -350,11 +391,19 @@ class Router(Driver):
         self._finish(ticket)
 
     def _finish(self, ticket: Ticket) -> None:
+        self._attempt_over(ticket)
         ticket.ended = True
         ticket.task = None
         self.tickets.pop(ticket.id, None)
 
+    def _attempt_over(self, ticket: Ticket) -> None:
+        """``ticket``'s attempt no longer runs on its replica (a reply already taught the
+        engine model; this gives back what any other end held)."""
+        if self.slo_policy is not None:
+            self.slo_policy.dropped(ticket.id, self.clock.now())
+
     def _rearm(self, ticket: Ticket) -> None:
+        self._attempt_over(ticket)
         # A fresh waiter before the dispatcher is told, since its answer (a retry's Run, or the
         # Finish) comes back in the same call.
         ticket.waiter = asyncio.get_running_loop().create_future()
@@ -386,6 +435,7 @@ class Router(Driver):
         ticket = self.tickets.pop(ins.item.id, None)  # type: ignore[arg-type]
         if ticket is None:
             return
+        self._attempt_over(ticket)
         ticket.ended = True
         if not ticket.waiter.done():
             ticket.waiter.set_result(ins)
@@ -401,6 +451,7 @@ class Router(Driver):
         it is the caller, which reported the end itself) and follows a fresh waiter."""
         ticket.stopped = reason
         ticket.stop_cause = cause
+        self._attempt_over(ticket)
         task = ticket.task
         ticket.waiter = asyncio.get_running_loop().create_future()
         if task is not None and task is not asyncio.current_task():
@@ -529,7 +580,8 @@ class Router(Driver):
             raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
         capacity = ConcurrencyLimit(self.options.capacity, replica.slots)
         old = self.by_name.get(replica.name)
-        self.apply(self.dispatcher.add_device(replica.device(capacity.slots), capacity.slots))
+        slots = self._slots_of(replica, capacity)
+        self.apply(self.dispatcher.add_device(replica.device(slots), slots))
         if old is not None:  # joined again under its name: the dispatcher kept its position
             old.replica = replica  # add_device released every hold
             old.breaker = self._breaker()
@@ -544,6 +596,10 @@ class Router(Driver):
             state = ReplicaState(replica, i, self._breaker(), capacity, holds=holds)
             self.replicas.append(state)
             self.by_name[replica.name] = state
+        if self.slo_policy is not None:
+            self.slo_policy.set_prior(state.index, EnginePrior.generic(replica.speed))
+            if old is not None:
+                self.slo_policy.forget(state.index)
         self._model_masks.clear()
         return state
 

@@ -57,6 +57,9 @@ def router_status(router: Router) -> dict[str, Any]:
                 "last_error": s.breaker.last_error or None,
             }
         )
+        if router.slo_policy is not None:
+            # What the engine model makes of it: fitted figures, predictions, their error.
+            replicas[-1]["engine_model"] = router.slo_policy.explain(i, view)
     return {
         "strategy": router.options.strategy,
         "uptime_s": round(time.time() - router.started, 1),

@@ -15,6 +15,7 @@ from hetero.sched.policies.load import (
 )
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.simple import RandomChoice, RoundRobin
+from hetero.sched.policies.slo import SloRouting
 from hetero.sched.policies.weighted import Weighted
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "RandomChoice",
     "RoundRobin",
     "ShortestExpectedDelay",
+    "SloRouting",
     "TailBudget",
     "Tiered",
     "Weighted",

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from hetero.errors import ConfigError
 from hetero.sched.cache_check import CacheCheck
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.load import check_overtake_weight
 from hetero.sched.policy import BoolArray, Policy, masked_argmin
-from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS, PrefixIndex
+from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS, Prefix, PrefixIndex
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
 
@@ -79,13 +80,7 @@ class PrefixAffinity(Policy):
             if i is not None:
                 self.check.placed(i, 0.0, span)
             return i
-        matched = self.index.match(prefix.blocks)
-        if prefix.session is not None:
-            # The device of its last turn holds about as much of this one as that turn had,
-            # even where the client rendered the conversation differently this time.
-            last, before = self._sessions.get(prefix.session, (-1, 0))
-            if 0 <= last < matched.size:
-                matched[last] = max(int(matched[last]), min(before, len(prefix.blocks)))
+        matched = self._matched(prefix)
         # The prefill a device would skip, never more than the item's whole cost; only on
         # usable devices (inf - inf would be NaN, which argmin picks).
         held = np.flatnonzero(matched)
@@ -95,11 +90,26 @@ class PrefixAffinity(Policy):
             score[held] -= saved * inv[held]
         i = masked_argmin(score, allowed)
         if i is not None:
-            self.check.placed(i, float(matched[i]), span)
-            self.index.insert(i, prefix.blocks)
-            if prefix.session is not None:
-                self._remember(prefix.session, i, len(prefix.blocks))
+            self._placed(i, prefix, matched)
         return i
+
+    def _matched(self, prefix: Prefix) -> npt.NDArray[np.int64]:
+        """Per device, the leading blocks of ``prefix`` it holds: from the index, and for a
+        session, the device of its last turn holds about as much as that turn had (even where
+        the client rendered the conversation differently this time)."""
+        matched = self.index.match(prefix.blocks)
+        if prefix.session is not None:
+            last, before = self._sessions.get(prefix.session, (-1, 0))
+            if 0 <= last < matched.size:
+                matched[last] = max(int(matched[last]), min(before, len(prefix.blocks)))
+        return matched
+
+    def _placed(self, i: int, prefix: Prefix, matched: npt.NDArray[np.int64]) -> None:
+        """``prefix`` went to device ``i``: its blocks are held there from now on."""
+        self.check.placed(i, float(matched[i]), prefix.span or len(prefix.blocks))
+        self.index.insert(i, prefix.blocks)
+        if prefix.session is not None:
+            self._remember(prefix.session, i, len(prefix.blocks))
 
     def engine_cache(
         self,

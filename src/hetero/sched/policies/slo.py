@@ -1,0 +1,269 @@
+"""``slo``: each request to the replica whose engine is predicted to meet its latency target.
+
+Every replica is predicted as the continuous-batching engine it is (``hetero.sched.engine_fit``):
+a request's time to first token from the prefill queued there, its own uncached prompt tokens
+and the running batch; its time per output token from the step time at the batch it would join
+and the KV tokens that batch reads. Prefix-cache affinity is not a separate switch: the prompt
+blocks a replica holds (``PrefixAffinity``'s index) shorten its predicted prefill, so a cached
+prefix is weighed against speed and queue by the same formula.
+
+The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
+
+- among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
+  ``r_ttft + r_tpot``);
+- else the one that misses by least (least ``max(r_ttft, r_tpot)``);
+- the request waits in the router only while every replica it may use is busy and would miss
+  its TPOT: sending it there would slow every request that replica runs, and a finishing
+  request changes that. An idle replica always takes it. No slot count decides.
+
+Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best
+predicted lone TTFT of the request, whichever is more; TPOT five times the best predicted lone
+step time.
+
+Items that carry no ``tokens`` (work that is not an LLM request) are placed as
+``prefix_affinity`` places them. The executor reports each request's first token and end
+(``first_token``, ``finished``, ``dropped``); the fit learns from them. Pure: times come from
+the view's clock and the calls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hetero.errors import ConfigError
+from hetero.sched.engine_fit import MAX_SECONDS, EngineFit, EngineLoad, EnginePrior, Flight
+from hetero.sched.item import WorkItem
+from hetero.sched.policies.prefix import PrefixAffinity
+from hetero.sched.policy import BoolArray
+from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
+from hetero.sched.registry import register
+from hetero.sched.view import FleetView
+
+__all__ = ["SloRouting", "check_slo"]
+
+# TTFT at least this (seconds) when derived from the fleet, and its multiple of the best lone one.
+_DEFAULT_TTFT = 1.0
+_TTFT_MULTIPLE = 10.0
+_TPOT_MULTIPLE = 5.0
+
+
+def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
+    """Problems with an SLO bound ``name`` (seconds, or None: derived from the fleet)."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        return [(name, f"must be a number of seconds in (0, 3600], got {value!r}")]
+    return []
+
+
+@register
+class SloRouting(PrefixAffinity):
+    """Places each request where its predicted TTFT and TPOT meet the SLO with the most
+    headroom (see the module's docstring)."""
+
+    name = "slo"
+    places_by_delay = True
+
+    def __init__(
+        self,
+        *,
+        ttft: float | None = None,
+        tpot: float | None = None,
+        block_tokens: float = 128.0,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+        sessions: int = 65536,
+    ) -> None:
+        problems = check_slo("ttft", ttft) + check_slo("tpot", tpot)
+        if not (isinstance(block_tokens, int | float) and 0 < block_tokens < 1e6):
+            problems.append(("block_tokens", f"must be a number > 0, got {block_tokens!r}"))
+        if problems:
+            raise ConfigError(problems)
+        super().__init__(capacity_blocks=capacity_blocks, sessions=sessions)
+        self.ttft_slo = ttft
+        self.tpot_slo = tpot
+        self.block_tokens = float(block_tokens)
+        self.fits: list[EngineFit] = []
+        self.loads: list[EngineLoad] = []
+        self._priors: dict[int, EnginePrior] = {}
+        self._flights: dict[int | str, Flight] = {}
+
+    # --- the fleet --------------------------------------------------------------------------
+
+    def set_prior(self, device: int, prior: EnginePrior) -> None:
+        """What is known of device ``device``'s engine before it answers (the catalog's
+        figures for its GPU and model, or a declared speed); used when it joins, and at once
+        when it has not answered yet."""
+        self._priors[device] = prior
+        if device < len(self.fits) and not self.fits[device].ttft.updates:
+            self.fits[device] = EngineFit(prior)
+
+    def bind(self, view: FleetView) -> None:
+        super().bind(view)
+        while len(self.fits) < view.n:
+            i = len(self.fits)
+            self.fits.append(EngineFit(self._priors.get(i, EnginePrior.generic())))
+            self.loads.append(EngineLoad())
+
+    def forget(self, device: int) -> None:
+        """Device ``device`` left or starts again: a fresh engine, known by its prior."""
+        super().forget(device)
+        self.fits[device] = EngineFit(self._priors.get(device, EnginePrior.generic()))
+
+    # --- placement --------------------------------------------------------------------------
+
+    def slo(self, prompt: float, output: float) -> tuple[float, float]:
+        """The TTFT and TPOT targets (seconds) for a request of that size: the given ones,
+        else derived from the fleet's best lone predictions."""
+        ttft, tpot = self.ttft_slo, self.tpot_slo
+        if ttft is not None and tpot is not None:
+            return ttft, tpot
+        best_ttft = best_tpot = MAX_SECONDS
+        for fit in self.fits:
+            best_ttft = min(best_ttft, fit.predict_ttft(fit.ttft_features(prompt, 0), 0.0))
+            x = fit.tpot_features(1, prompt + output / 2)
+            best_tpot = min(best_tpot, fit.predict_tpot(x, 0.0))
+        if ttft is None:
+            ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
+        if tpot is None:
+            tpot = _TPOT_MULTIPLE * best_tpot
+        return ttft, tpot
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        tokens = item.tokens
+        if tokens is None:
+            return super().pick(item, view, allowed)
+        if len(self.fits) < view.n:
+            self.bind(view)
+        now = view.clock.now()
+        self.dropped(item.id, now)  # a retry: its last attempt no longer runs anywhere
+        prompt = float(max(1, tokens.prompt))
+        output = max(1.0, float(tokens.output))
+        prefix = item.prefix
+        matched = self._matched(prefix) if prefix is not None and prefix.blocks else None
+        usable = view.usable if allowed is None else allowed
+        ttft_slo, tpot_slo = self.slo(prompt, output)
+        kv_new = prompt + output / 2
+        n = view.n
+        r_ttft = np.full(n, np.inf)
+        r_tpot = np.full(n, np.inf)
+        uncached = np.full(n, prompt)
+        busy = np.zeros(n, dtype=bool)
+        for i in np.flatnonzero(usable):
+            fit, load = self.fits[i], self.loads[i]
+            if matched is not None and matched[i]:
+                uncached[i] = max(1.0, prompt - matched[i] * self.block_tokens)
+            x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
+            r_ttft[i] = fit.predict_ttft(x) / ttft_slo
+            kv = load.kv + kv_new
+            tpot = fit.predict_tpot(fit.tpot_features(load.running + 1, kv))
+            if fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens and load.running:
+                tpot *= 10.0  # past its KV cache: the engine queues or preempts
+            r_tpot[i] = tpot / tpot_slo
+            busy[i] = load.running > 0
+        worst = np.maximum(r_ttft, r_tpot)
+        meets = worst <= 1.0
+        if meets.any():
+            i = int(np.where(meets, r_ttft + r_tpot, np.inf).argmin())
+        else:
+            i = int(worst.argmin())
+            if not math.isfinite(worst[i]):
+                return None
+            if busy[i] and r_tpot[i] > 1.0 and np.all(busy[usable] & (r_tpot[usable] > 1.0)):
+                return None  # wait for a replica to finish something
+        if prefix is not None and prefix.blocks and matched is not None:
+            self._placed(i, prefix, matched)
+        self._send(item.id, i, now, float(uncached[i]), kv_new, prompt, output)
+        return i
+
+    def _send(
+        self,
+        item_id: int | str,
+        i: int,
+        now: float,
+        uncached: float,
+        kv: float,
+        prompt: float,
+        output: float,
+    ) -> None:
+        fit, load = self.fits[i], self.loads[i]
+        x = fit.ttft_features(load.prefill_queue + uncached, load.running)
+        flight = Flight(
+            device=i,
+            uncached=uncached,
+            kv=kv,
+            sent=now,
+            x_ttft=x,
+            # The model's own figures, neither pessimistic nor widened: what its error is of.
+            predicted_ttft=fit.ttft.predict(x)[0],
+            predicted_tpot=fit.tpot.predict(fit.tpot_features(load.running + 1, load.kv + kv))[0],
+        )
+        self._flights[item_id] = flight
+        load.add(now, uncached, kv)
+
+    # --- what the executor reports ----------------------------------------------------------
+
+    def first_token(self, item_id: int | str, now: float) -> None:
+        """The request's first token reached the router: its prefill is done."""
+        flight = self._flights.get(item_id)
+        if flight is None or flight.first is not None:
+            return
+        load = self.loads[flight.device]
+        load.prefilled(now, flight.uncached)
+        flight.first = now
+        flight.running_at_first = load.running_time
+        flight.kv_at_first = load.kv_time
+        self.fits[flight.device].observe_ttft(
+            flight.x_ttft, now - flight.sent, flight.predicted_ttft
+        )
+
+    def finished(self, item_id: int | str, now: float, output_tokens: int) -> None:
+        """The request ended with ``output_tokens``: its decode teaches the step time."""
+        flight = self._flights.pop(item_id, None)
+        if flight is None:
+            return
+        load = self.loads[flight.device]
+        load.advance(now)
+        fit = self.fits[flight.device]
+        if flight.first is not None and output_tokens >= 2 and now > flight.first:
+            span = now - flight.first
+            running = (load.running_time - flight.running_at_first) / span
+            kv = (load.kv_time - flight.kv_at_first) / span
+            x = fit.tpot_features(running, kv)
+            fit.observe_tpot(x, span / (output_tokens - 1), flight.predicted_tpot)
+        load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
+
+    def dropped(self, item_id: int | str, now: float) -> None:
+        """The request's attempt ended without an answer to learn from (failed, moved,
+        cancelled): what it held on its replica is given back."""
+        flight = self._flights.pop(item_id, None)
+        if flight is not None:
+            uncached = 0.0 if flight.first is not None else flight.uncached
+            self.loads[flight.device].remove(now, flight.kv, uncached)
+
+    def in_flight(self) -> int:
+        """Requests the model counts as sent and not ended (0 once all have ended)."""
+        return len(self._flights)
+
+    def explain(self, device: int, view: FleetView) -> dict[str, object]:
+        """Device ``device``'s fitted engine, its load, and its predictions for a typical
+        request (the 512-token prompt and 128-token output of a chat turn) as it stands."""
+        if len(self.fits) < view.n:
+            self.bind(view)
+        fit, load = self.fits[device], self.loads[device]
+        prompt, output = 512.0, 128.0
+        ttft = fit.predict_ttft(fit.ttft_features(load.prefill_queue + prompt, load.running), 0.0)
+        x = fit.tpot_features(load.running + 1, load.kv + prompt + output / 2)
+        tpot = fit.predict_tpot(x, 0.0)
+        ttft_slo, tpot_slo = self.slo(prompt, output)
+        return {
+            **fit.explain(),
+            "running": load.running,
+            "prefill_queue_tokens": round(load.prefill_queue),
+            "kv_tokens_held": round(load.kv),
+            "typical_request": {"prompt_tokens": int(prompt), "output_tokens": int(output)},
+            "predicted_ttft_s": round(ttft, 4),
+            "predicted_tpot_s": round(tpot, 5),
+            "slo": {"ttft_s": round(ttft_slo, 4), "tpot_s": round(tpot_slo, 5)},
+        }

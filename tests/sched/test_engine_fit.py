@@ -1,0 +1,229 @@
+"""The engine model the router fits, and the ``slo`` policy that routes by it: pure code, a
+manual clock, replies made up or run forward by the emulator's engine."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetero.errors import ConfigError
+from hetero.sched import FleetView, ManualClock, PerfModel, Tokens, WorkItem
+from hetero.sched.engine_fit import EngineFit, EnginePrior
+from hetero.sched.policies.slo import SloRouting
+from hetero.sched.prefix import Prefix
+from hetero.serve.engine_model import EngineModel, EngineRequest, engine_spec
+from tests.sched.conftest import make_devices
+
+
+def prior(step: float, per_request: float, prefill_s: float = 1e-4) -> EnginePrior:
+    ttft = (0.01, prefill_s, per_request)
+    tpot = (step, per_request, 0.0)
+    return EnginePrior(*ttft, *tpot, ttft_sd=(1e-3, 1e-5, 1e-4), tpot_sd=(1e-3, 1e-4, 1e-6))
+
+
+def true_tpot(running: float, kv: float) -> float:
+    return 0.01 + 0.002 * running + 0.001 * kv / 1000
+
+
+def test_the_fit_learns_step_time_from_replies() -> None:
+    fit = EngineFit(EnginePrior.generic())
+    rng = random.Random(0)
+    for _ in range(300):
+        running, kv = rng.uniform(1, 40), rng.uniform(0, 40_000)
+        x = fit.tpot_features(running, kv)
+        measured = true_tpot(running, kv) * rng.uniform(0.95, 1.05)
+        assert fit.observe_tpot(x, measured, fit.tpot.predict(x)[0])
+    for running, kv in ((1, 500), (10, 10_000), (30, 30_000)):
+        predicted = fit.predict_tpot(fit.tpot_features(running, kv), pessimism=0.0)
+        assert predicted == pytest.approx(true_tpot(running, kv), rel=0.1)
+    assert fit.explain()["error_tpot"]["p50"] < 0.1  # type: ignore[index]
+    assert not fit.distrusted
+
+
+def test_the_fit_follows_a_replica_that_slows_down() -> None:
+    fit = EngineFit(EnginePrior.generic())
+    x = fit.tpot_features(4, 4000)
+    for _ in range(100):
+        fit.observe_tpot(x, 0.02, fit.tpot.predict(x)[0])
+    for _ in range(100):
+        fit.observe_tpot(x, 0.06, fit.tpot.predict(x)[0])
+    assert fit.predict_tpot(x, pessimism=0.0) == pytest.approx(0.06, rel=0.1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0, 1e300, -math.inf])
+def test_hostile_measurements_are_refused(bad: float) -> None:
+    fit = EngineFit(EnginePrior.generic())
+    x = fit.tpot_features(2, 1000)
+    before = fit.tpot.theta.copy()
+    assert not fit.observe_tpot(x, bad, 0.02)
+    assert not fit.observe_ttft(fit.ttft_features(100, 1), bad, 0.1)
+    assert np.array_equal(fit.tpot.theta, before)
+    assert fit.tpot.updates == fit.ttft.updates == 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -5.0, 1e300])
+def test_hostile_features_give_finite_predictions(bad: float) -> None:
+    fit = EngineFit(EnginePrior.generic())
+    for x in (fit.tpot_features(bad, bad), fit.tpot_features(3, bad)):
+        assert fit.observe_tpot(x, 0.03, 0.02)
+        assert math.isfinite(fit.predict_tpot(x))
+    x = fit.ttft_features(bad, bad)
+    assert fit.observe_ttft(x, 0.5, 0.1)
+    assert math.isfinite(fit.predict_ttft(x))
+    assert np.all(np.isfinite(fit.tpot.theta)) and np.all(fit.tpot.theta >= 0)
+    fit.set_kv_tokens(-3)
+    fit.set_kv_tokens(10**30)
+    assert fit.kv_tokens is None
+
+
+def test_a_replica_that_contradicts_the_model_is_distrusted_and_widened() -> None:
+    """Replies that swing between 30x and 1/30 of the prediction: no fit absorbs them."""
+    fit = EngineFit(EnginePrior.generic())
+    x = fit.ttft_features(500, 1)
+    for k in range(12):
+        predicted = fit.ttft.predict(x)[0]
+        fit.observe_ttft(x, predicted * (30 if k % 2 else 1 / 30), predicted)
+    assert fit.distrusted
+    assert fit.explain()["distrusted"] is True
+    mean, sd = fit.ttft.predict(x)
+    assert fit.predict_ttft(x) > 5 * (mean + sd)
+    assert math.isfinite(fit.predict_ttft(x))
+
+
+def make_policy(priors: list[EnginePrior], **options: float) -> tuple[SloRouting, FleetView]:
+    devices = make_devices([1.0] * len(priors))
+    view = FleetView(devices, PerfModel(devices), ManualClock())
+    policy = SloRouting(**options)  # type: ignore[arg-type]
+    policy.bind(view)
+    for i, p in enumerate(priors):
+        policy.set_prior(i, p)
+    return policy, view
+
+
+def request(prompt: int = 200, output: float = 50, prefix: Prefix | None = None) -> WorkItem:
+    return WorkItem(cost=1.0, tokens=Tokens(prompt, output), prefix=prefix)
+
+
+def test_requests_fill_the_fast_replica_then_the_slow_ones_help_then_wait() -> None:
+    fast, slow = prior(0.005, 0.002), prior(0.025, 0.005)
+    policy, view = make_policy([fast, slow, slow], ttft=1.0, tpot=0.05)
+    picks = [policy.pick(request(), view, None) for _ in range(40)]
+    placed = [p for p in picks if p is not None]
+    counts = np.bincount(placed, minlength=3)
+    # The fast replica meets a 50 ms TPOT up to about 20 at once, a slow one about 5.
+    assert 15 <= counts[0] <= 22
+    assert 3 <= counts[1] <= 6 and 3 <= counts[2] <= 6
+    assert picks[:5] == [0] * 5  # most headroom first
+    assert picks[-1] is None  # every replica busy and past its TPOT: the request waits
+    assert policy.in_flight() == len(placed)
+
+
+def test_an_idle_replica_takes_a_request_even_past_the_slo() -> None:
+    policy, view = make_policy([prior(0.2, 0.01)], ttft=1.0, tpot=0.05)
+    assert policy.pick(request(), view, None) == 0
+    assert policy.pick(request(), view, None) is None
+
+
+def test_a_cached_prefix_pulls_a_request_to_its_replica() -> None:
+    same = prior(0.01, 0.002, prefill_s=1e-3)
+    policy, view = make_policy([same, same], ttft=2.0, tpot=0.05)
+    blocks = tuple(range(8))
+    first = policy.pick(request(1024, prefix=Prefix(blocks, 1.0)), view, None)
+    assert first is not None
+    policy.dropped(next(iter(policy._flights)), 0.0)  # it ended: both replicas idle again
+    again = policy.pick(request(1100, prefix=Prefix(blocks, 1.0)), view, None)
+    assert again == first
+
+
+def test_the_slo_is_checked() -> None:
+    for bad in (0, -1.0, math.nan, math.inf, 1e9, True, "1"):
+        with pytest.raises(ConfigError, match="ttft"):
+            SloRouting(ttft=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="tpot"):
+            SloRouting(tpot=bad)  # type: ignore[arg-type]
+
+
+def test_a_derived_slo_follows_the_fleet() -> None:
+    policy, _ = make_policy([prior(0.005, 0.001), prior(0.05, 0.01)])
+    ttft, tpot = policy.slo(200, 50)
+    assert ttft == 1.0
+    assert tpot == pytest.approx(5 * (0.005 + 0.001), rel=0.2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["pick", "first", "finish", "drop"]), st.integers(0, 7)),
+        max_size=80,
+    )
+)
+def test_what_a_replica_holds_is_given_back(ops: list[tuple[str, int]]) -> None:
+    policy, view = make_policy([prior(0.005, 0.001), prior(0.02, 0.004)], ttft=5.0, tpot=1.0)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    items = [request(100 + 50 * k) for k in range(8)]
+    for op, k in ops:
+        clock.advance(0.01)
+        item, now = items[k], clock.now()
+        if op == "pick":
+            policy.pick(item, view, None)
+        elif op == "first":
+            policy.first_token(item.id, now)
+        elif op == "finish":
+            policy.finished(item.id, now, 20)
+        else:
+            policy.dropped(item.id, now)
+    for item in items:
+        policy.dropped(item.id, clock.now())
+    assert policy.in_flight() == 0
+    for load in policy.loads:
+        assert load.running == 0 and load.kv == 0 and load.prefill_queue == 0
+
+
+def test_the_fit_learns_the_emulators_engine() -> None:
+    """The emulator runs the engine forward; replies fed to the fit predict the next ones'
+    TPOT within 25% at the median (the same equations, one linearised)."""
+    spec = engine_spec("llama-3-8b", "A100-80GB", max_num_seqs=64)
+    clock = ManualClock()
+    engine = EngineModel(spec, clock.now)
+    fit = EngineFit(EnginePrior.generic())
+    rng = random.Random(1)
+    running: dict[int, tuple[EngineRequest, float, float]] = {}  # id -> req, batch·t, kv·t
+    errors = []
+    t_next = 0.0
+    done = 0
+    while done < 400:
+        while t_next <= clock.now():
+            req = EngineRequest(rng.randint(100, 1500), rng.randint(2, 200))
+            engine.submit(req)
+            running[id(req)] = (req, 0.0, 0.0)
+            t_next += rng.expovariate(12.0)
+        step = engine.step()
+        if step is None:
+            clock.set(t_next)
+            continue
+        clock.set(step.end)
+        batch = len(engine.running) + len(step.finished)
+        kv = sum(r.num_tokens for r in engine.running)
+        for key, (req, b, k) in list(running.items()):
+            if req.first_token_at is not None and req.first_token_at < step.end:
+                running[key] = (req, b + batch * step.duration, k + kv * step.duration)
+        for req in step.finished:
+            _, b, k = running.pop(id(req))
+            assert req.first_token_at is not None and req.finished_at is not None
+            span = req.finished_at - req.first_token_at
+            if span <= 0:
+                continue
+            x = fit.tpot_features(b / span, k / span)
+            measured = span / (req.generated - 1)
+            predicted = fit.tpot.predict(x)[0]
+            if done > 100:
+                errors.append(abs(predicted / measured - 1))
+            fit.observe_tpot(x, measured, predicted)
+            done += 1
+    assert float(np.median(errors)) < 0.25

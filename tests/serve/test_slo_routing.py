@@ -1,0 +1,84 @@
+"""Strategy ``slo`` behind the real router: emulated engines and clients on 127.0.0.1.
+
+What is asserted is what the router learned and shows, never how long anything took."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hetero.errors import ConfigError
+from hetero.serve.engines import LoadSample
+from hetero.serve.replicas import Replica
+from hetero.serve.router import Router, RouterOptions
+from tests.serve.conftest import CHAT, Fleet, Serve, Spec, chat, mock
+
+ENGINE = {
+    "engine": "vllm",
+    "engine_model": "continuous",
+    "model_shape": "llama-3-8b",
+    "device": "A100-80GB",
+    "output_dist": "lognormal",
+    "output_mean": 12,
+}
+
+
+async def stream(fleet: Fleet, content: str, max_tokens: int = 24) -> tuple[int, str]:
+    body = chat(content, max_tokens=max_tokens, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    async with fleet.session.post(fleet.url + CHAT, json=body) as reply:
+        return reply.status, await reply.text()
+
+
+async def test_streamed_replies_teach_each_replica_s_engine_model(serve: Serve) -> None:
+    specs = [Spec(mock(**ENGINE), speed=None, slots=None) for _ in range(2)]
+    fleet = await serve(*specs, options=RouterOptions(strategy="slo", slo_ttft=2.0, slo_tpot=0.2))
+    answers = await asyncio.gather(*(stream(fleet, f"question {k} " * 60) for k in range(16)))
+    assert all(status == 200 and "[DONE]" in text for status, text in answers)
+    replicas = await fleet.replicas()
+    fitted = [r["engine_model"]["replies_fitted"] for r in replicas.values()]
+    assert sum(f["ttft"] for f in fitted) == 16
+    assert sum(f["tpot"] for f in fitted) >= 1  # one-token replies teach no step time
+    for r in replicas.values():
+        model: dict[str, Any] = r["engine_model"]
+        assert model["slo"] == {"ttft_s": 2.0, "tpot_s": 0.2}
+        assert model["predicted_ttft_s"] > 0 and model["predicted_tpot_s"] > 0
+        assert model["running"] == 0 and model["kv_tokens_held"] == 0
+        assert r["slots"] >= 256  # no slot count of the router's own stands in front
+
+
+async def test_failed_attempts_give_back_what_they_held(serve: Serve) -> None:
+    broken = Spec(mock(**ENGINE, fail_rate=1.0), speed=None, slots=None)
+    good = Spec(mock(**ENGINE), speed=None, slots=None)
+    fleet = await serve(broken, good, options=RouterOptions(strategy="slo"))
+    answers = await asyncio.gather(*(stream(fleet, f"q {k}") for k in range(8)))
+    assert all(status == 200 for status, _ in answers)
+    policy = fleet.router.slo_policy
+    assert policy is not None
+    assert policy.in_flight() == 0
+    assert all(load.running == 0 for load in policy.loads)
+
+
+async def test_the_engine_s_kv_size_reaches_the_model(serve: Serve) -> None:
+    fleet = await serve(Spec(mock(**ENGINE)), options=RouterOptions(strategy="slo"))
+    state = fleet.router.replicas[0]
+    fleet.router.load_read(state, "vllm", LoadSample(running=0, waiting=0, kv_tokens=4096))
+    assert (await fleet.replicas())["r0"]["engine_model"]["kv_tokens"] == 4096
+    # A hostile page is not believed.
+    fleet.router.load_read(state, "vllm", LoadSample(running=0, waiting=0, kv_tokens=10**40))
+    assert (await fleet.replicas())["r0"]["engine_model"]["kv_tokens"] == 4096
+
+
+@pytest.mark.parametrize("field", ["slo_ttft", "slo_tpot"])
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 1e9])
+def test_an_absurd_slo_is_refused_naming_it(field: str, bad: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        RouterOptions(strategy="slo", **{field: bad})  # type: ignore[arg-type]
+
+
+def test_an_slo_given_to_another_strategy_is_refused() -> None:
+    replica = Replica("r0", "http://127.0.0.1:1", None, None, {"m"}, True)
+    with pytest.raises(ConfigError, match="strategy 'slo'"):
+        Router([replica], RouterOptions(strategy="shortest_expected_delay", slo_ttft=1.0))
