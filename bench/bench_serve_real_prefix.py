@@ -83,19 +83,20 @@ def chat_bodies(s: Settings, chat: Chat, n: int, tokenizer: Path) -> tuple[list[
         return str(tok.decode(ids[:tokens]))
 
     turns = conversations(rng, text, n, **dataclasses.asdict(chat), max_tokens=s.max_tokens)
+    outputs = real.output_lengths(s, n)
     bodies = [
         json.dumps(
             {
                 "model": MODEL,
                 "messages": messages,
-                "max_tokens": s.max_tokens,
+                "max_tokens": output,
                 "ignore_eos": True,
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "user": name,
             }
         )
-        for messages, name in turns
+        for (messages, name), output in zip(turns, outputs, strict=True)
     ]
     lengths = [sum(len(tok.encode(m["content"]).ids) for m in messages) for messages, _ in turns]
     return bodies, lengths
@@ -160,7 +161,7 @@ def measure(
     reasons: dict[str, str | None],
     doc: dict[str, Any],
 ) -> None:
-    replicas = real.fleet(children)
+    replicas = real.fleet(children, s.fleet)
     try:
         with turns.held("vLLM start, warm-up and capacity"):
             doc["fleet"] = real.start_fleet(replicas)
@@ -182,6 +183,10 @@ def measure(
             **({} if single_turn else dataclasses.asdict(chat)),
             "prompt_tokens_mean": round(float(np.mean(lengths)), 1),
             "max_tokens": s.max_tokens,
+            "output_tokens": "max_tokens for every request"
+            if s.output_mean is None
+            else f"lognormal, mean {s.output_mean:g}, sigma 1, from 2 to max_tokens "
+            f"(mean drawn {real.mean_output(bodies):.1f}), with ignore_eos",
             "duration_s": s.duration,
             "arrivals": "poisson, send times and bodies the same for every configuration",
         }
@@ -238,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-router-policies", type=real._names, default=("cache_aware",))
     parser.add_argument("--no-client", action="store_true", help="skip client-side routing")
     parser.add_argument(
+        "--alone", action="store_true", help="also send everything to the fastest replica alone"
+    )
+    parser.add_argument("--fleet", choices=sorted(real.FLEETS), default="two-models")
+    parser.add_argument(
+        "--output-mean",
+        type=float,
+        help="lognormal output lengths of this mean (sigma 1), capped at --max-tokens",
+    )
+    parser.add_argument(
         "--hetero-variant",
         action="append",
         default=None,
@@ -262,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         sglang_policies=args.sglang_policies,
         vllm_router_policies=args.vllm_router_policies,
         client=not args.no_client,
+        alone=args.alone,
+        fleet=args.fleet,
+        output_mean=args.output_mean,
         hetero_variants=tuple(
             ["--strategy prefix_affinity"] if args.hetero_variant is None else args.hetero_variant
         ),
@@ -270,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, real._interrupt)
     started = time.perf_counter()
     vllm_reason, reasons, versions = real.what_runs()
+    if vllm_reason is None and s.fleet == "one-model":
+        vllm_reason = real.cpu_shares_reason()  # its speeds are made by CPU quotas
     doc: dict[str, Any] = {
         "benchmark": "serve_real_prefix",
         "command": _common.command("bench/bench_serve_real_prefix.py", argv),

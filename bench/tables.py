@@ -266,6 +266,62 @@ def serve_prefix(doc: dict[str, Any]) -> str:
     )
 
 
+def serve_slo(doc: dict[str, Any]) -> str:
+    setup = doc["setup"]
+    rows = []
+    for r in doc["results"]:
+        if "skipped" in r:
+            rows.append([r["rate"], r["label"], "skipped: " + r["skipped"], *[""] * 6])
+            continue
+        rows.append(
+            [
+                r["rate"],
+                r["label"],
+                f"{r['slo_attainment']:.1%}",
+                f"{r['ttft_s']['p50']} / {r['ttft_s']['p99']}",
+                f"{_ms(r['tpot_s']['p50'])} / {_ms(r['tpot_s']['p99'])}",
+                r["prefix_hit_rate"],
+                " / ".join(f"{x:.0%}" for x in r["shares"]),
+                "—" if r["router_cpu_s"] is None else r["router_cpu_s"],
+                f"{r['answered']}/{r['requests']}",
+            ]
+        )
+    speeds = [setup["fast_speed"]] * setup["fast"] + [setup["slow_speed"]] * setup["slow"]
+    return (
+        "## SLO attainment on an emulated fleet of one model at speeds 5 : 1 : 1\n\n"
+        f"`{doc['command']}` — {setup['fast'] + setup['slow']} engine-faithful mock replicas of"
+        f" `{setup['model_shape']}` on {setup['device']} (continuous batching, chunked prefill,"
+        f" paged KV and prefix cache; vLLM's `/metrics`) at speeds"
+        f" {' : '.join(f'{x:g}' for x in speeds)}, each step costing"
+        f" {setup['request_overhead'] * 1000:g} ms per request in it besides the roofline, so"
+        " TPOT grows with the batch. Multi-turn chat:"
+        f" {setup['systems']} system prompts of about {setup['system_tokens']} tokens,"
+        f" {setup['sessions']} conversations in progress, {setup['turn_tokens']} tokens a turn,"
+        f" output lengths lognormal (mean {setup['output_mean']}, sigma 1, capped at"
+        f" {setup['max_tokens']}: the router knows only the cap), streamed; Poisson arrivals"
+        f" for {setup['duration']} s at each rate, the same for every configuration, each on"
+        " fresh replicas and a fresh router told the URLs alone. SLO: TTFT ≤"
+        f" {setup['ttft_slo']} s and TPOT ≤ {_ms(setup['tpot_slo'])} ms; TTFT in seconds and"
+        " TPOT in ms (p50 / p99); the hit rate is the replicas' own prefix-cache counters"
+        " (tokens); shares of the requests each replica finished (its own counter); router"
+        " CPU in seconds over the run.\n\n"
+        + _table(
+            [
+                "req/s",
+                "configuration",
+                "SLO",
+                "TTFT",
+                "TPOT",
+                "cache hit rate",
+                "shares",
+                "router CPU",
+                "answered",
+            ],
+            rows,
+        )
+    )
+
+
 def serve_real_prefix(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     if "skipped" in doc and "vllm" in doc["skipped"]:
@@ -1732,6 +1788,7 @@ def main() -> int:
         ("serve_profile.json", serve_profile),
         ("serve_real.json", serve_real),
         ("serve_prefix.json", serve_prefix),
+        ("serve_slo.json", serve_slo),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
         ("emulator.json", emulator),

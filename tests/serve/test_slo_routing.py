@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from hetero.commands.top_serve import serve_view
 from hetero.errors import ConfigError
 from hetero.serve.engines import LoadSample
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
+from tests.rendering import render
 from tests.serve.conftest import CHAT, Fleet, Serve, Spec, chat, mock
 
 ENGINE = {
@@ -47,6 +49,11 @@ async def test_streamed_replies_teach_each_replica_s_engine_model(serve: Serve) 
         assert model["predicted_ttft_s"] > 0 and model["predicted_tpot_s"] > 0
         assert model["running"] == 0 and model["kv_tokens_held"] == 0
         assert r["slots"] >= 256  # no slot count of the router's own stands in front
+    # hetero top --serve shows the same, one row per replica.
+    text = render(serve_view(fleet.router.status(), fleet.url), 220)
+    assert "engine model (strategy slo)" in text
+    rows = [line for line in text.splitlines() if line.startswith("│ r")]
+    assert len(rows) == 4 and all(" / 2.00 " in row for row in rows[2:])
 
 
 async def test_failed_attempts_give_back_what_they_held(serve: Serve) -> None:

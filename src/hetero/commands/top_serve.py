@@ -78,7 +78,47 @@ def serve_view(
             "—" if rate is None else f"{rate:,.0f}",
             "—" if latency is None else f"{latency:.2f}",
         )
-    return Group(head, table)
+    engines = _engine_table(status["replicas"])
+    return Group(head, table) if engines is None else Group(head, table, engines)
+
+
+def _engine_table(replicas: list[dict[str, Any]]) -> SplitTable | None:
+    """Strategy slo: each replica's fitted engine, its predictions for a typical request
+    beside the SLO, and how far off its predictions were (None under other strategies)."""
+    fitted = [r for r in replicas if r.get("engine_model")]
+    if not fitted:
+        return None
+    table = SplitTable(
+        caption="engine model (strategy slo): prefill tokens/s and step ms (alone + per "
+        "request) as fitted; TTFT / TPOT predicted for a 512-token prompt now, beside the "
+        "SLO; error: |predicted / measured - 1| of the replies, p50 / p90",
+        caption_justify="left",
+    )
+    for header in ("replica", "prefill/s", "step ms", "TTFT s", "TPOT ms", "err TTFT", "err TPOT"):
+        table.add_column(header, justify="left" if header == "replica" else "right")
+    for r in fitted:
+        m = r["engine_model"]
+        slo = m["slo"]
+        prefill = m["prefill_tokens_per_s"]
+        table.add_row(
+            Text(
+                r["name"] + (" (distrusted)" if m["distrusted"] else ""),
+                style="red" if m["distrusted"] else "",
+            ),
+            "—" if prefill is None else f"{prefill:,.0f}",
+            f"{1000 * m['step_base_s']:.1f} + {1000 * m['step_per_request_s']:.2f}",
+            f"{m['predicted_ttft_s']:.2f} / {slo['ttft_s']:.2f}",
+            f"{1000 * m['predicted_tpot_s']:.1f} / {1000 * slo['tpot_s']:.1f}",
+            _errors(m["error_ttft"]),
+            _errors(m["error_tpot"]),
+        )
+    return table
+
+
+def _errors(e: dict[str, float | None]) -> str:
+    if e["p50"] is None:
+        return "—"
+    return f"{e['p50']:.0%} / {e['p90']:.0%}"
 
 
 def _load_text(load: dict[str, Any] | None) -> Text:

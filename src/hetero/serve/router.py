@@ -131,7 +131,7 @@ class Router(Driver):
     def _slots_of(self, replica: Replica, capacity: ConcurrencyLimit) -> int:
         """A replica's slots: its learned capacity; under ``slo``, what its engine runs at
         once at most (published, else declared), else no limit of the router's own
-        (``--capacity-maximum``)."""
+        (``CapacityOptions.maximum``)."""
         if self.slo_policy is None:
             return capacity.slots
         return capacity.cap or replica.slots or self.options.capacity.maximum
