@@ -168,6 +168,13 @@ class SchedulerConfig(_Strict):
         allow_inf_nan=False,
         description="seconds: a cap on that window",
     )
+    late_after: float | None = Field(
+        default=_DISPATCH.late_after,
+        gt=0,
+        le=_YEAR,
+        allow_inf_nan=False,
+        description="seconds an item may wait for a device before those that have not pass it",
+    )
     batch_sizes: dict[str, int] = Field(
         default_factory=dict, description="static per-device batch size by device id or model"
     )

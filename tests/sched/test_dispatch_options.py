@@ -28,6 +28,7 @@ CHANGED: dict[str, Any] = {
     "queue_order": "fifo",
     "aging": 2.5,
     "max_bypass": 30.0,
+    "late_after": 1.5,
     "keep_finished": False,
 }
 

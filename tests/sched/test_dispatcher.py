@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetero.errors import InvalidTransition, QueueFull
+from hetero.errors import ConfigError, InvalidTransition, QueueFull
 from hetero.sched import (
     Dispatcher,
     Finish,
@@ -338,3 +338,38 @@ def test_complete_learns_from_the_work_an_item_turned_out_to_be() -> None:
     d.complete("refused", work=0.0)  # no work done: nothing learned
     assert d.perf.speed()[0] == pytest.approx(25.0)
     assert d.state_of("refused") is ItemState.DONE
+
+
+class OnlyWhenIdle(Policy):
+    """Device 0 while it runs nothing, else wait: a policy that holds items back."""
+
+    name = "test_only_when_idle"
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        return 0 if view.running[0] == 0 else None
+
+
+@pytest.mark.parametrize("late_after", [None, 1.0])
+def test_an_item_waiting_past_late_after_goes_behind_those_that_are_not(
+    clock: ManualClock, late_after: float | None
+) -> None:
+    d = make(clock, OnlyWhenIdle(), speeds=(1.0,), late_after=late_after)
+    assert log(d.submit(WorkItem(id="busy"))) == [("run", "busy", "d0")]
+    d.submit(WorkItem(id="old"))
+    clock.advance(2.0)  # "old" has waited past late_after
+    d.submit(WorkItem(id="fresh"))
+    clock.advance(0.5)
+    first = log(d.complete("busy"))
+    expected = "old" if late_after is None else "fresh"
+    assert first[-1] == ("run", expected, "d0")
+    second = log(d.complete(expected))
+    assert second[-1][:2] == ("run", "fresh" if late_after is None else "old")
+    d.complete(second[-1][1])
+    d.validate_state()
+    assert d.active == 0 and d.waiting == 0
+
+
+def test_late_after_is_checked(clock: ManualClock) -> None:
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="late_after"):
+            make(clock, late_after=bad)

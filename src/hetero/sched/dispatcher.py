@@ -160,6 +160,7 @@ class Dispatcher:
         self.queue_order = opts.queue_order
         self.aging = opts.aging
         self.max_bypass = opts.max_bypass
+        self.late_after = opts.late_after
         self._size_order = opts.queue_order == "size"
         self.view.size_order = self._size_order
         self._largest_memory = int(self.view.mem_total.max())
@@ -167,6 +168,7 @@ class Dispatcher:
         self.records: dict[int | str, ItemRecord] = {}
         self._seq = itertools.count()
         self._pending: list[_Entry] = []
+        self._late: list[_Entry] = []  # pending items past late_after, in the same order
         self._queues: list[list[_Entry]] = [[] for _ in range(self.view.n)]
         self._tails: list[list[_Entry]] = [[] for _ in range(self.view.n)]
         self._running: list[set[ItemRecord]] = [set() for _ in range(self.view.n)]
@@ -701,7 +703,7 @@ class Dispatcher:
         freed = used < self.view.mem_external[i]
         self.view.mem_external[i] = used
         out: list[Instruction] = []
-        if freed and self._pending:
+        if freed and (self._pending or self._late):
             self._drain_pending(out)
         return out
 
@@ -1037,12 +1039,31 @@ class Dispatcher:
                 self._start_ready(i, out)  # it starts one at least: nothing to steal then
             elif self.stealing and view.queued and view.running_at[i] == 0:
                 self._steal(i, out)
-        if self._pending:
+        if self._pending or self._late:
             self._drain_pending(out)
 
     def _drain_pending(self, out: list[Instruction]) -> None:
-        # Strict priority order: stop at the first item the policy still leaves waiting.
-        pending = self._pending
+        if self.late_after is not None:
+            self._note_late()
+        if self._drain(self._pending, out) and self._late:
+            self._drain(self._late, out)
+
+    def _note_late(self) -> None:
+        """Move the items at the head of the pending heap that have waited past
+        ``late_after`` to the late heap, behind every item that has not."""
+        pending, late = self._pending, self._late
+        since = self.clock.now() - self.late_after  # type: ignore[operator]
+        while pending:
+            _, _, seq, rec = entry = pending[0]
+            if rec.seq == seq and rec.state is PENDING and rec.submitted > since:
+                return
+            heapq.heappop(pending)
+            if rec.seq == seq and rec.state is PENDING:
+                heapq.heappush(late, entry)
+
+    def _drain(self, pending: list[_Entry], out: list[Instruction]) -> bool:
+        """Place the items of one pending heap in strict priority order, stopping at the first
+        the policy still leaves waiting; True when the heap emptied."""
         while pending:
             _, _, seq, rec = pending[0]
             if rec.seq != seq or rec.state is not PENDING:
@@ -1050,16 +1071,17 @@ class Dispatcher:
                 continue
             allowed = self._allowed(rec)
             if allowed is not None and not allowed.any():
-                return
+                return False
             i = self._try_pick(rec, out, allowed)
             if i is None:
-                return
+                return False
             heapq.heappop(pending)
             if i < 0:
                 continue
             self._enqueue(rec, i)
             if self.view.running_at[i] < self.view.slots[i]:
                 self._start_ready(i, out)
+        return True
 
     def _try_pick(
         self, rec: ItemRecord, out: list[Instruction], allowed: BoolArray | None

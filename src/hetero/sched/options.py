@@ -48,6 +48,11 @@ class DispatchOptions:
             to spare the fast ones is not passed over for longer than it would be there.
         max_bypass: seconds that cap the window for every item (``None``: no cap), bounding how
             long even the largest item can be passed over.
+        late_after: seconds after which an item still waiting for a device is *late*: it
+            goes behind every waiting item that is not (``None``: never). Under a latency
+            target that is the target itself: once it has passed, serving the late item first
+            would make every item behind it late too (an overloaded router's FIFO queue
+            otherwise misses every request's target).
         keep_finished: keep records of finished items (for inspection and ``validate_state``);
             long simulations turn this off to bound memory.
     """
@@ -60,6 +65,7 @@ class DispatchOptions:
     queue_order: QueueOrder = "size"
     aging: float = 10.0
     max_bypass: float | None = None
+    late_after: float | None = None
     keep_finished: bool = True
 
     def __post_init__(self) -> None:
@@ -70,6 +76,10 @@ class DispatchOptions:
             # An infinite timeout is None: a timer cannot wait that long (OverflowError).
             problems.append(
                 ("timeout", f"must be finite seconds > 0 or None, got {self.timeout!r}")
+            )
+        if self.late_after is not None and not 0 < self.late_after < math.inf:
+            problems.append(
+                ("late_after", f"must be finite seconds > 0 or None, got {self.late_after!r}")
             )
         if self.max_retries < 0:
             problems.append(("max_retries", f"must be >= 0, got {self.max_retries}"))

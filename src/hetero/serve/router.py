@@ -101,6 +101,9 @@ class Router(Driver):
             timeout=options.timeout,
             max_retries=options.max_retries,
             keep_finished=False,
+            # Under an SLO, a request that waited past its TTFT goes behind those that can
+            # still meet theirs.
+            late_after=self._late_after(),
         )
         self.replicas: list[ReplicaState] = [
             ReplicaState(r, i, self._breaker(), c, holds=self.dispatcher.live_holds(i))
@@ -127,6 +130,12 @@ class Router(Driver):
         self.decisions: dict[str, int] = {}  # replica name -> requests placed there
         # A load read older than this is no longer the replica's load (the poller sets it).
         self.load_stale_after = 1.0
+
+    def _late_after(self) -> float | None:
+        """Strategy slo: the TTFT target (given, else the 1 s that a derived one starts from)."""
+        if self.slo_policy is None:
+            return None
+        return self.options.slo_ttft or self.slo_policy.ttft_slo or 1.0
 
     def _slots_of(self, replica: Replica, capacity: ConcurrencyLimit) -> int:
         """A replica's slots: its learned capacity; under ``slo``, what its engine runs at
