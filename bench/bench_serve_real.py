@@ -219,26 +219,42 @@ class Replica(VllmReplica):
     def cgroup(self) -> Path:
         return CGROUP_CPU / f"hetero-bench-{self.label}"
 
-    def command(self) -> list[str]:
-        if self.cpu_share is None:
-            return super().command()
-        # The server joins its cgroup before it starts, so the engine it spawns is in it too.
-        procs = self.cgroup / "cgroup.procs"
-        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *super().command()]
-
-    def start(self) -> None:
-        if self.cpu_share is not None:
-            self.cgroup.mkdir(exist_ok=True)
-            (self.cgroup / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
-            quota = max(1000, round(self.cpu_share * CGROUP_PERIOD_US))
-            (self.cgroup / "cpu.cfs_quota_us").write_text(str(quota))
-        super().start()
+    def throttle(self) -> None:
+        """Hold the running server, its engine and their workers to ``cpu_share`` of a core (a
+        cgroup CPU quota). Done once it answers: its start-up (model load, compilation) at a
+        fifth of a core would outlast any sane wait."""
+        if self.cpu_share is None or self.proc is None:
+            return
+        self.cgroup.mkdir(exist_ok=True)
+        (self.cgroup / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
+        quota = max(1000, round(self.cpu_share * CGROUP_PERIOD_US))
+        (self.cgroup / "cpu.cfs_quota_us").write_text(str(quota))
+        for pid in _group_pids(self.proc.pid):
+            with contextlib.suppress(OSError):  # one that ended meanwhile
+                (self.cgroup / "cgroup.procs").write_text(str(pid))
 
     def stop(self, timeout: float = 15.0) -> None:
         super().stop(timeout)
         if self.cpu_share is not None:
             with contextlib.suppress(OSError):  # busy while a process lingers: left behind
                 self.cgroup.rmdir()
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (a server started in its own session)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after its ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
 
 
 def cpu_shares_reason() -> str | None:
@@ -1084,6 +1100,8 @@ def fleet(children: Children, name: str = "two-models") -> list[Replica]:
 def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
     """Start the replicas and wait for them; what the JSON says of the fleet."""
     vllm_engine.start_replicas(replicas)
+    for r in replicas:
+        r.throttle()
     print(f"replicas up: {[(r.label, r.url) for r in replicas]}", file=sys.stderr)
     return {
         "model": MODEL,
