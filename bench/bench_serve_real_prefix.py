@@ -82,7 +82,9 @@ def chat_bodies(s: Settings, chat: Chat, n: int, tokenizer: Path) -> tuple[list[
         ids = tok.encode(" ".join(rng.choice(vocabulary) for _ in range(tokens))).ids
         return str(tok.decode(ids[:tokens]))
 
-    turns = conversations(rng, text, n, **dataclasses.asdict(chat), max_tokens=s.max_tokens)
+    # The assistant's turns the client keeps are as long as a reply is on average.
+    reply = round(s.output_mean) if s.output_mean is not None else s.max_tokens
+    turns = conversations(rng, text, n, **dataclasses.asdict(chat), max_tokens=reply)
     outputs = real.output_lengths(s, n)
     bodies = [
         json.dumps(

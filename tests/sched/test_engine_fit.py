@@ -123,10 +123,50 @@ def test_requests_fill_the_fast_replica_then_the_slow_ones_help_then_wait() -> N
     assert policy.in_flight() == len(placed)
 
 
-def test_an_idle_replica_takes_a_request_even_past_the_slo() -> None:
+def test_a_fleet_that_cannot_meet_the_slo_still_serves_every_request() -> None:
+    """Waiting gains nothing where no replica could meet the SLO even idle."""
     policy, view = make_policy([prior(0.2, 0.01)], ttft=1.0, tpot=0.05)
-    assert policy.pick(request(), view, None) == 0
-    assert policy.pick(request(), view, None) is None
+    assert [policy.pick(request(), view, None) for _ in range(3)] == [0, 0, 0]
+
+
+def test_a_replica_that_misses_the_slo_even_idle_is_not_used_while_another_can_meet_it() -> None:
+    fast, hopeless = prior(0.005, 0.002), prior(0.08, 0.01)
+    policy, view = make_policy([fast, hopeless], ttft=1.0, tpot=0.05)
+    picks = [policy.pick(request(), view, None) for _ in range(30)]
+    assert 1 not in picks  # the fast one fills up, then requests wait for it
+    assert picks[-1] is None
+
+
+def test_the_slow_replicas_tpot_is_learned_from_the_first_tokens_of_a_stream() -> None:
+    policy, view = make_policy([EnginePrior.generic(), EnginePrior.generic()], ttft=1, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    item = request(100, 400)
+    i = policy.pick(item, view, None)
+    assert i is not None
+    clock.advance(0.1)
+    policy.first_token(item.id, clock.now())
+    clock.advance(0.3 * 7)  # seven more tokens at 0.3 s each
+    policy.progress(item.id, clock.now(), 8)
+    fit = policy.fits[i]
+    assert fit.tpot.updates == 1
+    assert fit.tpot_errors.quantile(0.5) == pytest.approx(0.3 / fit.prior.step_base - 1, rel=0.2)
+    assert fit.predict_tpot(fit.tpot_features(1, 500), pessimism=0) > 0.05
+    policy.finished(item.id, clock.now() + 1.0, 9)
+    assert fit.tpot.updates == 2 and policy.in_flight() == 0
+
+
+def test_a_reply_that_was_not_streamed_teaches_the_step_time_too() -> None:
+    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    item = request(100, 50)
+    policy.pick(item, view, None)
+    clock.advance(5.0)
+    policy.finished(item.id, clock.now(), 50)
+    fit = policy.fits[0]
+    assert fit.tpot.updates == 1 and fit.ttft.updates == 0
+    assert policy.loads[0].running == 0 and policy.loads[0].prefill_queue == 0
 
 
 def test_a_cached_prefix_pulls_a_request_to_its_replica() -> None:

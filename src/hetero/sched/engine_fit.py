@@ -153,8 +153,13 @@ class Flight:
     predicted_ttft: float
     predicted_tpot: float
     first: float | None = None  # when its first token came
-    running_at_first: float = 0.0  # EngineLoad.running_time then
-    kv_at_first: float = 0.0  # EngineLoad.kv_time then
+    # Where the decode seen so far ends: tokens by then, when, and EngineLoad's integrals then
+    # (each progress report teaches the step time over the stretch since the last one).
+    tokens: int = 0
+    mark: float = 0.0
+    snapshot: float = 0.0  # when the integrals below were read (the mark, or the send)
+    running_at_mark: float = 0.0
+    kv_at_mark: float = 0.0
 
 
 class EngineLoad:

@@ -47,6 +47,9 @@ _SSE_HEADERS = {
 _SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
 #: What a process runs out of (descriptors, buffers, memory): its own fault, not a replica's.
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: Content chunks after which a stream's pace is first reported to the router (then at twice
+#: as many each time): the engine model learns a replica's step time from the first of them.
+_FIRST_MARK = 8
 
 
 class Outcome:
@@ -254,10 +257,14 @@ async def forward_stream(
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         await response.write(b"".join(first))
+        mark = _FIRST_MARK  # the stream's pace is reported at 8, 16, 32... chunks
         async for line in reply.content:
             problem = _event_problem(line, counts)
             if problem:
                 raise _BrokenStream(problem)
+            if counts[0] >= mark:
+                router.progress(ticket, counts[0])
+                mark *= 2
             await response.write(line)
     except asyncio.CancelledError:
         if not ticket.stopped or response is None:

@@ -318,6 +318,11 @@ class Router(Driver):
         if self.slo_policy is not None:
             self.slo_policy.first_token(ticket.id, self.clock.now())
 
+    def progress(self, ticket: Ticket, tokens: int) -> None:
+        """``ticket``'s stream has brought ``tokens`` output chunks so far."""
+        if self.slo_policy is not None:
+            self.slo_policy.progress(ticket.id, self.clock.now(), tokens)
+
     def _sync_slots(self, state: ReplicaState) -> None:
         slots = self._slots_of(state.replica, state.capacity)
         if slots != self.dispatcher.view.slots[state.index] and not state.removed:

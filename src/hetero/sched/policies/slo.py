@@ -10,11 +10,15 @@ prefix is weighed against speed and queue by the same formula.
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
 - among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
-  ``r_ttft + r_tpot``);
-- else the one that misses by least (least ``max(r_ttft, r_tpot)``);
-- the request waits in the router only while every replica it may use is busy and would miss
-  its TPOT: sending it there would slow every request that replica runs, and a finishing
-  request changes that. An idle replica always takes it. No slot count decides.
+  ``r_ttft + r_tpot``); a busy replica's predictions are pessimistic by one deviation of its
+  fit, an idle one's are not (one request is the whole risk there, and it is how a replica
+  barely measured learns its speed);
+- else, among those that would meet its TPOT, the one with the least TTFT (sending it now is
+  its best chance);
+- else the request waits in the router for a replica to finish something: sending it would
+  slow every request the replica runs. Unless no replica could meet the SLO even idle (then
+  waiting gains nothing): then the one that misses by least (``max(r_ttft, r_tpot)``). No
+  slot count decides.
 
 Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best
 predicted lone TTFT of the request, whichever is more; TPOT five times the best predicted lone
@@ -150,28 +154,45 @@ class SloRouting(PrefixAffinity):
         r_tpot = np.full(n, np.inf)
         uncached = np.full(n, prompt)
         busy = np.zeros(n, dtype=bool)
+        idle_ok = np.zeros(n, dtype=bool)  # would meet the SLO with nothing else there
         for i in np.flatnonzero(usable):
             fit, load = self.fits[i], self.loads[i]
             if matched is not None and matched[i]:
                 uncached[i] = max(1.0, prompt - matched[i] * self.block_tokens)
             x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
-            r_ttft[i] = fit.predict_ttft(x) / ttft_slo
+            # Pessimistic only where it runs something: one request on an idle replica is the
+            # whole risk, and how a replica barely measured learns its speed at all.
+            doubt = 1.0 if load.running else 0.0
+            r_ttft[i] = fit.predict_ttft(x, doubt) / ttft_slo
             kv = load.kv + kv_new
-            tpot = fit.predict_tpot(fit.tpot_features(load.running + 1, kv))
+            tpot = fit.predict_tpot(fit.tpot_features(load.running + 1, kv), doubt)
             if fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens and load.running:
                 tpot *= 10.0  # past its KV cache: the engine queues or preempts
             r_tpot[i] = tpot / tpot_slo
             busy[i] = load.running > 0
+            if busy[i]:
+                alone_ttft = fit.predict_ttft(fit.ttft_features(uncached[i], 0), 0.0)
+                alone_tpot = fit.predict_tpot(fit.tpot_features(1, kv_new), 0.0)
+                idle_ok[i] = alone_ttft <= ttft_slo and alone_tpot <= tpot_slo
+            else:
+                idle_ok[i] = r_ttft[i] <= 1.0 and r_tpot[i] <= 1.0
         worst = np.maximum(r_ttft, r_tpot)
         meets = worst <= 1.0
         if meets.any():
             i = int(np.where(meets, r_ttft + r_tpot, np.inf).argmin())
         else:
-            i = int(worst.argmin())
-            if not math.isfinite(worst[i]):
+            # Only its TTFT is missed somewhere: sending it now is its best chance. Else wait
+            # for a replica to finish something, unless no replica could meet the SLO even
+            # idle (then waiting gains nothing).
+            only_ttft = r_tpot <= 1.0
+            if only_ttft.any():
+                i = int(np.where(only_ttft, r_ttft, np.inf).argmin())
+            elif busy[usable].any() and np.any(idle_ok[usable]):
                 return None
-            if busy[i] and r_tpot[i] > 1.0 and np.all(busy[usable] & (r_tpot[usable] > 1.0)):
-                return None  # wait for a replica to finish something
+            else:
+                i = int(worst.argmin())
+                if not math.isfinite(worst[i]):
+                    return None
         if prefix is not None and prefix.blocks and matched is not None:
             self._placed(i, prefix, matched)
         self._send(item.id, i, now, float(uncached[i]), kv_new, prompt, output)
@@ -201,6 +222,8 @@ class SloRouting(PrefixAffinity):
         )
         self._flights[item_id] = flight
         load.add(now, uncached, kv)
+        # Until a first token says otherwise, its decode is taken to start as it is sent.
+        self._mark(flight, now, 0)
 
     # --- what the executor reports ----------------------------------------------------------
 
@@ -212,27 +235,52 @@ class SloRouting(PrefixAffinity):
         load = self.loads[flight.device]
         load.prefilled(now, flight.uncached)
         flight.first = now
-        flight.running_at_first = load.running_time
-        flight.kv_at_first = load.kv_time
+        self._mark(flight, now, 1)
         self.fits[flight.device].observe_ttft(
             flight.x_ttft, now - flight.sent, flight.predicted_ttft
         )
 
+    def progress(self, item_id: int | str, now: float, tokens: int) -> None:
+        """The request's stream has brought ``tokens`` output tokens so far: the stretch since
+        the last report teaches the step time (a slow replica is known within a few tokens of
+        its first request, not at the end of a long reply)."""
+        flight = self._flights.get(item_id)
+        if flight is not None and flight.first is not None:
+            self._learn_step(flight, now, tokens)
+
     def finished(self, item_id: int | str, now: float, output_tokens: int) -> None:
-        """The request ended with ``output_tokens``: its decode teaches the step time."""
+        """The request ended with ``output_tokens``: the rest of its decode teaches the step
+        time. A reply that was not streamed is taken to have begun decoding when the fit
+        predicted its first token (never past half its time: the fit may be far off)."""
         flight = self._flights.pop(item_id, None)
         if flight is None:
             return
+        if flight.first is None:
+            start = flight.sent + min(flight.predicted_ttft, (now - flight.sent) / 2)
+            flight.mark, flight.tokens = start, 1
+        self._learn_step(flight, now, output_tokens)
+        load = self.loads[flight.device]
+        load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
+
+    def _mark(self, flight: Flight, now: float, tokens: int) -> None:
         load = self.loads[flight.device]
         load.advance(now)
-        fit = self.fits[flight.device]
-        if flight.first is not None and output_tokens >= 2 and now > flight.first:
-            span = now - flight.first
-            running = (load.running_time - flight.running_at_first) / span
-            kv = (load.kv_time - flight.kv_at_first) / span
-            x = fit.tpot_features(running, kv)
-            fit.observe_tpot(x, span / (output_tokens - 1), flight.predicted_tpot)
-        load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
+        flight.tokens, flight.mark, flight.snapshot = tokens, now, now
+        flight.running_at_mark, flight.kv_at_mark = load.running_time, load.kv_time
+
+    def _learn_step(self, flight: Flight, now: float, tokens: int) -> None:
+        """One TPOT observation: the tokens since the last mark over the time since, at the
+        mean batch and KV tokens of that stretch."""
+        n, span = tokens - flight.tokens, now - flight.mark
+        window = now - flight.snapshot  # a non-streamed reply's integrals start at its send
+        load = self.loads[flight.device]
+        load.advance(now)
+        if n >= 1 and span > 0 and window > 0:
+            running = (load.running_time - flight.running_at_mark) / window
+            kv = (load.kv_time - flight.kv_at_mark) / window
+            fit = self.fits[flight.device]
+            fit.observe_tpot(fit.tpot_features(running, kv), span / n, flight.predicted_tpot)
+        self._mark(flight, now, tokens)
 
     def dropped(self, item_id: int | str, now: float) -> None:
         """The request's attempt ended without an answer to learn from (failed, moved,
