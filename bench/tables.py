@@ -369,17 +369,34 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
                 f" anchor's {best} (ratio {h['p99_over_best_anchor']}): {met}"
             )
     title = "multi-turn chat" if w["kind"] == "multi-turn chat" else "single-turn, no sharing"
+    replicas = doc["fleet"]["replicas"]
+    if any(r.get("cpu_share", 1.0) != 1.0 for r in replicas):
+        title += ", one model at three speeds"
+        fleet = (
+            "vLLM CPU replicas of one model (the small one) at speeds made by CPU shares: "
+            + ", ".join(f"{r['name']} ({r['cpu_share']:.0%} of core {r['core']})" for r in replicas)
+        )
+    else:
+        fleet = (
+            "the two vLLM CPU replicas of the real-engine benchmark (small on core 0, large on"
+            " core 1)"
+        )
+    outputs = w.get("output_tokens", "max_tokens for every request")
+    if outputs.startswith("max_tokens for"):
+        outputs = f"{w['max_tokens']} output tokens"
+    else:
+        outputs = f"output tokens {outputs}"
+    names = "/".join(r["name"] for r in replicas)
     return (
         f"## Prefix affinity on real vLLM replicas: {title}\n\n"
-        f"`{doc['command']}` — the two vLLM CPU replicas of the real-engine benchmark (small on"
-        " core 0, large on core 1), prefix caching on, each cache emptied before every run;"
-        f" {what}; {w['max_tokens']} output tokens, {w['prompt_tokens_mean']} prompt tokens on"
+        f"`{doc['command']}` — {fleet}, prefix caching on, each cache emptied before every run;"
+        f" {what}; {outputs}, {w['prompt_tokens_mean']} prompt tokens on"
         f" average; Poisson arrivals for {w['duration_s']} s at each load × capacity"
         f" ({doc['capacity']['requests_per_second']} requests/s, a closed loop straight to each"
         f" replica). SLO: TTFT ≤ {doc['slo']['ttft_s']} s and TPOT ≤ {doc['slo']['tpot_s']} s."
         " The hit rate is vLLM's own counters (tokens, both replicas); p99 latency counts every"
         " request sent, one never answered as never; shares are of completed requests"
-        " (small/large).\n\n"
+        f" ({names}).\n\n"
         + _table(["load", "router", "SLO", "hit rate", "p50 s", "p99 s", "shares"], rows)
         + "\n\nAgainst the targets (hit rate ≥ the best `cache_aware` anchor's − 0.02, SLO ≥"
         " 0.98 and ≥ every anchor's, p99 ≤ 0.5× the best anchor's):\n\n" + "\n".join(verdicts)
@@ -1791,6 +1808,7 @@ def main() -> int:
         ("serve_slo.json", serve_slo),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
+        ("serve_real_slo.json", serve_real_prefix),
         ("emulator.json", emulator),
         ("train.json", train),
         ("batching.json", batching),

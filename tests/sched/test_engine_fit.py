@@ -267,3 +267,20 @@ def test_the_fit_learns_the_emulators_engine() -> None:
             fit.observe_tpot(x, measured, predicted)
             done += 1
     assert float(np.median(errors)) < 0.25
+
+
+def test_a_slope_fitted_below_zero_does_not_extrapolate() -> None:
+    """Noisy replies at small batches can fit a falling step time; extrapolated, it would
+    predict a busy replica at no time at all and draw every request to it. Past the batches
+    seen, the prediction stays where the replies left it."""
+    fit = EngineFit(EnginePrior.generic())
+    for _ in range(20):
+        for running, y in ((1, 0.30), (2, 0.25), (3, 0.20)):
+            x = fit.tpot_features(running, 500 * running)
+            fit.observe_tpot(x, y, fit.tpot.predict(x)[0])
+    assert min(fit.tpot.theta[1:]) < 0  # the fit itself falls with the batch
+    seen = fit.predict_tpot(fit.tpot_features(3, 1500), pessimism=0)
+    assert seen == pytest.approx(0.2, rel=0.2)
+    for running in (5, 30, 300):
+        busy = fit.predict_tpot(fit.tpot_features(running, 500 * running), pessimism=0)
+        assert busy >= seen * 0.99

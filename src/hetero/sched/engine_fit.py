@@ -96,16 +96,20 @@ class LinearFit:
     """``y ≈ θ·x`` by recursive least squares, forgetting old replies by ``forget`` per reply,
     started at ``prior`` with standard deviations ``sd``. Each reply is weighed by its size
     (noise ``noise`` × the measured value), so a 10 ms step and a 2 s prefill count alike.
-    The coefficients are not held non-negative (projecting each update onto that bound
-    drives correlated ones apart without end); predictions are, by a floor. The covariance
-    never grows past the prior's."""
+    The coefficients are not held non-negative (projecting each update onto that bound drives
+    correlated ones apart without end), but a negative one never extrapolates: its feature is
+    capped at the largest value the replies have shown. A slope fitted below zero from a few
+    noisy replies would otherwise predict a busy replica at no time at all and draw every
+    request to it (seen on a throttled vLLM replica). The covariance never grows past the
+    prior's."""
 
-    __slots__ = ("_ceiling", "_p0", "forget", "noise", "p", "theta", "updates")
+    __slots__ = ("_ceiling", "_p0", "forget", "high", "noise", "p", "theta", "updates")
 
     def __init__(
         self, prior: tuple[float, ...], sd: tuple[float, ...], forget: float = 0.98
     ) -> None:
         self.theta = np.array(prior, dtype=np.float64)
+        self.high = np.zeros_like(self.theta)  # the largest of each feature fitted so far
         self._p0 = np.diag(np.square(np.array(sd, dtype=np.float64)))
         self.p = self._p0.copy()
         self._ceiling = MAX_SECONDS
@@ -116,7 +120,10 @@ class LinearFit:
     def predict(self, x: FloatArray) -> tuple[float, float]:
         """The mean (at least ``FLOOR``) and one standard deviation (of the coefficients) at
         features ``x``."""
-        mean = max(FLOOR, float(self.theta @ x))
+        theta = self.theta
+        if theta.min() < 0:
+            x = np.where(theta < 0, np.minimum(x, self.high), x)
+        mean = max(FLOOR, float(theta @ x))
         var = float(x @ self.p @ x)
         return mean, math.sqrt(var) if var > 0 else 0.0
 
@@ -138,6 +145,7 @@ class LinearFit:
             p = p * np.outer(scale, scale)
         self.theta = theta
         self.p = p
+        self.high = np.maximum(self.high, x)
         self.updates += 1
 
 
