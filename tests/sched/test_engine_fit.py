@@ -85,13 +85,15 @@ def test_a_replica_that_contradicts_the_model_is_distrusted_and_widened() -> Non
     """Replies that swing between 30x and 1/30 of the prediction: no fit absorbs them."""
     fit = EngineFit(EnginePrior.generic())
     x = fit.ttft_features(500, 1)
-    for k in range(12):
+    for k in range(24):  # its first 8 replies teach the fit; the next are judged
         predicted = fit.ttft.predict(x)[0]
         fit.observe_ttft(x, predicted * (30 if k % 2 else 1 / 30), predicted)
     assert fit.distrusted
     assert fit.explain()["distrusted"] is True
     mean, sd = fit.ttft.predict(x)
     assert fit.predict_ttft(x) > 5 * (mean + sd)
+    # One request on it idle is still predicted plainly: that is how it can earn trust back.
+    assert fit.predict_ttft(x, pessimism=0) == mean
     assert math.isfinite(fit.predict_ttft(x))
 
 
@@ -133,8 +135,19 @@ def test_a_replica_that_misses_the_slo_even_idle_is_not_used_while_another_can_m
     fast, hopeless = prior(0.005, 0.002), prior(0.08, 0.01)
     policy, view = make_policy([fast, hopeless], ttft=1.0, tpot=0.05)
     picks = [policy.pick(request(), view, None) for _ in range(30)]
-    assert 1 not in picks  # the fast one fills up, then requests wait for it
+    # The fast one fills up; the other, never heard from, is tried once (its fit may be
+    # wrong), then requests wait for the fast one.
+    assert picks.count(1) == 1 and picks.index(1) > 10
     assert picks[-1] is None
+    # Once it has answered and is known to miss even alone, it is not tried again soon.
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    probe = next(f for f in policy._flights if policy._flights[f].device == 1)
+    clock.advance(0.5)
+    policy.first_token(probe, clock.now())
+    clock.advance(0.8)
+    policy.finished(probe, clock.now(), 9)
+    assert policy.pick(request(), view, None) is None
 
 
 def test_the_slow_replicas_tpot_is_learned_from_the_first_tokens_of_a_stream() -> None:
@@ -150,7 +163,6 @@ def test_the_slow_replicas_tpot_is_learned_from_the_first_tokens_of_a_stream() -
     policy.progress(item.id, clock.now(), 8)
     fit = policy.fits[i]
     assert fit.tpot.updates == 1
-    assert fit.tpot_errors.quantile(0.5) == pytest.approx(0.3 / fit.prior.step_base - 1, rel=0.2)
     assert fit.predict_tpot(fit.tpot_features(1, 500), pessimism=0) > 0.05
     policy.finished(item.id, clock.now() + 1.0, 9)
     assert fit.tpot.updates == 2 and policy.in_flight() == 0

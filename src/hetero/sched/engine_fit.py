@@ -273,13 +273,19 @@ class EngineFit:
 
     def predict_ttft(self, x: FloatArray, pessimism: float = 1.0) -> float:
         """Seconds to the first token at features ``x``: the fit's mean plus ``pessimism``
-        deviations, stretched while the replica is distrusted."""
+        deviations, stretched while the replica is distrusted. With no pessimism (one request
+        on an idle replica) neither: a replica kept out by its doubt would never answer
+        again to remove it."""
         mean, sd = self.ttft.predict(x)
+        if pessimism <= 0:
+            return mean
         return (mean + pessimism * sd) * self.ttft_errors.widen()
 
     def predict_tpot(self, x: FloatArray, pessimism: float = 1.0) -> float:
         """Seconds per output token at features ``x``, as ``predict_ttft``."""
         mean, sd = self.tpot.predict(x)
+        if pessimism <= 0:
+            return mean
         return (mean + pessimism * sd) * self.tpot_errors.widen()
 
     @property
@@ -292,14 +298,16 @@ class EngineFit:
         """A reply's time to first token at the features it met; False if refused."""
         if not _seconds(measured):
             return False
-        self.ttft_errors.add(predicted, measured)
+        if self.ttft.updates >= _JUDGE_AFTER:  # the fit's error, not its first guess's
+            self.ttft_errors.add(predicted, measured)
         self.ttft.update(x, measured)
         return True
 
     def observe_tpot(self, x: FloatArray, measured: float, predicted: float) -> bool:
         if not _seconds(measured):
             return False
-        self.tpot_errors.add(predicted, measured)
+        if self.tpot.updates >= _JUDGE_AFTER:
+            self.tpot_errors.add(predicted, measured)
         self.tpot.update(x, measured)
         return True
 

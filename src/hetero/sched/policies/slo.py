@@ -15,6 +15,8 @@ The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
   barely measured learns its speed);
 - else, among those that would meet its TPOT, the one with the least TTFT (sending it now is
   its best chance);
+- else, an idle replica whose fit has learned nothing for ``PROBE_AFTER`` seconds takes it
+  (a fit gone wrong is corrected only by new replies);
 - else the request waits in the router for a replica to finish something: sending it would
   slow every request the replica runs. Unless no replica could meet the SLO even idle (then
   waiting gains nothing): then the one that misses by least (``max(r_ttft, r_tpot)``). No
@@ -51,6 +53,10 @@ __all__ = ["SloRouting", "check_slo"]
 _DEFAULT_TTFT = 1.0
 _TTFT_MULTIPLE = 10.0
 _TPOT_MULTIPLE = 5.0
+#: Seconds after which an idle replica that has taught the fit nothing is tried again with a
+#: request that would otherwise wait: a fit gone wrong (a burst at start, a replica restarted
+#: faster) is corrected only by new replies.
+PROBE_AFTER = 10.0
 
 
 def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
@@ -90,6 +96,7 @@ class SloRouting(PrefixAffinity):
         self.block_tokens = float(block_tokens)
         self.fits: list[EngineFit] = []
         self.loads: list[EngineLoad] = []
+        self.heard: list[float] = []  # per device, when a reply last taught its fit
         self._priors: dict[int, EnginePrior] = {}
         self._flights: dict[int | str, Flight] = {}
 
@@ -109,11 +116,13 @@ class SloRouting(PrefixAffinity):
             i = len(self.fits)
             self.fits.append(EngineFit(self._priors.get(i, EnginePrior.generic())))
             self.loads.append(EngineLoad())
+            self.heard.append(-math.inf)
 
     def forget(self, device: int) -> None:
         """Device ``device`` left or starts again: a fresh engine, known by its prior."""
         super().forget(device)
         self.fits[device] = EngineFit(self._priors.get(device, EnginePrior.generic()))
+        self.heard[device] = -math.inf
 
     # --- placement --------------------------------------------------------------------------
 
@@ -185,8 +194,11 @@ class SloRouting(PrefixAffinity):
             # for a replica to finish something, unless no replica could meet the SLO even
             # idle (then waiting gains nothing).
             only_ttft = r_tpot <= 1.0
+            stale = usable & ~busy & (now - np.array(self.heard) > PROBE_AFTER)
             if only_ttft.any():
                 i = int(np.where(only_ttft, r_ttft, np.inf).argmin())
+            elif stale.any():
+                i = int(np.where(stale, worst, np.inf).argmin())  # try it again
             elif busy[usable].any() and np.any(idle_ok[usable]):
                 return None
             else:
@@ -235,6 +247,7 @@ class SloRouting(PrefixAffinity):
         load = self.loads[flight.device]
         load.prefilled(now, flight.uncached)
         flight.first = now
+        self.heard[flight.device] = now
         self._mark(flight, now, 1)
         self.fits[flight.device].observe_ttft(
             flight.x_ttft, now - flight.sent, flight.predicted_ttft
@@ -280,6 +293,7 @@ class SloRouting(PrefixAffinity):
             kv = (load.kv_time - flight.kv_at_mark) / window
             fit = self.fits[flight.device]
             fit.observe_tpot(fit.tpot_features(running, kv), span / n, flight.predicted_tpot)
+            self.heard[flight.device] = now
         self._mark(flight, now, tokens)
 
     def dropped(self, item_id: int | str, now: float) -> None:
