@@ -161,6 +161,8 @@ class Flight:
     predicted_ttft: float
     predicted_tpot: float
     first: float | None = None  # when its first token came
+    running_at_first: float = 0.0  # EngineLoad's integrals then
+    kv_at_first: float = 0.0
     # Where the decode seen so far ends: tokens by then, when, and EngineLoad's integrals then
     # (each progress report teaches the step time over the stretch since the last one).
     tokens: int = 0
@@ -325,7 +327,7 @@ class EngineFit:
             return None if v is None else round(v, 3)
 
         return {
-            "prefill_tokens_per_s": round(1.0 / t[1], 1) if t[1] > 0 else None,
+            "prefill_tokens_per_s": round(float(1.0 / t[1]), 1) if t[1] > 0 else None,
             "ttft_base_s": round(float(t[0]), 5),
             "ttft_per_running_s": round(float(t[2]), 5),
             "step_base_s": round(float(d[0]), 5),

@@ -10,9 +10,9 @@ prefix is weighed against speed and queue by the same formula.
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
 - among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
-  ``r_ttft + r_tpot``); a busy replica's predictions are pessimistic by one deviation of its
-  fit, an idle one's are not (one request is the whole risk there, and it is how a replica
-  barely measured learns its speed);
+  ``r_ttft + r_tpot`` of the fit's means); whether a busy replica meets them is judged
+  pessimistically, by one deviation of its fit more, an idle one's is not (one request is the
+  whole risk there, and it is how a replica barely measured learns its speed);
 - else, among those that would meet its TPOT, the one with the least TTFT (sending it now is
   its best chance);
 - else, an idle replica whose fit has learned nothing for ``PROBE_AFTER`` seconds takes it
@@ -164,6 +164,7 @@ class SloRouting(PrefixAffinity):
         uncached = np.full(n, prompt)
         busy = np.zeros(n, dtype=bool)
         idle_ok = np.zeros(n, dtype=bool)  # would meet the SLO with nothing else there
+        headroom = np.full(n, np.inf)  # the mean predictions over the SLO, summed
         for i in np.flatnonzero(usable):
             fit, load = self.fits[i], self.loads[i]
             if matched is not None and matched[i]:
@@ -174,10 +175,17 @@ class SloRouting(PrefixAffinity):
             doubt = 1.0 if load.running else 0.0
             r_ttft[i] = fit.predict_ttft(x, doubt) / ttft_slo
             kv = load.kv + kv_new
-            tpot = fit.predict_tpot(fit.tpot_features(load.running + 1, kv), doubt)
-            if fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens and load.running:
+            x_tpot = fit.tpot_features(load.running + 1, kv)
+            tpot = fit.predict_tpot(x_tpot, doubt)
+            full = fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens and load.running
+            if full:
                 tpot *= 10.0  # past its KV cache: the engine queues or preempts
             r_tpot[i] = tpot / tpot_slo
+            # Ranked by the plain means, so that a busy replica's doubt (which decides whether
+            # it meets the SLO at all) does not tilt the choice toward idle slow ones.
+            headroom[i] = fit.ttft.predict(x)[0] / ttft_slo + fit.tpot.predict(x_tpot)[0] / (
+                tpot_slo / 10.0 if full else tpot_slo
+            )
             busy[i] = load.running > 0
             if busy[i]:
                 alone_ttft = fit.predict_ttft(fit.ttft_features(uncached[i], 0), 0.0)
@@ -188,7 +196,7 @@ class SloRouting(PrefixAffinity):
         worst = np.maximum(r_ttft, r_tpot)
         meets = worst <= 1.0
         if meets.any():
-            i = int(np.where(meets, r_ttft + r_tpot, np.inf).argmin())
+            i = int(np.where(meets, headroom, np.inf).argmin())
         else:
             # Only its TTFT is missed somewhere: sending it now is its best chance. Else wait
             # for a replica to finish something, unless no replica could meet the SLO even
@@ -249,14 +257,17 @@ class SloRouting(PrefixAffinity):
         flight.first = now
         self.heard[flight.device] = now
         self._mark(flight, now, 1)
+        flight.running_at_first, flight.kv_at_first = flight.running_at_mark, flight.kv_at_mark
         self.fits[flight.device].observe_ttft(
             flight.x_ttft, now - flight.sent, flight.predicted_ttft
         )
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
-        """The request's stream has brought ``tokens`` output tokens so far: the stretch since
+        """The request's stream has brought ``tokens`` content chunks so far: the stretch since
         the last report teaches the step time (a slow replica is known within a few tokens of
-        its first request, not at the end of a long reply)."""
+        its first request, not at the end of a long reply). A chunk is a token at least: an
+        engine whose server falls behind merges several into one, which reads as slower, the
+        safe side."""
         flight = self._flights.get(item_id)
         if flight is not None and flight.first is not None:
             self._learn_step(flight, now, tokens)
@@ -271,6 +282,11 @@ class SloRouting(PrefixAffinity):
         if flight.first is None:
             start = flight.sent + min(flight.predicted_ttft, (now - flight.sent) / 2)
             flight.mark, flight.tokens = start, 1
+        else:
+            # The whole decode, in tokens the engine counted: chunks may have merged several,
+            # so the stretch since the last report would be credited tokens it did not hold.
+            flight.mark, flight.snapshot, flight.tokens = flight.first, flight.first, 1
+            flight.running_at_mark, flight.kv_at_mark = flight.running_at_first, flight.kv_at_first
         self._learn_step(flight, now, output_tokens)
         load = self.loads[flight.device]
         load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
