@@ -235,7 +235,12 @@ class Replica(VllmReplica):
 
     def stop(self, timeout: float = 15.0) -> None:
         super().stop(timeout)
-        if self.cpu_share is not None:
+        if self.cpu_share is not None and self.cgroup.exists():
+            # An engine process that left its group (its server killed first) is still here:
+            # it would hold part of the next run's quota.
+            for pid in (self.cgroup / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
             with contextlib.suppress(OSError):  # busy while a process lingers: left behind
                 self.cgroup.rmdir()
 

@@ -58,7 +58,7 @@ from bench_serve_real import MODEL, Settings, Turns, vllm_engine
 import hetero
 from hetero.serve.router import DEFAULT_STRATEGY
 
-ANCHOR_KINDS = ("sglang", "vllm-router", "client")
+ANCHOR_KINDS = ("sglang", "vllm-router", "client", "alone")  # alone: no router at all
 
 
 @dataclasses.dataclass(frozen=True)

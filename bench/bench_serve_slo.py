@@ -35,6 +35,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+import _common
 import numpy as np
 from _common import calibration_seconds, emit
 from _serve_procs import (
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "SLO attainment, one model at speeds 5:1:1, emulated continuous engines",
         "command": " ".join(["python", "bench/bench_serve_slo.py", *(argv or sys.argv[1:])]),
+        "revision": _common.revision(),
         "setup": {k: v for k, v in vars(args).items() if k != "out"},
         "sglang_router": sglang,
         "results": rows,
