@@ -84,8 +84,12 @@ def conversations(
     return out
 
 
-def chat_bodies(args: argparse.Namespace, n: int) -> list[str]:
-    """``n`` chat requests of ``conversations``, the conversation named in ``user``."""
+def chat_bodies(
+    args: argparse.Namespace, n: int, *, reply_tokens: int | None = None, stream: bool = False
+) -> list[str]:
+    """``n`` chat requests of ``conversations``, the conversation named in ``user``; the
+    assistant turns kept are ``reply_tokens`` long (default ``max_tokens``); ``stream``: the
+    bodies ask for a stream with its usage."""
     rng = random.Random(args.seed)
     turns = conversations(
         rng,
@@ -96,11 +100,18 @@ def chat_bodies(args: argparse.Namespace, n: int) -> list[str]:
         sessions=args.sessions,
         turns=args.turns,
         turn_tokens=args.turn_tokens,
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_tokens if reply_tokens is None else reply_tokens,
     )
+    extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
     return [
         json.dumps(
-            {"model": MODEL, "messages": messages, "max_tokens": args.max_tokens, "user": name}
+            {
+                "model": MODEL,
+                "messages": messages,
+                "max_tokens": args.max_tokens,
+                "user": name,
+                **extra,
+            }
         )
         for messages, name in turns
     ]

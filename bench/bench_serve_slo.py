@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import urllib.request
 from collections.abc import Sequence
@@ -46,46 +45,12 @@ from _serve_procs import (
     sglang_router_version,
     start_hetero_serve,
 )
-from bench_prefix import WORDS
 from bench_serve import MODEL, Config, poisson_times, run_load, start_mocks, start_router
-from bench_serve_prefix import conversations, hit_rate
+from bench_serve_prefix import chat_bodies, hit_rate
 
 from hetero.serve.engines.prometheus import samples
 
 SUCCESS = "vllm:request_success_total"
-
-
-def chat_bodies(args: argparse.Namespace, n: int) -> list[str]:
-    """``n`` streamed turns of multi-turn chats (``conversations``)."""
-    rng = random.Random(args.seed)
-
-    def text(tokens: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(tokens))[: 4 * tokens]
-
-    turns = conversations(
-        rng,
-        text,
-        n,
-        systems=args.systems,
-        system_tokens=args.system_tokens,
-        sessions=args.sessions,
-        turns=args.turns,
-        turn_tokens=args.turn_tokens,
-        max_tokens=args.output_mean,
-    )
-    return [
-        json.dumps(
-            {
-                "model": MODEL,
-                "messages": messages,
-                "max_tokens": args.max_tokens,
-                "user": name,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-        )
-        for messages, name in turns
-    ]
 
 
 def mock_configs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -238,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for rate in [float(r) for r in args.rates.split(",")]:
         send_at = poisson_times(rate, args.duration, args.seed)
-        bodies = chat_bodies(args, len(send_at))
+        bodies = chat_bodies(args, len(send_at), reply_tokens=args.output_mean, stream=True)
         for config in configs:
             missing = {"hetero": hetero_missing, "sglang": sglang_missing}.get(config.kind)
             if missing:
