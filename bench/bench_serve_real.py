@@ -674,6 +674,7 @@ def _status_sample(router: str, t0: float) -> dict[str, Any] | None:
                 "completed": r["completed"],
                 "engine_running": load.get("running"),
                 "engine_waiting": load.get("waiting"),
+                **({"engine_model": r["engine_model"]} if r.get("engine_model") else {}),
             }
         )
     return {

@@ -23,11 +23,13 @@ arrival, its TPOT with the mean batch and KV tokens over its decode (``EngineLoa
 both over time). The fit is recursive least squares with forgetting, started at the prior and
 kept non-negative, so a replica that changes speed is followed within some tens of replies.
 
-Predictions are pessimistic by the fit's own uncertainty (mean plus one standard deviation of
-the coefficients), so a replica barely measured is not handed a burst on a guess: its spread
-shrinks as its replies come in. Each reply's measured value is also compared with what was
-predicted for it; a replica whose replies keep contradicting the model (a median error over 3×)
-is *distrusted*: its predictions are widened by its observed error until it agrees again.
+Predictions are the fit's means. They are not made pessimistic by the fit's uncertainty: the
+spread of a batch size never seen stays at the prior's, so a replica judged by one deviation
+more is never sent the larger batch that would teach it (on real vLLM the router held dozens of
+requests while its fastest replica ran one). Each reply's measured value is compared with what
+was predicted for it instead; a replica whose replies keep contradicting the model (a median
+error over 3×) is *distrusted*: its predictions while it runs something are widened by its
+observed error until it agrees again.
 
 Pure: no I/O, no clock of its own (times are passed in), nothing that can overflow or divide by
 zero on hostile numbers: every observation is checked finite and within bounds, and refused
@@ -95,7 +97,8 @@ class EnginePrior:
 class LinearFit:
     """``y ≈ θ·x`` by recursive least squares, forgetting old replies by ``forget`` per reply,
     started at ``prior`` with standard deviations ``sd``. Each reply is weighed by its size
-    (noise ``noise`` × the measured value), so a 10 ms step and a 2 s prefill count alike.
+    (noise ``noise`` × the measured or the predicted value, the larger), so a 10 ms step and a
+    2 s prefill count alike.
     The coefficients are not held non-negative (projecting each update onto that bound drives
     correlated ones apart without end), but a negative one never extrapolates: its feature is
     capped at the largest value the replies have shown. A slope fitted below zero from a few
@@ -117,20 +120,20 @@ class LinearFit:
         self.noise = 0.15
         self.updates = 0
 
-    def predict(self, x: FloatArray) -> tuple[float, float]:
-        """The mean (at least ``FLOOR``) and one standard deviation (of the coefficients) at
-        features ``x``."""
+    def predict(self, x: FloatArray) -> float:
+        """The mean at features ``x`` (at least ``FLOOR``)."""
         theta = self.theta
         if theta.min() < 0:
             x = np.where(theta < 0, np.minimum(x, self.high), x)
-        mean = max(FLOOR, float(theta @ x))
-        var = float(x @ self.p @ x)
-        return mean, math.sqrt(var) if var > 0 else 0.0
+        return max(FLOOR, float(theta @ x))
 
     def update(self, x: FloatArray, y: float) -> None:
         mean = float(self.theta @ x)
         px = self.p @ x
-        r = (self.noise * max(y, FLOOR)) ** 2
+        # Weighed by the larger of the measured and the predicted value: a reply far below the
+        # fit (a burst of tokens the server had held back) must not pull it with the weight of
+        # a tiny, exact-looking measurement.
+        r = (self.noise * max(y, mean, FLOOR)) ** 2
         gain = px / (r + float(x @ px))
         theta = np.clip(self.theta + gain * (y - mean), -self._ceiling, self._ceiling)
         p = (self.p - np.outer(gain, px)) / self.forget
@@ -161,15 +164,12 @@ class Flight:
     predicted_ttft: float
     predicted_tpot: float
     first: float | None = None  # when its first token came
-    running_at_first: float = 0.0  # EngineLoad's integrals then
-    kv_at_first: float = 0.0
-    # Where the decode seen so far ends: tokens by then, when, and EngineLoad's integrals then
-    # (each progress report teaches the step time over the stretch since the last one).
-    tokens: int = 0
-    mark: float = 0.0
-    snapshot: float = 0.0  # when the integrals below were read (the mark, or the send)
-    running_at_mark: float = 0.0
-    kv_at_mark: float = 0.0
+    # EngineLoad's integrals of the running count and the KV tokens, and when they were read
+    # (at its first token; until then at its send): the mean batch its decode met is their
+    # growth over the time since.
+    read_at: float = 0.0
+    running_at: float = 0.0
+    kv_at: float = 0.0
 
 
 class EngineLoad:
@@ -214,16 +214,20 @@ class EngineLoad:
 
 
 class _Errors:
-    """The last replies' log-ratios of measured to predicted."""
+    """The last replies' log-ratios of measured to predicted, and the factor predictions are
+    widened by while they contradict the model (kept current as replies come, not computed on
+    every prediction: the router asks for it per replica per request)."""
 
-    __slots__ = ("ratios",)
+    __slots__ = ("factor", "ratios")
 
     def __init__(self) -> None:
         self.ratios: deque[float] = deque(maxlen=_ERRORS)
+        self.factor = 1.0
 
     def add(self, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
             self.ratios.append(math.log(measured / predicted))
+            self.factor = self._widening()
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile of |relative error| (0.25: 25% off), None before any reply."""
@@ -232,9 +236,9 @@ class _Errors:
         errors = np.abs(np.expm1(np.array(self.ratios)))
         return float(np.quantile(errors, q))
 
-    def widen(self) -> float:
-        """By how much to stretch predictions while distrusted: the 90th percentile of
-        measured / predicted (at least 1), or 1 while the replies bear the model out."""
+    def _widening(self) -> float:
+        """The 90th percentile of measured / predicted (at least 1) while the replies
+        contradict the model, else 1."""
         if len(self.ratios) < _JUDGE_AFTER:
             return 1.0
         logs = np.array(self.ratios)
@@ -273,26 +277,12 @@ class EngineFit:
 
     # --- predictions ------------------------------------------------------------------------
 
-    def predict_ttft(self, x: FloatArray, pessimism: float = 1.0) -> float:
-        """Seconds to the first token at features ``x``: the fit's mean plus ``pessimism``
-        deviations, stretched while the replica is distrusted. With no pessimism (one request
-        on an idle replica) neither: a replica kept out by its doubt would never answer
-        again to remove it."""
-        mean, sd = self.ttft.predict(x)
-        if pessimism <= 0:
-            return mean
-        return (mean + pessimism * sd) * self.ttft_errors.widen()
-
-    def predict_tpot(self, x: FloatArray, pessimism: float = 1.0) -> float:
-        """Seconds per output token at features ``x``, as ``predict_ttft``."""
-        mean, sd = self.tpot.predict(x)
-        if pessimism <= 0:
-            return mean
-        return (mean + pessimism * sd) * self.tpot_errors.widen()
+    # Predictions: ``ttft.predict(x)`` and ``tpot.predict(x)``, times ``ttft_errors.factor``
+    # and ``tpot_errors.factor`` where they are to be widened while distrusted.
 
     @property
     def distrusted(self) -> bool:
-        return self.ttft_errors.widen() > 1.0 or self.tpot_errors.widen() > 1.0
+        return self.ttft_errors.factor > 1.0 or self.tpot_errors.factor > 1.0
 
     # --- learning ---------------------------------------------------------------------------
 

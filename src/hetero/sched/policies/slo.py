@@ -10,12 +10,13 @@ prefix is weighed against speed and queue by the same formula.
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
 - among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
-  ``r_ttft + r_tpot`` of the fit's means); whether a busy replica meets them is judged
-  pessimistically, by one deviation of its fit more, an idle one's is not (one request is the
-  whole risk there, and it is how a replica barely measured learns its speed);
+  ``r_ttft + r_tpot`` of the fit's means); a busy replica's predictions are widened while its
+  replies contradict the fit (it is distrusted), an idle one's are not (one request is the whole
+  risk there, and it is how a distrusted replica earns trust back);
 - else, among those that would meet its TPOT, the one with the least TTFT (sending it now is
   its best chance);
-- else, an idle replica whose fit has learned nothing for ``PROBE_AFTER`` seconds takes it
+- else, an idle replica whose fit has learned nothing for ``PROBE_AFTER`` seconds (doubling
+  with each such try) takes it
   (a fit gone wrong is corrected only by new replies);
 - else the request waits in the router for a replica to finish something: sending it would
   slow every request the replica runs. Unless no replica could meet the SLO even idle (then
@@ -55,8 +56,11 @@ _TTFT_MULTIPLE = 10.0
 _TPOT_MULTIPLE = 5.0
 #: Seconds after which an idle replica that has taught the fit nothing is tried again with a
 #: request that would otherwise wait: a fit gone wrong (a burst at start, a replica restarted
-#: faster) is corrected only by new replies.
-PROBE_AFTER = 10.0
+#: faster) is corrected only by new replies. Each such try doubles the wait before the next (up
+#: to ``PROBE_MAX``) until the replica is chosen on its merits again: a replica that keeps
+#: proving too slow costs a request every few minutes, not every few seconds.
+PROBE_AFTER = 30.0
+PROBE_MAX = 480.0
 
 
 def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
@@ -97,6 +101,7 @@ class SloRouting(PrefixAffinity):
         self.fits: list[EngineFit] = []
         self.loads: list[EngineLoad] = []
         self.heard: list[float] = []  # per device, when a reply last taught its fit
+        self._probe_wait: list[float] = []  # per device, how long idle before it is tried
         self._priors: dict[int, EnginePrior] = {}
         self._flights: dict[int | str, Flight] = {}
 
@@ -117,12 +122,14 @@ class SloRouting(PrefixAffinity):
             self.fits.append(EngineFit(self._priors.get(i, EnginePrior.generic())))
             self.loads.append(EngineLoad())
             self.heard.append(-math.inf)
+            self._probe_wait.append(PROBE_AFTER)
 
     def forget(self, device: int) -> None:
         """Device ``device`` left or starts again: a fresh engine, known by its prior."""
         super().forget(device)
         self.fits[device] = EngineFit(self._priors.get(device, EnginePrior.generic()))
         self.heard[device] = -math.inf
+        self._probe_wait[device] = PROBE_AFTER
 
     # --- placement --------------------------------------------------------------------------
 
@@ -134,9 +141,9 @@ class SloRouting(PrefixAffinity):
             return ttft, tpot
         best_ttft = best_tpot = MAX_SECONDS
         for fit in self.fits:
-            best_ttft = min(best_ttft, fit.predict_ttft(fit.ttft_features(prompt, 0), 0.0))
+            best_ttft = min(best_ttft, fit.ttft.predict(fit.ttft_features(prompt, 0)))
             x = fit.tpot_features(1, prompt + output / 2)
-            best_tpot = min(best_tpot, fit.predict_tpot(x, 0.0))
+            best_tpot = min(best_tpot, fit.tpot.predict(x))
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
@@ -170,26 +177,22 @@ class SloRouting(PrefixAffinity):
             if matched is not None and matched[i]:
                 uncached[i] = max(1.0, prompt - matched[i] * self.block_tokens)
             x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
-            # Pessimistic only where it runs something: one request on an idle replica is the
-            # whole risk, and how a replica barely measured learns its speed at all.
-            doubt = 1.0 if load.running else 0.0
-            r_ttft[i] = fit.predict_ttft(x, doubt) / ttft_slo
+            busy[i] = running = load.running > 0
             kv = load.kv + kv_new
             x_tpot = fit.tpot_features(load.running + 1, kv)
-            tpot = fit.predict_tpot(x_tpot, doubt)
-            full = fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens and load.running
-            if full:
+            ttft, tpot = fit.ttft.predict(x) / ttft_slo, fit.tpot.predict(x_tpot) / tpot_slo
+            if running and fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens:
                 tpot *= 10.0  # past its KV cache: the engine queues or preempts
-            r_tpot[i] = tpot / tpot_slo
-            # Ranked by the plain means, so that a busy replica's doubt (which decides whether
-            # it meets the SLO at all) does not tilt the choice toward idle slow ones.
-            headroom[i] = fit.ttft.predict(x)[0] / ttft_slo + fit.tpot.predict(x_tpot)[0] / (
-                tpot_slo / 10.0 if full else tpot_slo
-            )
-            busy[i] = load.running > 0
-            if busy[i]:
-                alone_ttft = fit.predict_ttft(fit.ttft_features(uncached[i], 0), 0.0)
-                alone_tpot = fit.predict_tpot(fit.tpot_features(1, kv_new), 0.0)
+            # Ranked by the plain means, so that a busy replica's widening (which decides
+            # whether it meets the SLO at all) does not tilt the choice toward idle slow ones.
+            headroom[i] = ttft + tpot
+            if running:  # widened while distrusted, where it runs something: see above
+                ttft *= fit.ttft_errors.factor
+                tpot *= fit.tpot_errors.factor
+            r_ttft[i], r_tpot[i] = ttft, tpot
+            if running:
+                alone_ttft = fit.ttft.predict(fit.ttft_features(uncached[i], 0))
+                alone_tpot = fit.tpot.predict(fit.tpot_features(1, kv_new))
                 idle_ok[i] = alone_ttft <= ttft_slo and alone_tpot <= tpot_slo
             else:
                 idle_ok[i] = r_ttft[i] <= 1.0 and r_tpot[i] <= 1.0
@@ -197,16 +200,18 @@ class SloRouting(PrefixAffinity):
         meets = worst <= 1.0
         if meets.any():
             i = int(np.where(meets, headroom, np.inf).argmin())
+            self._probe_wait[i] = PROBE_AFTER
         else:
             # Only its TTFT is missed somewhere: sending it now is its best chance. Else wait
             # for a replica to finish something, unless no replica could meet the SLO even
             # idle (then waiting gains nothing).
             only_ttft = r_tpot <= 1.0
-            stale = usable & ~busy & (now - np.array(self.heard) > PROBE_AFTER)
+            stale = usable & ~busy & (now - np.array(self.heard) > np.array(self._probe_wait))
             if only_ttft.any():
                 i = int(np.where(only_ttft, r_ttft, np.inf).argmin())
             elif stale.any():
                 i = int(np.where(stale, worst, np.inf).argmin())  # try it again
+                self._probe_wait[i] = min(2 * self._probe_wait[i], PROBE_MAX)
             elif busy[usable].any() and np.any(idle_ok[usable]):
                 return None
             else:
@@ -236,14 +241,13 @@ class SloRouting(PrefixAffinity):
             kv=kv,
             sent=now,
             x_ttft=x,
-            # The model's own figures, neither pessimistic nor widened: what its error is of.
-            predicted_ttft=fit.ttft.predict(x)[0],
-            predicted_tpot=fit.tpot.predict(fit.tpot_features(load.running + 1, load.kv + kv))[0],
+            # The model's own figures, not widened: what its error is of.
+            predicted_ttft=fit.ttft.predict(x),
+            predicted_tpot=fit.tpot.predict(fit.tpot_features(load.running + 1, load.kv + kv)),
         )
         self._flights[item_id] = flight
         load.add(now, uncached, kv)
-        # Until a first token says otherwise, its decode is taken to start as it is sent.
-        self._mark(flight, now, 0)
+        self._read(flight, now)  # its decode is taken to start as it is sent, until told
 
     # --- what the executor reports ----------------------------------------------------------
 
@@ -252,65 +256,57 @@ class SloRouting(PrefixAffinity):
         flight = self._flights.get(item_id)
         if flight is None or flight.first is not None:
             return
-        load = self.loads[flight.device]
-        load.prefilled(now, flight.uncached)
+        self.loads[flight.device].prefilled(now, flight.uncached)
         flight.first = now
         self.heard[flight.device] = now
-        self._mark(flight, now, 1)
-        flight.running_at_first, flight.kv_at_first = flight.running_at_mark, flight.kv_at_mark
+        self._read(flight, now)
         self.fits[flight.device].observe_ttft(
             flight.x_ttft, now - flight.sent, flight.predicted_ttft
         )
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
-        """The request's stream has brought ``tokens`` content chunks so far: the stretch since
-        the last report teaches the step time (a slow replica is known within a few tokens of
-        its first request, not at the end of a long reply). A chunk is a token at least: an
-        engine whose server falls behind merges several into one, which reads as slower, the
-        safe side."""
+        """The request's stream has brought ``tokens`` content chunks so far: its decode so far
+        teaches the step time (a slow replica is known within a few tokens of its first
+        request, not at the end of a long reply). A chunk is a token at least: an engine whose
+        server falls behind merges several into one, which reads as slower, the safe side."""
         flight = self._flights.get(item_id)
         if flight is not None and flight.first is not None:
-            self._learn_step(flight, now, tokens)
+            self._learn_decode(flight, now, flight.first, tokens)
 
     def finished(self, item_id: int | str, now: float, output_tokens: int) -> None:
-        """The request ended with ``output_tokens``: the rest of its decode teaches the step
-        time. A reply that was not streamed is taken to have begun decoding when the fit
-        predicted its first token (never past half its time: the fit may be far off)."""
+        """The request ended with ``output_tokens``: its whole decode teaches the step time. A
+        reply that was not streamed is taken to have begun decoding when the fit predicted its
+        first token (never past half its time: the fit may be far off)."""
         flight = self._flights.pop(item_id, None)
         if flight is None:
             return
-        if flight.first is None:
+        start = flight.first
+        if start is None:
             start = flight.sent + min(flight.predicted_ttft, (now - flight.sent) / 2)
-            flight.mark, flight.tokens = start, 1
-        else:
-            # The whole decode, in tokens the engine counted: chunks may have merged several,
-            # so the stretch since the last report would be credited tokens it did not hold.
-            flight.mark, flight.snapshot, flight.tokens = flight.first, flight.first, 1
-            flight.running_at_mark, flight.kv_at_mark = flight.running_at_first, flight.kv_at_first
-        self._learn_step(flight, now, output_tokens)
+        self._learn_decode(flight, now, start, output_tokens)
         load = self.loads[flight.device]
         load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
 
-    def _mark(self, flight: Flight, now: float, tokens: int) -> None:
+    def _read(self, flight: Flight, now: float) -> None:
         load = self.loads[flight.device]
         load.advance(now)
-        flight.tokens, flight.mark, flight.snapshot = tokens, now, now
-        flight.running_at_mark, flight.kv_at_mark = load.running_time, load.kv_time
+        flight.read_at, flight.running_at, flight.kv_at = now, load.running_time, load.kv_time
 
-    def _learn_step(self, flight: Flight, now: float, tokens: int) -> None:
-        """One TPOT observation: the tokens since the last mark over the time since, at the
-        mean batch and KV tokens of that stretch."""
-        n, span = tokens - flight.tokens, now - flight.mark
-        window = now - flight.snapshot  # a non-streamed reply's integrals start at its send
+    def _learn_decode(self, flight: Flight, now: float, start: float, tokens: int) -> None:
+        """One TPOT observation: the decode from ``start`` to ``tokens``, at the mean batch
+        and KV tokens since the integrals were read. Always from the start, never the stretch
+        since the last report: a server that falls behind sends chunks in bursts, and a burst
+        alone would read as a step time of nothing."""
+        n, span, window = tokens - 1, now - start, now - flight.read_at
+        if n < 1 or span <= 0 or window <= 0:
+            return
         load = self.loads[flight.device]
         load.advance(now)
-        if n >= 1 and span > 0 and window > 0:
-            running = (load.running_time - flight.running_at_mark) / window
-            kv = (load.kv_time - flight.kv_at_mark) / window
-            fit = self.fits[flight.device]
-            fit.observe_tpot(fit.tpot_features(running, kv), span / n, flight.predicted_tpot)
-            self.heard[flight.device] = now
-        self._mark(flight, now, tokens)
+        running = (load.running_time - flight.running_at) / window
+        kv = (load.kv_time - flight.kv_at) / window
+        fit = self.fits[flight.device]
+        fit.observe_tpot(fit.tpot_features(running, kv), span / n, flight.predicted_tpot)
+        self.heard[flight.device] = now
 
     def dropped(self, item_id: int | str, now: float) -> None:
         """The request's attempt ended without an answer to learn from (failed, moved,
@@ -331,9 +327,9 @@ class SloRouting(PrefixAffinity):
             self.bind(view)
         fit, load = self.fits[device], self.loads[device]
         prompt, output = 512.0, 128.0
-        ttft = fit.predict_ttft(fit.ttft_features(load.prefill_queue + prompt, load.running), 0.0)
+        ttft = fit.ttft.predict(fit.ttft_features(load.prefill_queue + prompt, load.running))
         x = fit.tpot_features(load.running + 1, load.kv + prompt + output / 2)
-        tpot = fit.predict_tpot(x, 0.0)
+        tpot = fit.tpot.predict(x)
         ttft_slo, tpot_slo = self.slo(prompt, output)
         return {
             **fit.explain(),
