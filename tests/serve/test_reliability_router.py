@@ -20,6 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from hetero.commands.launch import free_port
+from hetero.commands.top_serve import serve_view
 from hetero.serve.app import ServeOptions
 from hetero.serve.cost import prompt_tokens
 from hetero.serve.health import gray_replicas
@@ -27,6 +29,8 @@ from hetero.serve.mock import MockReplica
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import Replica
 from hetero.serve.router import RouterOptions
+from hetero.serve.router_status import ADMIN_ONLY
+from tests.rendering import render
 from tests.serve.conftest import CHAT, PINNED, Fleet, Serve, Spec, chat, mock, wait_for
 
 #: A replica that takes about 20 ms a request (so a slowdown shows in its learned speed).
@@ -474,6 +478,34 @@ async def test_rate_limit_cannot_be_bypassed_by_inventing_keys(serve: Serve) -> 
     assert fleet.mocks[0].stats["requests"] == 2
 
 
+async def test_keys_invented_at_the_address_pace_add_nothing_to_its_rate(serve: Serve) -> None:
+    """25 keys invented over 5 s at a limit of 5 requests/s (one each 0.2 s: the address's own
+    pace), then each used again: only the address's burst is left, never a bucket per key."""
+    fleet = await serve(Spec(), serve_options=ServeOptions(port=0, rate_limit=5.0))
+    now = 0.0
+    fleet.server.limiter = RateLimiter(5.0, clock=lambda: now)  # time is the test's
+
+    async def served(key: str, session: aiohttp.ClientSession = fleet.session) -> bool:
+        headers = {"x-api-key": key} if key else {}
+        async with session.post(fleet.url + CHAT, json=chat(), headers=headers) as reply:
+            return reply.status == 200
+
+    invented = []
+    for i in range(25):
+        now += 0.2
+        invented.append(await served(f"key{i}"))
+    assert all(invented)
+    reused = [await served(f"key{i}") for i in range(25)]
+    assert sum(reused) == 4  # 5 s at 5/s in bursts of 5: 29 in all, not 125
+    assert not await served("")  # no key: the same address's bucket
+    # A key is charged to the address it was first seen from; another address's new key to
+    # that one's own bucket.
+    other = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+    async with aiohttp.ClientSession(connector=other) as session:
+        assert not await served("key0", session)
+        assert await served("new", session)
+
+
 def test_rate_limit_state_is_bounded() -> None:
     limiter = RateLimiter(rate=1.0, max_entries=100)
     for i in range(10_000):
@@ -481,3 +513,65 @@ def test_rate_limit_state_is_bounded() -> None:
     assert len(limiter) <= 200
     # The most recent key is still held (it has no token left), the first long forgotten.
     assert limiter.take("key9999" * 100, "10.0.39.15") > 0
+
+
+# --- 8. the admin key and what it guards --------------------------------------------------------
+
+
+async def raw_get(url: str, path: str, key: bytes) -> tuple[int, bytes]:
+    """GET ``path`` with ``Authorization: Bearer`` and ``key``'s bytes as they are (a client
+    library would refuse some); the status and body."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n"
+        % (path.encode(), key)
+    )
+    answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_an_admin_key_that_is_not_utf8_is_refused_like_a_wrong_one(serve: Serve) -> None:
+    fleet = await serve(Spec(), serve_options=ServeOptions(port=0, admin_key="clé"))
+    status, body = await raw_get(fleet.admin_url, "/admin/replicas", b"\xff\xfe")
+    assert status == 401 and b"wrong admin API key" in body, body
+    assert (await raw_get(fleet.admin_url, "/admin/replicas", "clé".encode()))[0] == 200
+    status, body = await raw_get(fleet.url, "/status", b"\xff")
+    assert status == 200 and b'"url"' not in body  # what is public
+
+
+async def test_without_the_admin_key_no_replica_address_is_shown(serve: Serve) -> None:
+    """Where the replicas are, and what went wrong there, is the admin key's: ``/status``
+    without it leaves both out, and no answer to a client names a replica's host and port."""
+    key = {"Authorization": "Bearer k"}
+    fleet = await serve(Spec(), serve_options=ServeOptions(port=0, admin_key="k"))
+    admin = fleet.admin_url + "/admin/replicas"
+    ports = [free_port(), free_port()]  # nothing listens there
+    async with fleet.session.post(
+        admin, json={"url": f"http://127.0.0.1:{ports[0]}", "name": "dead"}, headers=key
+    ) as reply:
+        assert reply.status == 201  # its model list could not be read
+    status, answer = await fleet.post(chat(model="x"))
+    assert status == 503 and "model list of dead was never read" in answer["error"]["message"]
+    bodies = [json.dumps(answer)]
+    body = {"url": f"http://127.0.0.1:{ports[1]}", "name": "gone", "models": ["only"]}
+    async with fleet.session.post(admin, json=body, headers=key) as reply:
+        assert reply.status == 201
+    status, answer = await fleet.post(chat(model="only"))
+    assert status == 502 and "gone: ClientConnectorError: cannot connect" in str(answer)
+    bodies.append(json.dumps(answer))
+    async with fleet.session.get(fleet.url + "/status") as reply:
+        public = await reply.json()
+    bodies.append(json.dumps(public))
+    for text in bodies:
+        assert not any(str(port) in text for port in ports), text
+    assert not any(set(r) & set(ADMIN_ONLY) for r in public["replicas"])
+    render(serve_view(public, fleet.url), 200)  # all that hetero top --serve needs
+    async with fleet.session.get(fleet.url + "/status", headers=key) as reply:
+        full = {r["name"]: r for r in (await reply.json())["replicas"]}
+    assert full["gone"]["url"].endswith(str(ports[1])) and full["gone"]["last_error"]
+    # Without an admin key, the front shows every field as before.
+    plain = await serve(Spec())
+    assert "url" in (await plain.replicas())["r0"]

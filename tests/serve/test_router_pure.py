@@ -185,13 +185,15 @@ def test_rate_limiter_keeps_no_more_than_a_burst() -> None:
     assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.25]
 
 
-def test_rate_limiter_keys_have_buckets_of_their_own() -> None:
+def test_rate_limiter_keys_are_charged_to_the_address_they_were_first_seen_from() -> None:
     limiter = RateLimiter(rate=1.0, clock=FakeClock())
     assert limiter.burst == 1.0
     assert limiter.take("alice") == 0.0
     assert limiter.take("alice") == 1.0
     assert limiter.take("bob", "10.0.0.2") == 0.0
     assert limiter.take("bob", "10.0.0.2") == 1.0
+    assert limiter.take("bob", "10.0.0.3") == 1.0  # from elsewhere: still 10.0.0.2's bucket
+    assert limiter.take("", "10.0.0.3") == 0.0  # that address has its own
 
 
 def test_rate_limiter_charges_a_new_key_to_its_address() -> None:

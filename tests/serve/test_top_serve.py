@@ -11,12 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
+from hetero.commands.top_serve import fetch_status
 from hetero.serve.app import ServeOptions, Server
 from hetero.serve.mock import MockConfig, MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router
 
 runner = CliRunner()
+KEY = "top-secret"
 
 
 @pytest.fixture
@@ -30,7 +32,8 @@ def router_url() -> Iterator[str]:
         mock = MockReplica(MockConfig(models=("m",), speed=2.0, slots=4, decode_time=0.001))
         mock_url = await mock.start()
         server = Server(
-            Router([Replica("fast", mock_url, 2.0, 4, set(), False)]), ServeOptions(port=0)
+            Router([Replica("fast", mock_url, 2.0, 4, set(), False)]),
+            ServeOptions(port=0, admin_key=KEY),
         )
         url = await server.start()
         async with aiohttp.ClientSession() as session:
@@ -58,6 +61,17 @@ def test_top_serve_shows_each_replica(router_url: str) -> None:
     row = next(line for line in result.output.splitlines() if "fast" in line)
     assert "up" in row and " m " in row and "/ 2.00" in row
     assert row.split("│")[-5].strip() == "1"  # done
+
+
+def test_top_serve_shows_what_only_the_admin_key_sees_with_it(router_url: str) -> None:
+    assert "url" not in fetch_status(router_url)["replicas"][0]
+    assert fetch_status(router_url, KEY)["replicas"][0]["url"].startswith("http://127.0.0.1:")
+    args = ["top", "--serve", router_url, "--once"]
+    for extra, shown in (([], False), (["--admin-key", KEY], True)):
+        result = runner.invoke(app, [*args, *extra], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        row = next(line for line in result.output.splitlines() if "fast" in line)
+        assert (row.split("│")[3].strip() != "—") is shown, row  # the engine column
 
 
 def test_top_serve_unreachable_is_a_clear_error() -> None:

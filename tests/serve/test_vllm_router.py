@@ -6,6 +6,7 @@ Every load is bounded in requests; nothing is timed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from hetero.serve.app import ServeOptions, Server
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
 from tests.serve.conftest import assert_settled, wait_for
-from tests.serve.vllm_fixtures import MODEL, VllmFleet
+from tests.serve.vllm_fixtures import MODEL, VllmEndpoint, VllmFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -121,28 +122,103 @@ async def test_urls_alone_learn_engine_speed_and_capacity(
     assert seen_running, "the engines' running gauges were read during the load"
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Sidecar:
+    """A pass-through in front of a real engine, part of its replica as a sidecar proxy is,
+    answering ``routes`` itself. Once ``hold`` is set, a stream it passes on is never ended by
+    it (the engine's ``[DONE]`` and the end of the answer are kept back), so a stream that has
+    begun is under way for certain until ``kill`` ends the engine and, with it, cuts every
+    connection of the sidecar. Without that, a small engine could finish a stream before a
+    loaded router has read its first event, and a kill that followed would find nothing under
+    way."""
+
+    def __init__(self, target: str, routes: dict[str, Handler] | None = None) -> None:
+        self.target = target
+        self.routes = routes or {}
+        self.hold = False
+        self._killed = asyncio.Event()
+        self._client = aiohttp.ClientSession()
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        for path, handler in self.routes.items():
+            app.router.add_get(path, handler)
+        app.router.add_route("*", "/{tail:.*}", self._through)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.01)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def _through(self, request: web.Request) -> web.StreamResponse:
+        async with self._client.request(
+            request.method,
+            self.target + request.path_qs,
+            data=await request.read(),
+            headers={"Content-Type": "application/json"},
+        ) as reply:
+            out = web.StreamResponse(
+                status=reply.status, headers={"Content-Type": reply.content_type}
+            )
+            await out.prepare(request)
+            # Streams only: health checks and load reads pass as they come.
+            held = self.hold and reply.content_type == "text/event-stream"
+            with contextlib.suppress(aiohttp.ClientError):  # the engine killed under it
+                async for line in reply.content:
+                    if held and line.startswith(b"data: [DONE]"):
+                        break
+                    await out.write(line)
+        if held:
+            await self._killed.wait()
+            assert request.transport is not None
+            request.transport.abort()  # as the replica's death cuts it
+            return out
+        await out.write_eof()
+        return out
+
+    async def kill(self, engine: VllmEndpoint) -> None:
+        """The replica's death: its engine killed, then every connection cut and the port
+        closed."""
+        proc = engine.process.proc
+        assert proc is not None
+        os.killpg(proc.pid, signal.SIGKILL)
+        self._killed.set()
+        await self.close()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self._client.close()
+
+
 async def test_a_replica_killed_mid_stream_ends_its_streams_and_the_next_go_elsewhere(
     vllm_fleet: VllmFleet, routed: Start
 ) -> None:
     victim = vllm_fleet["small"]
-    router, url = await routed(victim.url, vllm_fleet["large"].url, r0="small", r1="large")
-    await wait_for(lambda: all(s.engine == "vllm" for s in router.replicas), "vLLM detected", 30)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-        for _ in range(3):  # the small one proves the faster: it takes most of what follows
-            await asyncio.gather(*(stream(session, url, body(8)) for _ in range(4)))
-        streams = [asyncio.create_task(stream(session, url, body(2000))) for _ in range(4)]
-        small = router.by_name["small"].index
-        # Its first chunks are out (on a loaded machine, seconds after it began): the stream
-        # is committed to that replica, and is not placed again when it dies.
+    sidecar = Sidecar(victim.url)
+    front = await sidecar.start()
+    try:
+        router, url = await routed(front, vllm_fleet["large"].url, r0="small", r1="large")
         await wait_for(
-            lambda: any(t.answering and t.replica == small for t in router.tickets.values()),
-            "a stream answering from small",
-            60,
+            lambda: all(s.engine == "vllm" for s in router.replicas), "vLLM detected", 30
         )
-        proc = victim.process.proc
-        assert proc is not None
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            for _ in range(3):  # the small one proves the faster: it takes most of what follows
+                await asyncio.gather(*(stream(session, url, body(8)) for _ in range(4)))
+            sidecar.hold = True
+            streams = [asyncio.create_task(stream(session, url, body(2000))) for _ in range(4)]
+            small = router.by_name["small"].index
+            # Its first chunks are out: the stream is committed to that replica (not placed
+            # again when it dies), and under way there until the kill, which the sidecar holds.
+            await wait_for(
+                lambda: any(t.answering and t.replica == small for t in router.tickets.values()),
+                "a stream answering from small",
+                60,
+            )
+            await sidecar.kill(victim)
             ended = await asyncio.gather(*streams)
             broken = [e for e in ended if e[-1] != "[DONE]"]
             assert broken, "a stream was on the killed replica"
@@ -153,50 +229,25 @@ async def test_a_replica_killed_mid_stream_ends_its_streams_and_the_next_go_else
             after = await asyncio.gather(*(stream(session, url, body(8)) for _ in range(3)))
             assert all(e[-1] == "[DONE]" for e in after)
             assert by_name(router)["large"]["completed"] >= before + 3
-        finally:
-            victim.process.stop()
-            victim.process.start()  # later tests of the run use it again
-            await asyncio.to_thread(victim.process.wait)
+    finally:
+        await sidecar.close()
+        victim.process.stop()
+        victim.process.start()  # later tests of the run use it again
+        await asyncio.to_thread(victim.process.wait)
 
 
 async def test_an_engine_whose_load_page_lies_is_shown_and_still_served(
     vllm_fleet: VllmFleet, routed: Start
 ) -> None:
     # A front that passes the API through to a real engine but answers its load pages badly.
-    target = vllm_fleet["large"].url
-    client = aiohttp.ClientSession()
-
     async def garbage_metrics(request: web.Request) -> web.Response:
         return web.Response(text="vllm:num_requests_running lots\nvllm:num_requests_waiting 0\n")
 
     async def broken(request: web.Request) -> web.Response:
         return web.Response(status=500, text="boom")
 
-    async def through(request: web.Request) -> web.StreamResponse:
-        async with client.request(
-            request.method,
-            target + request.path_qs,
-            data=await request.read(),
-            headers={"Content-Type": "application/json"},
-        ) as reply:
-            out = web.StreamResponse(
-                status=reply.status, headers={"Content-Type": reply.content_type}
-            )
-            await out.prepare(request)
-            async for chunk in reply.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
-            return out
-
-    app = web.Application()
-    app.router.add_get("/metrics", garbage_metrics)
-    app.router.add_get("/get_load", broken)
-    app.router.add_route("*", "/{tail:.*}", through)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    front = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    liar = Sidecar(vllm_fleet["large"].url, {"/metrics": garbage_metrics, "/get_load": broken})
+    front = await liar.start()
     try:
         router, url = await routed(front, r0="liar")
         await wait_for(
@@ -209,5 +260,4 @@ async def test_an_engine_whose_load_page_lies_is_shown_and_still_served(
         assert all(e[-1] == "[DONE]" for e in events)
         assert by_name(router)["liar"]["load"]["known"] is False
     finally:
-        await runner.cleanup()
-        await client.close()
+        await liar.close()

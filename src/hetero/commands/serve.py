@@ -107,12 +107,21 @@ def serve(
     rate_limit: Annotated[
         float | None,
         typer.Option(
-            help="Requests per second per API key (Authorization: Bearer KEY).", show_default=False
+            help="Requests per second per client address; an API key (Authorization: Bearer "
+            "KEY) counts against the address it was first seen from.",
+            show_default=False,
         ),
     ] = None,
     max_body: Annotated[int, typer.Option(help="Largest request body in bytes (then 413).")] = (
         8 * 2**20
     ),
+    max_reply: Annotated[
+        int,
+        typer.Option(
+            help="Largest answer in bytes a replica may give a request that is not streamed "
+            "(then 502; the router holds it whole before passing it on)."
+        ),
+    ] = 64 * 2**20,
     admin_key: Annotated[
         str | None,
         typer.Option(
@@ -243,6 +252,7 @@ def serve(
                 admin_port=admin_port,
                 admin_key=admin_key,
                 max_body=max_body,
+                max_reply=max_reply,
                 rate_limit=rate_limit,
                 health_interval=health_interval,
                 header_timeout=header_timeout,

@@ -75,6 +75,16 @@ def top(
             show_default=False,
         ),
     ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-key",
+            envvar="HETERO_ADMIN_KEY",
+            help="With --serve: the router's admin key, to see what only it shows (each "
+            "replica's engine, capacity and why its load is unknown).",
+            show_default=False,
+        ),
+    ] = None,
     once: Annotated[bool, typer.Option("--once", help="Print one view and exit.")] = False,
     interval: Annotated[
         float, typer.Option("--interval", metavar="SECONDS", help="Seconds between refreshes.")
@@ -96,7 +106,7 @@ def top(
     if not (interval > 0 and math.isfinite(interval)):
         fail(f"--interval must be a positive number of seconds, got {interval:g}", code=2)
     if serve is not None:
-        _top_serve(serve, once, interval)
+        _top_serve(serve, once, interval, admin_key)
         return
     statuses = read_statuses()
     if pid is not None:
@@ -117,14 +127,14 @@ def top(
         _watch(console, chosen["pid"], interval)
 
 
-def _top_serve(url: str, once: bool, interval: float) -> None:
+def _top_serve(url: str, once: bool, interval: float, key: str | None) -> None:
     from hetero.commands.top_serve import fetch_status, serve_view, watch_serve
 
     try:
         if once or not console.is_terminal:
-            console.print(serve_view(fetch_status(url), url))
+            console.print(serve_view(fetch_status(url, key), url))
         else:
-            watch_serve(console, url, interval)
+            watch_serve(console, url, interval, key)
     except OSError as exc:
         fail(f"--serve {url}: {exc}", code=1)
 

@@ -28,11 +28,15 @@ _STATE_STYLE = {
 }
 
 
-def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
-    """``GET URL/status``; ``OSError`` with a readable message when the router cannot be read."""
+def fetch_status(url: str, key: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """``GET URL/status`` (with the admin ``key``: every field; without, what is public);
+    ``OSError`` with a readable message when the router cannot be read."""
     target = url.rstrip("/") + "/status"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(target, headers=headers), timeout=timeout
+        ) as reply:
             data = json.loads(reply.read())
     except (urllib.error.URLError, ValueError, TimeoutError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -133,14 +137,14 @@ def _load_text(load: dict[str, Any] | None) -> Text:
     return Text(" · ".join(parts))
 
 
-def watch_serve(out: Console, url: str, interval: float) -> None:
+def watch_serve(out: Console, url: str, interval: float, key: str | None = None) -> None:
     """Redraw every ``interval`` seconds until Ctrl-C; token rates from successive polls."""
     last: dict[str, int] = {}
     last_at = 0.0
     try:
         with Live(console=out, auto_refresh=False) as live:
             while True:
-                status = fetch_status(url)
+                status = fetch_status(url, key)
                 now = time.monotonic()
                 tokens = {r["name"]: r["output_tokens"] for r in status["replicas"]}
                 rates = (

@@ -3,14 +3,13 @@ one; every call with the admin key. It listens on an address of its own (``Serve
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from hetero.config import ReplicaConfig
 from hetero.errors import ConfigError
-from hetero.serve.client_requests import api_key, error_response
+from hetero.serve.client_requests import api_key, error_response, same_key
 from hetero.serve.records import ReplicaState
 from hetero.serve.replicas import replica_from_config
 from hetero.serve.router import Router
@@ -44,7 +43,7 @@ class AdminApi:
             return error_response(
                 401, "admin API key missing (Authorization: Bearer KEY)", "auth_error"
             )
-        if not hmac.compare_digest(given.encode(), self._key.encode()):
+        if not same_key(given, self._key):
             return error_response(401, "wrong admin API key", "auth_error")
         return None
 

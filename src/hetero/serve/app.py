@@ -31,6 +31,7 @@ from hetero.serve.client_requests import (
     api_key,
     error_response,
     read_completion,
+    same_key,
 )
 from hetero.serve.cost import prompt_tokens
 from hetero.serve.listener import ADMIN_CONNECTIONS, connection_cap, listen
@@ -68,7 +69,10 @@ class ServeOptions:
     admin_port: int | None = None  # None: port + 1 (or a free port when port is 0)
     admin_key: str | None = None
     max_body: int = 8 * 2**20
-    rate_limit: float | None = None  # requests per second per API key
+    # A replica's answer to a request that is not a stream, in bytes at most (then 502): the
+    # router holds it whole before passing it on.
+    max_reply: int = 64 * 2**20
+    rate_limit: float | None = None  # requests per second per client (see RateLimiter)
     health_interval: float = 2.0
     load_interval: float = 0.1  # seconds between reads of each replica's published load
     load_reads: float = 50.0  # reads per second over the whole fleet at most (their budget)
@@ -89,6 +93,9 @@ class ServeOptions:
         cap = self.max_connections
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             problems.append(("max_connections", f"must be an integer >= 1, got {cap!r}"))
+        reply = self.max_reply
+        if isinstance(reply, bool) or not isinstance(reply, int) or reply < 1:
+            problems.append(("max_reply", f"must be a number of bytes >= 1, got {reply!r}"))
         if problems:
             raise ConfigError(problems)
 
@@ -252,9 +259,8 @@ class Server:
         if wait:
             raise Refused(
                 429,
-                f"rate limit reached ({self.limiter.rate:g} requests/s per API key; "
-                "requests without a key, or with one new to the router, share one per "
-                "client address)",
+                f"rate limit reached ({self.limiter.rate:g} requests/s per client address; "
+                "an API key counts against the address it was first used from)",
                 "rate_limit_error",
                 {"Retry-After": str(max(1, round(wait)))},
             )
@@ -313,11 +319,19 @@ class Server:
                             call.body,
                             request,
                             outcome,
+                            self.options.max_reply,
                             self.metrics,
                         )
                     else:
                         response = await forward(
-                            self.session, router, ticket, state, request.path, call.body, outcome
+                            self.session,
+                            router,
+                            ticket,
+                            state,
+                            request.path,
+                            call.body,
+                            outcome,
+                            self.options.max_reply,
                         )
                 except asyncio.CancelledError:
                     if not ticket.stopped or client_gone(request):
@@ -372,7 +386,11 @@ class Server:
         return web.json_response({"object": "list", "data": data})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.router.status())
+        # Where the replicas are and what went wrong there is the admin key's to see, when
+        # there is one; without one, the front shows all as before.
+        key = self.options.admin_key
+        full = not key or same_key(api_key(request), key)
+        return web.json_response(self.router.status(full))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")

@@ -4,6 +4,7 @@ that fails a check becomes ``Refused``, answered as an OpenAI-style error naming
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,14 @@ from hetero.sched.prefix import BLOCK_CHARS, MAX_BLOCKS
 from hetero.serve.cost import brief, prompt_text, requested_max_tokens
 from hetero.serve.proxy import error_json
 
-__all__ = ["Completion", "Refused", "api_key", "error_response", "read_completion"]
+__all__ = [
+    "Completion",
+    "Refused",
+    "api_key",
+    "error_response",
+    "read_completion",
+    "same_key",
+]
 
 _PRIORITY_LIMIT = 2**31 - 1
 #: The longest session id (header x-session-id, or OpenAI's user field) a request may give.
@@ -53,6 +61,15 @@ def api_key(request: web.Request) -> str:
     if auth.startswith("Bearer "):
         return auth[7:]
     return request.headers.get("x-api-key", "")
+
+
+def same_key(given: str, key: str) -> bool:
+    """Whether ``given`` is ``key``, compared in constant time. aiohttp decodes header bytes
+    that are not UTF-8 as lone surrogates, which a plain ``encode()`` refuses (a 500): every
+    string, surrogates and all, has one encoding under ``surrogatepass``."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
+    )
 
 
 @dataclass(frozen=True, slots=True)

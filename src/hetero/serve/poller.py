@@ -94,6 +94,7 @@ class LoadPoller:
                     engine = await detect(self.session, url, self.timeout)
                     next_detect = loop.time() + self.redetect
                 sample = await engine.read(self.session, url, self.timeout)
+                self.router.load_read(state, engine.name, sample)
             except LoadError as exc:
                 name = engine.name if engine is not None else "unknown"
                 plain = isinstance(engine, OpenAIServer) and not engine.seen
@@ -104,11 +105,10 @@ class LoadPoller:
                     engine = None  # detect again: it may have restarted as something else
                     pause = min(pause * 2, self.max_backoff)
             except Exception as exc:  # a bug must not end the replica's reads for good
-                log.exception("replica %s: load read failed unexpectedly", state.replica.name)
-                self.router.load_failed(state, "unknown", f"{type(exc).__name__}: {exc}")
+                reason = f"read failed unexpectedly: {type(exc).__name__}: {exc}"
+                self.router.load_failed(state, "unknown", reason, bug=exc)
                 engine, pause = None, self.max_backoff
             else:
                 self.reads += 1
-                self.router.load_read(state, engine.name, sample)
                 pause = self.period
             await asyncio.sleep(pause)

@@ -13,12 +13,15 @@ import errno
 import json
 import logging
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from hetero.sched import Cause
+from hetero.serve.bounded import read_at_most
 from hetero.serve.records import ReplicaState, Ticket
 from hetero.serve.router import Router
 
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Outcome",
     "client_gone",
+    "describe_failure",
     "error_json",
     "exhausted",
     "forward",
@@ -50,6 +54,15 @@ _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: Content chunks after which a stream's pace is first reported to the router (then at twice
 #: as many each time): the engine model learns a replica's step time from the first of them.
 _FIRST_MARK = 8
+#: What breaks a stream on the replica's side. aiohttp's LineTooLong (a line over its read
+#: limit) is no ClientError, but the replica's fault all the same.
+_STREAM_FAULTS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, LineTooLong)
+#: Replies up to this size are parsed whole (a few milliseconds). A longer one could hold the
+#: event loop for seconds (JSON numbers parse at about 15 MB/s): it is checked by its shape,
+#: and its usage read from its tail, where OpenAI-compatible servers write it.
+_PARSED_REPLY = 256 * 1024
+_TAIL = 4096
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
 
 
 class Outcome:
@@ -82,8 +95,17 @@ def error_json(message: str, kind: str, code: int | None = None) -> str:
     return json.dumps({"error": error})
 
 
-def _attempt_failed(exc: BaseException) -> str:
-    """Why an attempt failed before the replica answered."""
+def describe_failure(exc: BaseException) -> str:
+    """Why an attempt or a health check failed, in words a client may read (they reach its
+    error answers): never the replica's address, which a connection error's own message gives
+    (the replica is named by whoever reports it)."""
+    if isinstance(exc, LineTooLong):
+        return f"sent a line over {exc.args[1]} bytes"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        code = exc.errno
+        return f"{type(exc).__name__}: cannot connect" + (
+            f" ({os.strerror(code)})" if code and code > 0 else ""
+        )
     return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
@@ -112,7 +134,7 @@ def _attempt_error(router: Router, ticket: Ticket, exc: BaseException) -> web.Re
     replica is blamed (``fail``: it is retried elsewhere) and the answer is None."""
     what = exhausted(exc)
     if what is None:
-        router.fail(ticket, _attempt_failed(exc))
+        router.fail(ticket, describe_failure(exc))
         return None
     router.cancel(ticket, f"hetero serve ran out of resources: {what}", failed=True)
     message = f"hetero serve is out of resources ({what}); retry later"
@@ -131,26 +153,24 @@ async def forward(
     path: str,
     body: bytes,
     outcome: Outcome,
+    max_reply: int,
 ) -> web.Response | None:
-    """One non-streaming attempt."""
+    """One non-streaming attempt; a reply over ``max_reply`` bytes fails the request (502)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
         async with session.post(state.replica.url + path, data=body, headers=_JSON) as reply:
-            data = await reply.read()
+            data = await read_at_most(reply.content, max_reply)
             status = reply.status
             headers = reply.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         return _attempt_error(router, ticket, exc)
     latency = loop.time() - started
-    if status != 200:
-        return _not_ok(router, ticket, status, data, headers, latency)
+    if status != 200 or len(data) > max_reply:
+        return _not_ok(router, ticket, status, data, headers, latency, max_reply)
     try:
-        answer = json.loads(data)
-        usage = answer.get("usage") or {}
-        tokens = usage.get("completion_tokens")
-        tokens = tokens if isinstance(tokens, int) and tokens >= 0 else None
-    except (ValueError, AttributeError):
+        tokens = _output_tokens(data)
+    except ValueError:
         router.fail(ticket, f"answered something that is not a JSON object: {_short(data)!r}")
         return None
     outcome.output_tokens = tokens
@@ -158,12 +178,40 @@ async def forward(
     return web.Response(body=data, headers=_JSON)
 
 
+def _output_tokens(data: bytes) -> int | None:
+    """A reply's ``usage.completion_tokens`` (None when it gives none); ``ValueError`` when the
+    reply is not a JSON object (a long one is judged by its shape, see ``_PARSED_REPLY``)."""
+    if len(data) > _PARSED_REPLY:
+        if data[:_TAIL].lstrip()[:1] != b"{" or data[-_TAIL:].rstrip()[-1:] != b"}":
+            raise ValueError("not a JSON object")
+        found = _COMPLETION_TOKENS.search(data, len(data) - _TAIL)
+        return int(found[1]) if found else None
+    answer = json.loads(data)
+    if not isinstance(answer, dict):
+        raise ValueError("not a JSON object")
+    usage = answer.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) and tokens >= 0 else None
+
+
 def _not_ok(
-    router: Router, ticket: Ticket, status: int, data: bytes, headers: Any, latency: float
+    router: Router,
+    ticket: Ticket,
+    status: int,
+    data: bytes,
+    headers: Any,
+    latency: float,
+    max_reply: int,
 ) -> web.Response | None:
-    """A replica's answer other than 200: 429 holds the replica and places the request again,
-    5xx fails the attempt (``None`` either way), any other is the request's own fault (bad
-    parameters), passed on to the client."""
+    """A replica's answer other than 200, or one over ``max_reply`` bytes: an answer too long
+    fails the request (the client gets a 502 naming the limit); 429 holds the replica and
+    places the request again, 5xx fails the attempt (``None`` in each case); any other is the
+    request's own fault (bad parameters), passed on to the client."""
+    if len(data) > max_reply:
+        # Not retried: the same request would as likely bring the same answer elsewhere.
+        reason = f"answered more than {max_reply} bytes (the limit of hetero serve --max-reply)"
+        router.fail(ticket, reason, retryable=False)
+        return None
     if status == 429:
         router.busy(ticket, retry_after(headers))
         return None
@@ -224,9 +272,11 @@ async def forward_stream(
     body: bytes,
     request: web.Request,
     outcome: Outcome,
+    max_reply: int,
     metrics: ServeMetrics | None = None,
 ) -> web.StreamResponse | None:
-    """One streaming attempt, passed through chunk by chunk."""
+    """One streaming attempt, passed through chunk by chunk (an answer other than a stream is
+    read up to ``max_reply`` bytes)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     name = state.replica.name
@@ -238,13 +288,13 @@ async def forward_stream(
     counts = [0, -1]
     try:
         if reply.status != 200:
-            data = await reply.read()
+            data = await read_at_most(reply.content, max_reply)
             latency = loop.time() - started
-            return _not_ok(router, ticket, reply.status, data, reply.headers, latency)
+            return _not_ok(router, ticket, reply.status, data, reply.headers, latency, max_reply)
         try:
             first = await _first_event(reply.content)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            router.fail(ticket, f"stream broke before its first event: {exc}")
+        except _STREAM_FAULTS as exc:
+            router.fail(ticket, f"stream broke before its first event: {describe_failure(exc)}")
             return None
         problem = next((p for p in (_event_problem(x, counts) for x in first) if p), None)
         if not first or problem:
@@ -279,9 +329,10 @@ async def forward_stream(
             raise _BrokenStream(str(exc)) from exc
         router.cancel(ticket, "client disconnected")
         return response
-    except (_BrokenStream, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (_BrokenStream, *_STREAM_FAULTS) as exc:
         assert response is not None
-        reason = f"stream broke: {exc}" if not isinstance(exc, _BrokenStream) else str(exc)
+        broke = isinstance(exc, _BrokenStream)
+        reason = str(exc) if broke else f"stream broke: {describe_failure(exc)}"
         if metrics is not None:
             metrics.errors.labels(name, "stream").inc()
         router.fail(ticket, reason, retryable=False)

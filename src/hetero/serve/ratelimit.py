@@ -1,22 +1,25 @@
-"""Per-API-key rate limits: token buckets refilled from an injected clock, bounded in number."""
+"""Per-client rate limits: token buckets refilled from an injected clock, bounded in number."""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 __all__ = ["RateLimiter"]
 
 
 class RateLimiter:
-    """``rate`` requests per second per API key, in bursts of up to ``burst``.
+    """``rate`` requests per second per client, in bursts of up to ``burst``.
 
-    A key the limiter does not hold (new, or forgotten) is charged to its client address's
-    bucket, as a request without a key is: a client that invents a key per request gets no
-    more than one key's rate. At most ``max_entries`` keys and as many addresses are held, the
-    least recently used forgotten first; keys are held by their hash, so a long key costs no
-    more than a short one.
+    A client is the address an API key was first seen from: the router cannot tell a real key
+    from an invented one, so a key new to it is bound to its client address (once a request
+    with it goes through), and every request carrying it is charged to that address's bucket,
+    wherever it comes from; a request without a key is charged to its own address's. Inventing
+    keys thus never adds to an address's rate (a bucket per key would add a full bucket, and
+    its refill, per key invented), and a key shared by several addresses shares one rate. At
+    most ``max_entries`` keys and as many addresses are held, the least recently used
+    forgotten first; keys are held by their hash, so a long key costs no more than a short one.
     """
 
     def __init__(
@@ -34,33 +37,35 @@ class RateLimiter:
         self.burst = burst if burst is not None else max(1.0, rate)
         self.max_entries = max_entries
         self._clock = clock or time.monotonic
-        # (tokens, last refill), most recently used last
-        self._keys: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
-        self._addresses: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()
+        # key hash -> the address it was first seen from; most recently used last
+        self._keys: OrderedDict[int, str] = OrderedDict()
+        # address -> (tokens, last refill); most recently used last
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def __len__(self) -> int:
-        """The buckets held (keys and addresses)."""
-        return len(self._keys) + len(self._addresses)
+        """The entries held (keys and addresses)."""
+        return len(self._keys) + len(self._buckets)
 
     def take(self, key: str, address: str = "") -> float:
         """0 when a request with ``key`` ("" for none) from ``address`` may go now (a token
         taken), else the seconds until it may."""
-        now = self._clock()
+        keys = self._keys
         tag = hash(key)
-        if key and tag in self._keys:
-            return self._take(self._keys, tag, now)
-        wait = self._take(self._addresses, address, now)
-        if key and not wait:  # a new key, paid for by its address: a full bucket of its own
-            self._take(self._keys, tag, now)
+        owner = keys.get(tag, address) if key else address
+        wait = self._take(owner, self._clock())
+        if key and not wait:  # a key is held once a request with it went through
+            keys[tag] = owner
+            keys.move_to_end(tag)
+            if len(keys) > self.max_entries:
+                keys.popitem(last=False)
         return wait
 
-    def _take(
-        self, buckets: OrderedDict[Hashable, tuple[float, float]], k: Hashable, now: float
-    ) -> float:
-        tokens, last = buckets.pop(k, (self.burst, now))
+    def _take(self, address: str, now: float) -> float:
+        buckets = self._buckets
+        tokens, last = buckets.pop(address, (self.burst, now))
         tokens = min(self.burst, tokens + (now - last) * self.rate)
         wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
-        buckets[k] = (tokens - 1 if not wait else tokens, now)
+        buckets[address] = (tokens - 1 if not wait else tokens, now)
         if len(buckets) > self.max_entries:
             buckets.popitem(last=False)
         return wait

@@ -41,7 +41,7 @@ from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.slo import SloRouting
 from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
-from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths
+from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths, brief
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
 from hetero.serve.records import DEFAULT_STRATEGY, ReplicaState, RouterOptions, Ticket
@@ -54,6 +54,15 @@ log = logging.getLogger("hetero.serve")
 
 # A replica held only for these still counts as in service: a 429 ends with its retry-after.
 _PASSING = frozenset({Hold.SATURATED})
+#: Model names a 404 lists at most: its answer stays small however many are served.
+_LISTED_MODELS = 10
+
+
+def _some(names: list[str]) -> str:
+    """The first ``_LISTED_MODELS`` names, and how many more ``GET /v1/models`` lists."""
+    shown = ", ".join(names[:_LISTED_MODELS]) or "none"
+    more = len(names) - _LISTED_MODELS
+    return shown if more <= 0 else f"{shown} and {more} more (GET /v1/models)"
 
 
 class Router(Driver):
@@ -173,8 +182,10 @@ class Router(Driver):
                         + "; ".join(self._why_down(s) for s in unread)
                         + ")"
                     )
-                served = ", ".join(self.served_models()) or "none"
-                raise UnknownModel(f"model {model!r} is not served here; models: {served}")
+                raise UnknownModel(
+                    f"model {brief(model)} is not served here; models: "
+                    + _some(self.served_models())
+                )
             self._model_masks[model] = names
         return names
 
@@ -355,14 +366,20 @@ class Router(Driver):
         self._sync_slots(state)
 
     def load_failed(
-        self, state: ReplicaState, engine: str, reason: str, expected: bool = False
+        self,
+        state: ReplicaState,
+        engine: str,
+        reason: str,
+        expected: bool = False,
+        bug: Exception | None = None,
     ) -> None:
         """The replica's load could not be read: it is unknown (capacity is then learned from
-        replies alone) until a read succeeds. ``expected``: the server has no load page at
-        all (a plain OpenAI server), which is logged as information, not as a warning."""
+        replies alone) until a read succeeds. Logged once per new reason: ``expected``, the
+        server has no load page at all (a plain OpenAI server), as information; ``bug``, an
+        exception no adapter meant to raise, with its traceback."""
         if reason != state.load_error:
             level = logging.INFO if expected else logging.WARNING
-            log.log(level, "replica %s: load unknown: %s", state.replica.name, reason)
+            log.log(level, "replica %s: load unknown: %s", state.replica.name, reason, exc_info=bug)
         state.engine = engine
         state.load_error = reason
 
@@ -649,9 +666,10 @@ class Router(Driver):
 
     # ------------------------------------------------------------------ reporting
 
-    def status(self) -> dict[str, Any]:
-        """What ``GET /status`` shows: the router's queue and each replica's state."""
-        return router_status(self)
+    def status(self, full: bool = True) -> dict[str, Any]:
+        """What ``GET /status`` shows: the router's queue and each replica's state (``full``:
+        with what only the admin key may see)."""
+        return router_status(self, full)
 
     def load_stale(self, state: ReplicaState, now: float) -> str:
         """Why the replica's load is unknown now ("" if it is known)."""

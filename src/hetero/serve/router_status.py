@@ -1,5 +1,6 @@
 """What the router's ``GET /status`` shows: its queue, and each replica's load, capacity,
-speed and state in one word (``state_word``)."""
+speed and state in one word (``state_word``); without the admin key (when one is set), only
+what is no secret of the deployment (``full=False``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ from hetero.serve.records import ReplicaState
 if TYPE_CHECKING:
     from hetero.serve.router import Router
 
-__all__ = ["router_status", "state_word"]
+__all__ = ["ADMIN_ONLY", "router_status", "state_word"]
+
+#: A replica's fields shown with the admin key only: where it is, what last went wrong there
+#: (connection errors name hosts and ports, engines' answers their internals), and what its
+#: engine and GPU are. The rest (its name, state, models, speeds, counts, load figures) is
+#: public, and enough for ``hetero top --serve``.
+ADMIN_ONLY = ("url", "device", "engine", "capacity", "last_error", "engine_model")
 
 
-def router_status(router: Router) -> dict[str, Any]:
+def router_status(router: Router, full: bool = True) -> dict[str, Any]:
     """The router's queue and every replica in the fleet (not removed), as ``GET /status``
-    answers."""
+    answers; ``full=False`` leaves out the ``ADMIN_ONLY`` fields and why a load is unknown."""
     d = router.dispatcher
     view = d.view
     speeds = router.learned_speeds()
@@ -45,7 +52,7 @@ def router_status(router: Router) -> dict[str, Any]:
                 },
                 "speed": r.speed,
                 "learned_speed": round(float(speeds[i]), 4),
-                "load": _load_status(router, s, now),
+                "load": _load_status(router, s, now, full),
                 "in_flight": int(view.running[i]),
                 "queued": queued,
                 "completed": s.completed,
@@ -60,6 +67,9 @@ def router_status(router: Router) -> dict[str, Any]:
         if router.slo_policy is not None:
             # What the engine model makes of it: fitted figures, predictions, their error.
             replicas[-1]["engine_model"] = router.slo_policy.explain(i, view)
+        if not full:
+            for key in ADMIN_ONLY:
+                replicas[-1].pop(key, None)
     return {
         "strategy": router.options.strategy,
         "uptime_s": round(time.time() - router.started, 1),
@@ -72,10 +82,10 @@ def router_status(router: Router) -> dict[str, Any]:
     }
 
 
-def _load_status(router: Router, state: ReplicaState, now: float) -> dict[str, Any]:
+def _load_status(router: Router, state: ReplicaState, now: float, full: bool) -> dict[str, Any]:
     stale = router.load_stale(state, now)
-    if stale:
-        return {"known": False, "why": stale}
+    if stale:  # why: a read's error, naming the replica's address or its engine's answer
+        return {"known": False, "why": stale} if full else {"known": False}
     assert state.load is not None
     return {"known": True, "age_s": round(now - state.load_at, 3), **state.load.as_dict()}
 

@@ -18,8 +18,13 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from hetero.serve.bounded import read_at_most
+from hetero.serve.cost import brief
+
 __all__ = [
     "MAX_BODY",
+    "MAX_COUNT",
+    "MAX_JSON",
     "Engine",
     "LoadError",
     "LoadSample",
@@ -31,6 +36,12 @@ __all__ = [
 
 #: Largest load page read (vLLM's /metrics is tens of KB; its histograms grow with models).
 MAX_BODY = 2 * 2**20
+#: Largest JSON load page parsed (SGLang's are a few KB a rank): JSON numbers parse at about
+#: 15 MB/s, and a page is parsed on the router's event loop, which must not stall on it.
+MAX_JSON = 256 * 1024
+#: The largest count read: the largest integer a Prometheus sample (a float64) holds exactly.
+#: No engine counts that far, and a larger one overflows the float arithmetic it feeds.
+MAX_COUNT = 2**53
 
 
 class LoadError(Exception):
@@ -90,15 +101,7 @@ async def get_body(
                 return None
             if reply.status != 200:
                 raise LoadError(f"{path} answered HTTP {reply.status}")
-            chunks: list[bytes] = []
-            size = 0
-            while size <= MAX_BODY:  # read() returns what has arrived, not n bytes
-                chunk = await reply.content.read(MAX_BODY + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            body = b"".join(chunks)
+            body = await read_at_most(reply.content, MAX_BODY)
     except asyncio.TimeoutError:
         raise LoadError(f"{path} did not answer within {timeout:g} s") from None
     except (aiohttp.ClientError, OSError) as exc:
@@ -109,7 +112,10 @@ async def get_body(
 
 
 def parse_json(body: bytes, path: str) -> Any:
-    """``body`` as JSON; ``LoadError`` naming ``path`` when it is not (nesting too deep too)."""
+    """``body`` as JSON; ``LoadError`` naming ``path`` when it is not (nesting too deep too)
+    or is over ``MAX_JSON``."""
+    if len(body) > MAX_JSON:
+        raise LoadError(f"{path} is over {MAX_JSON // 1024} KiB of JSON; not parsed")
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
@@ -117,18 +123,21 @@ def parse_json(body: bytes, path: str) -> Any:
 
 
 def count(value: object, what: str) -> int:
-    """A published count: a finite number >= 0 (engines write integers as floats)."""
+    """A published count: a finite number from 0 to ``MAX_COUNT`` (engines write integers as
+    floats)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise LoadError(f"{what} is {value!r}; expected a count >= 0")
+        raise LoadError(f"{what} is {brief(value)}; expected a count >= 0")
     if value < 0:
-        raise LoadError(f"{what} is {value!r}; a count cannot be negative")
+        raise LoadError(f"{what} is {brief(value)}; a count cannot be negative")
+    if value > MAX_COUNT:
+        raise LoadError(f"{what} is {brief(value)}; a count is at most 2**53")
     return int(value)
 
 
 def fraction(value: object, what: str) -> float:
     """A published fraction: a finite number from 0 to 1."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise LoadError(f"{what} is {value!r}; expected a fraction from 0 to 1")
+        raise LoadError(f"{what} is {brief(value)}; expected a fraction from 0 to 1")
     if not 0 <= value <= 1.000001:
-        raise LoadError(f"{what} is {value!r}; expected a fraction from 0 to 1")
+        raise LoadError(f"{what} is {brief(value)}; expected a fraction from 0 to 1")
     return min(float(value), 1.0)

@@ -13,9 +13,12 @@ from collections.abc import Iterable
 
 from hetero.serve.engines.base import LoadError
 
-__all__ = ["labels", "samples"]
+__all__ = ["MAX_LABELS_LINE", "labels", "samples"]
 
 _LABEL = re.compile(rb'(\w+)="((?:[^"\\]|\\.)*)"')
+#: The longest sample line whose labels are read (vLLM's cache_config_info is under 1 KB): a
+#: line of megabytes would hold the router's event loop for as many tenths of a second.
+MAX_LABELS_LINE = 16 * 1024
 
 
 def _first_line(body: bytes, name: bytes) -> int:
@@ -71,14 +74,15 @@ def samples(body: bytes, names: Iterable[str], path: str = "/metrics") -> dict[s
 
 
 def labels(body: bytes, name: str) -> list[dict[str, str]]:
-    """The label sets of ``name``'s sample lines (an info metric's payload), in page order."""
+    """The label sets of ``name``'s sample lines (an info metric's payload), in page order; a
+    line over ``MAX_LABELS_LINE`` bytes gives an empty set (its labels absent)."""
     raw = name.encode()
     found: list[dict[str, str]] = []
     at = _first_line(body, raw)
     while at >= 0 and body.startswith(raw + b"{", at):
         end = body.find(b"\n", at)
         line = body[at + len(raw) : end if end >= 0 else len(body)]
-        close = line.rfind(b"}")
+        close = line.rfind(b"}") if len(line) <= MAX_LABELS_LINE else 0
         found.append(
             {k.decode(): v.decode(errors="replace") for k, v in _LABEL.findall(line[:close])}
         )

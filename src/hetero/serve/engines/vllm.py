@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import aiohttp
 
-from hetero.serve.engines.base import Engine, LoadError, LoadSample, count, fraction, get_body
+from hetero.serve.engines.base import (
+    MAX_COUNT,
+    Engine,
+    LoadError,
+    LoadSample,
+    count,
+    fraction,
+    get_body,
+)
 from hetero.serve.engines.prometheus import labels, samples
 
 __all__ = ["VLLM"]
@@ -86,11 +94,20 @@ def parse(body: bytes) -> LoadSample:
 
 def _kv_tokens(body: bytes) -> int | None:
     """Tokens the KV caches hold, from the cache config's labels (summed over data-parallel
-    engines); None where the page does not say."""
+    engines); None where the page does not say, or says more than ``MAX_COUNT`` (a label of
+    400 digits would overflow the router's arithmetic, and one of 4,000 the JSON of
+    ``/status``)."""
     total = 0
     for config in labels(body, CACHE_CONFIG):
-        blocks, size = config.get("num_gpu_blocks", ""), config.get("block_size", "")
-        if not (blocks.isdigit() and size.isdigit()):
+        blocks, size = _digits(config.get("num_gpu_blocks")), _digits(config.get("block_size"))
+        if blocks is None or size is None:
             return None
-        total += int(blocks) * int(size)
-    return total or None
+        total += blocks * size
+    return total if 0 < total <= MAX_COUNT else None
+
+
+def _digits(label: str | None) -> int | None:
+    """A label's whole number of at most 16 ASCII digits (2**53 has 16), else None."""
+    if label is None or not (label.isascii() and label.isdigit() and len(label) <= 16):
+        return None
+    return int(label)
