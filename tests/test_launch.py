@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +87,42 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
         done = hetero_cli("launch", *args)
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr and "Traceback" not in done.stderr
+
+
+RUNNING = """
+import os, sys, time
+slot = os.environ["LOCAL_RANK"]
+os.write(1, f"{slot} {os.getpid()}\\n".encode())  # one write: the ranks share the pipe
+if slot != "2":  # local rank 2 finishes at once; the others run until they are stopped
+    time.sleep(60)
+"""
+
+
+def test_ctrl_c_stops_the_ranks_and_says_in_one_line_which(tmp_path: Path) -> None:
+    from tests.runtime.conftest import wait_for
+    from tests.runtime.test_reliability_engine import gone
+
+    script = tmp_path / "job.py"
+    script.write_text(RUNNING)
+    # Its own process group, as a shell gives a command: the terminal's Ctrl-C goes to it all.
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hetero", "launch", "--nproc", "3", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=0,
+    )
+    try:
+        assert launcher.stdout is not None
+        ranks = dict(launcher.stdout.readline().split() for _ in range(3))
+        wait_for(lambda: gone(int(ranks["2"])))  # it has finished
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert err == (
+        "hetero launch: interrupted: stopped local ranks 0, 1; local rank 2 had finished\n"
+    )
+    assert launcher.returncode == 130
+    assert all(gone(int(pid)) for pid in ranks.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -118,6 +119,31 @@ def test_cancelling_a_running_task_stops_it_and_its_device_takes_more_work(ctx: 
         time.sleep(0.05)
     assert f.cancel()
     assert ctx.run(hetero.task(devices=[target])(where))[0] == target
+
+
+def pid_then_hold_the_gil(marker: str, seconds: int) -> None:
+    """Write this actor's pid to ``marker``, then sleep in C holding the GIL: the actor's
+    control thread, which ends it to stop a task, cannot run."""
+    Path(marker).write_text(str(os.getpid()))
+    ctypes.PyDLL(None).sleep(seconds)
+
+
+@pytest.mark.slow
+def test_an_actor_stuck_in_c_past_its_timeout_is_killed_and_its_device_runs_again(
+    ctx: Any, tmp_path: Path
+) -> None:
+    from tests.runtime.conftest import wait_for
+    from tests.runtime.test_reliability_engine import gone
+
+    on = ctx.devices[0].id
+    assert ctx.run(hetero.task(devices=[on])(where))[0] == on  # its actor up: no start to wait
+    marker = tmp_path / "pid"
+    stuck = hetero.task(devices=[on], timeout=1.0, retries=0)(pid_then_hold_the_gil)
+    with pytest.raises(TaskFailed, match="timed out"):
+        ctx.run(stuck, str(marker), 60)
+    pid = int(marker.read_text())
+    wait_for(lambda: gone(pid), timeout=15)  # killed after the grace period, not in 60 s
+    assert ctx.run(hetero.task(devices=[on])(where))[0] == on
 
 
 def test_profile_and_status_cover_the_cluster(ctx: Any, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The engine under faults that Python code cannot answer: a task stuck in C code holding the GIL
 past its timeout, a driver killed with SIGKILL, a task whose child processes take the memory,
-and a status directory that another user could have made (issue 21, points 8 to 11)."""
+and a status directory that another user could have made (issue 21, points 8 to 11); processes a
+task started, daemons included, that would outlive the context or a killed driver."""
 
 from __future__ import annotations
 
@@ -195,6 +196,130 @@ def test_an_emulated_device_counts_the_memory_of_its_workers_children() -> None:
             proc.kill()
         parent.kill()
         parent.wait()
+
+
+# --- nothing a task started outlives its context, or a killed driver ----------------------------
+
+DAEMON = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    if os.fork() == 0:  # a daemon: fork, a session of its own, fork again, and the parent ends
+        os.setsid()
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(sys.argv[1] + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+            time.sleep(60)
+        os._exit(0)
+    os.wait()
+    """
+)
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+#: Where a test's workers get their cgroups: the hierarchy hetero finds, v1's cpu controller
+#: (this machine's kind), none.
+CGROUPS = [
+    pytest.param(True, id="found"),
+    pytest.param(V1_CPU, id="v1-cpu"),
+    pytest.param(False, id="none"),
+]
+
+
+def start_a_daemon(marker: str) -> None:
+    """Start a process that leaves this one's tree and session as a daemon does and ignores
+    SIGTERM; it writes its pid to ``marker``."""
+    subprocess.run([sys.executable, "-c", DAEMON, marker], check=True, stdout=subprocess.DEVNULL)
+
+
+def usable(cgroups: bool | Path) -> None:
+    """Skip where ``cgroups`` cannot be had here."""
+    from hetero.runtime.cgroups import writable_root
+
+    if cgroups is True and writable_root() is None:
+        pytest.skip("no cgroup hierarchy is writable here")
+    if isinstance(cgroups, Path) and not os.access(cgroups, os.W_OK):
+        pytest.skip(f"{cgroups} is not writable here")
+    if cgroups is False and not sys.platform.startswith("linux"):
+        pytest.skip("without a cgroup, only Linux keeps a daemon (PR_SET_CHILD_SUBREAPER)")
+
+
+def read_pid(marker: Path) -> int:
+    wait_for(marker.exists)
+    return int(marker.read_text())
+
+
+@pytest.mark.parametrize("cgroups", CGROUPS)
+def test_a_daemon_a_task_started_does_not_outlive_the_context(
+    tmp_path: Path, cgroups: bool | Path
+) -> None:
+    from hetero.runtime.local import LocalBackend
+
+    usable(cgroups)
+    marker = tmp_path / "daemon"
+    backend = LocalBackend() if cgroups is True else LocalBackend(cgroups=cgroups)
+    with hetero.Context(devices=emulated([1.0]), backend=backend) as ctx:
+        ctx.run(start_a_daemon, str(marker))
+        daemon = read_pid(marker)
+        (worker,) = ctx.backend.pids()
+        if cgroups is False:  # adopted by its worker rather than by init
+            wait_for(lambda: psutil.Process(daemon).ppid() == worker)
+    try:
+        wait_for(lambda: gone(daemon), timeout=5)
+    finally:
+        if not gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
+ORPHANS_DRIVER = textwrap.dedent(
+    """
+    import subprocess, sys, time, hetero
+    from pathlib import Path
+    from hetero.runtime.local import LocalBackend
+    from tests.runtime.conftest import emulated
+    cgroups, daemon, marker = sys.argv[1], sys.argv[2], sys.argv[3]  # "True", "False" or a path
+    def start(marker):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        subprocess.run([sys.executable, "-c", daemon, marker], check=True)
+        return child.pid
+    options = {} if cgroups == "True" else {"cgroups": cgroups != "False" and Path(cgroups)}
+    ctx = hetero.Context(devices=emulated([1.0]), backend=LocalBackend(**options))
+    print(ctx.run(start, marker), *ctx.backend.pids(), flush=True)
+    time.sleep(60)  # killed meanwhile
+    """
+)
+
+
+@pytest.mark.parametrize("cgroups", CGROUPS)
+def test_what_a_task_started_dies_with_a_killed_driver(
+    tmp_path: Path, cgroups: bool | Path
+) -> None:
+    """The worker dies with its driver (the kernel kills it), and the processes its task started
+    with it (the fence's sentinel kills them): all of them in a cgroup; without one, those
+    still in the worker's session (a daemon, which left it, is out of reach)."""
+    usable(cgroups)
+    marker = tmp_path / "daemon"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", ORPHANS_DRIVER, str(cgroups), DAEMON, str(marker)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    left: list[int] = []
+    try:
+        assert driver.stdout is not None
+        child, worker = (int(p) for p in driver.stdout.readline().split())
+        left += [child, read_pid(marker)]
+        driver.kill()
+        driver.wait(timeout=10)
+        wait_for(lambda: gone(worker) and gone(child), timeout=5)
+        if cgroups is not False:
+            wait_for(lambda: gone(left[1]), timeout=5)
+    finally:
+        driver.kill()
+        driver.wait()
+        for pid in left:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 # --- point 11: the status directory is private ---------------------------------------------------

@@ -6,6 +6,7 @@ resumes from the checkpoint and ends where an uninterrupted run ends."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,20 @@ def test_a_checkpoint_that_cannot_be_read_is_a_clear_error(tmp_path: Path) -> No
     done = train(tmp_path / "bad")
     assert done.returncode != 0
     assert "checkpoint_dir: cannot resume from" in done.stderr
+
+
+def test_a_set_up_the_trainer_refuses_is_said_once_and_never_retried(tmp_path: Path) -> None:
+    done = train(tmp_path, "--global-batch", "2", restarts=3)  # 2 samples a step for 3 ranks
+    assert done.returncode == 1
+    error = (
+        "ConfigError: global_batch: a global batch smaller than the number of ranks: "
+        "global_batch=2 with 3 ranks; use at least 3 (or fewer ranks)"
+    )
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr  # every rank raised it; it is said once, by one
+    assert re.fullmatch(
+        rf"hetero launch: local rank \d refused its set-up before the first step: "
+        rf"{re.escape(error)}",
+        lines[0],
+    )
+    assert lines[1] == "error: not restarted: a configuration error is raised alike at every start"

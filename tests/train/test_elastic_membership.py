@@ -59,13 +59,17 @@ def test_a_fixed_size_retries_until_the_restarts_run_out() -> None:
     assert [m.failed(0, now=t).next for t in (0.0, 1.0)] == [Next.RETRY, Next.RETRY]
     stop = m.failed(2, now=2.0)
     assert stop.next is Next.STOP
-    assert stop.reason == "local rank 2 failed once; giving up: no restarts left (--max-restarts 2)"
+    assert stop.reason == (
+        "local rank 2 failed once; giving up: no restarts left: the ranks were restarted 2 times "
+        "(--max-restarts 2) and failed 3 times (local rank 0 2 times, local rank 2 once)"
+    )
     # The launcher's default --rank-restarts for a fixed size is --max-restarts.
     m = membership(3, 3, max_restarts=1, rank_restarts=1)
     assert m.failed(1, now=0.0).next is Next.RETRY
     stop = m.failed(1, now=1.0)
     assert stop.reason == (
-        "local rank 1 failed 2 times; giving up: no restarts left (--max-restarts 1)"
+        "local rank 1 failed 2 times; giving up: no restarts left: the ranks were restarted once "
+        "(--max-restarts 1) and failed 2 times"
     )
     assert m.spec == "3"
     # Given fewer, a rank that fails more is lost, which a fixed size cannot go on without.
@@ -73,6 +77,20 @@ def test_a_fixed_size_retries_until_the_restarts_run_out() -> None:
     assert m.failed(1, now=0.0).reason == (
         "local rank 1 failed once; giving up: it failed once, more than --rank-restarts 0, and "
         "without it 2 ranks would be left, fewer than the 3 --nproc 3 needs"
+    )
+
+
+def test_giving_up_counts_every_failure_of_the_launch_not_only_the_last_ranks() -> None:
+    # Three ranks that fail alike, whichever ends first charged each time: four failures, three
+    # restarts, and the last rank to be charged has failed twice.
+    m = membership(3, 3, max_restarts=3, rank_restarts=3)
+    assert [m.failed(slot, now=0.0).next for slot in (1, 0, 2)] == [Next.RETRY] * 3
+    stop = m.failed(0, now=1.0)
+    assert stop.next is Next.STOP
+    assert stop.reason == (
+        "local rank 0 failed 2 times; giving up: no restarts left: the ranks were restarted 3 "
+        "times (--max-restarts 3) and failed 4 times (local rank 0 2 times, local rank 1 once, "
+        "local rank 2 once)"
     )
 
 

@@ -1,10 +1,15 @@
 """``hetero launch``: start a script as ranks on this machine, as ``torchrun --nproc-per-node``
 does, and keep the run going when a rank fails: all ranks start again (``--max-restarts``), and
 with ``--nproc MIN:MAX`` a rank that keeps failing is left out, the others going on from the
-last checkpoint, until it may rejoin at a checkpoint (the rules: ``hetero.train.elastic``)."""
+last checkpoint, until it may rejoin at a checkpoint (the rules: ``hetero.train.elastic``).
+
+A set-up the Trainer refuses is not retried: every start would be refused alike. Each rank leads
+a session of its own, as under torchrun, so a terminal's Ctrl-C reaches the launcher alone: it
+stops the ranks (SIGTERM to each rank's session) and says in one line which it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,8 +21,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,7 +32,9 @@ if TYPE_CHECKING:
 
 from hetero._cli_util import err_console, fail
 from hetero.train.elastic import (
+    LAUNCHED_ENV,
     REGROUP_FILE_ENV,
+    SETUP_REFUSED_EXIT,
     Membership,
     Next,
     local_ranks,
@@ -39,6 +47,8 @@ __all__ = ["free_port", "parse_nproc", "register"]
 _GRACE_S = 5.0
 # How often the launcher looks whether a lost rank may rejoin while the ranks run.
 _TICK_S = 0.1
+# The most of a rank's error the launcher prints.
+_ERROR_CHARS = 4000
 
 
 def register(app: typer.Typer) -> None:
@@ -98,7 +108,11 @@ def launch(
     (hetero.train.Trainer does this). Errors are read from TORCHELASTIC_ERROR_FILE, which
     torch's @record on the script's main writes.
 
-    Arguments after SCRIPT go to the script. Exit status: 0 when every rank succeeded.
+    A configuration error the Trainer raises before the first step is printed once, with the
+    rank that raised it, and not retried. Ctrl-C stops the ranks (SIGTERM) and says which.
+
+    Arguments after SCRIPT go to the script. Exit status: 0 when every rank succeeded, 128 + the
+    signal when interrupted (130 for Ctrl-C).
 
     Example: `hetero launch --nproc 2:3 examples/train_mlp.py --checkpoint-dir ckpt`.
     """
@@ -166,38 +180,58 @@ def _supervise(
     from hetero.train.gpus import ring_slots
 
     start = 0
-    while True:
-        if request is not None:
-            request.unlink(missing_ok=True)
-            regroup_answer(request).unlink(missing_ok=True)
-        port = master_port or free_port()
-        group = _Group(args, ring_slots(membership.live, topology), port, start, folder, request)
-        regroup = False
-        try:
-            ended = group.watch(membership)
-            regroup = ended is not None and request is not None and regroup_answer(request).exists()
-        finally:
-            group.close(leaving=regroup)
-        if group.interrupted:
-            raise typer.Exit(128 + group.interrupted)
-        if ended is None:
-            return
-        start += 1
-        if regroup:
-            joined = membership.rejoin(time.monotonic())
-            _say(
-                f"the ranks left at their checkpoint; starting {len(membership.live)} ranks "
-                f"({local_ranks(membership.live)}), {local_ranks(joined)} rejoining"
-            )
-            continue
-        slot, error = group.first_failure(ended[0])
-        decision = membership.failed(slot, time.monotonic(), error)
-        how = f"raised {error}" if error else f"exited with {_describe(ended[1])}"
-        failed = f"local rank {slot} {how}"
-        if decision.next is Next.STOP:
-            _say(failed)
-            fail(decision.reason, code=1)
-        _say(f"{failed}; {decision.reason}")
+    with _Interrupts() as interrupts:
+        while True:
+            if request is not None:
+                request.unlink(missing_ok=True)
+                regroup_answer(request).unlink(missing_ok=True)
+            port = master_port or free_port()
+            slots = ring_slots(membership.live, topology)
+            group = _Group(args, slots, port, start, folder, request)
+            interrupts.watch(group)
+            regroup = False
+            try:
+                ended = group.watch(membership)
+                regroup = (
+                    ended is not None and request is not None and regroup_answer(request).exists()
+                )
+            finally:
+                group.close(leaving=regroup)
+            if interrupts.signum:
+                _say(group.interrupted(interrupts.signum))
+                raise typer.Exit(128 + interrupts.signum)
+            if ended is None:
+                return
+            _next_start(group, ended, membership, regroup)
+            start += 1
+
+
+def _next_start(
+    group: _Group, ended: tuple[int, int], membership: Membership, regroup: bool
+) -> None:
+    """Say why the ranks start again after ``group`` ``ended`` (its first rank to end otherwise
+    than well: slot, status), and with which; or end the launch."""
+    refused = [slot for slot, proc in group.procs.items() if proc.returncode == SETUP_REFUSED_EXIT]
+    if refused:
+        slot, error = group.first_failure(refused[0], among=refused)
+        what = error or f"exited with {_describe(SETUP_REFUSED_EXIT)}"
+        _say(f"local rank {slot} refused its set-up before the first step: {what}")
+        fail("not restarted: a configuration error is raised alike at every start", code=1)
+    if regroup:
+        joined = membership.rejoin(time.monotonic())
+        _say(
+            f"the ranks left at their checkpoint; starting {len(membership.live)} ranks "
+            f"({local_ranks(membership.live)}), {local_ranks(joined)} rejoining"
+        )
+        return
+    slot, error = group.first_failure(ended[0])
+    decision = membership.failed(slot, time.monotonic(), error)
+    how = f"raised {error.splitlines()[0]}" if error else f"exited with {_describe(ended[1])}"
+    failed = f"local rank {slot} {how}"
+    if decision.next is Next.STOP:
+        _say(failed)
+        fail(decision.reason, code=1)
+    _say(f"{failed}; {decision.reason}")
 
 
 class _Group:
@@ -221,6 +255,7 @@ class _Group:
             "MASTER_PORT": str(port),
             "HETERO_RESTART": str(start),
             "TORCHELASTIC_RESTART_COUNT": str(start),
+            LAUNCHED_ENV: "1",
         }
         if request is not None:
             base[REGROUP_FILE_ENV] = str(request)
@@ -228,7 +263,6 @@ class _Group:
         # otherwise (three ranks of two threads on two cores ran their compute 40 times slower).
         base.setdefault("OMP_NUM_THREADS", "1")
         self.request = request
-        self.interrupted = 0
         self.exits: queue.Queue[tuple[int, int]] = queue.Queue()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.waiters: list[threading.Thread] = []
@@ -241,13 +275,10 @@ class _Group:
                 "LOCAL_RANK": str(slot),
                 "TORCHELASTIC_ERROR_FILE": str(self.errors[slot]),
             }
-            self.procs[slot] = proc = subprocess.Popen(args, env=env)
+            self.procs[slot] = proc = subprocess.Popen(args, env=env, start_new_session=True)
             waiter = threading.Thread(target=self._wait, args=(slot, proc), daemon=True)
             waiter.start()
             self.waiters.append(waiter)
-        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in self._previous:
-            signal.signal(sig, self._forward)
 
     def watch(self, membership: Membership) -> tuple[int, int] | None:
         """Wait until every rank succeeded (None) or one ended otherwise: (slot, status), the
@@ -271,12 +302,16 @@ class _Group:
                 return slot, code
         return None
 
-    def first_failure(self, ended: int) -> tuple[int, str | None]:
-        """The rank that failed first and what it raised (None: unknown), given the first to
-        end. That may be one the failure reached: ranks fail when a peer closes its
-        connections, which the peer may do before it ends. So the rank whose error file was
-        written first (by torch's ``@record``) comes first, when ranks write them."""
-        written = [(path.stat().st_mtime_ns, s) for s, path in self.errors.items() if path.exists()]
+    def first_failure(
+        self, ended: int, among: Iterable[int] | None = None
+    ) -> tuple[int, str | None]:
+        """The rank that failed first (of the slots ``among``, default all) and what it raised
+        (None: unknown), given the first to end. That may be one the failure reached: ranks fail
+        when a peer closes its connections, which the peer may do before it ends. So the rank
+        whose error file was written first (by torch's ``@record``) comes first, when ranks
+        write them."""
+        slots = self.errors if among is None else among
+        written = [(path.stat().st_mtime_ns, s) for s in slots if (path := self.errors[s]).exists()]
         if written:
             first = min(written)[1]
             error = _recorded_error(self.errors[first])
@@ -286,19 +321,31 @@ class _Group:
 
     def close(self, leaving: bool) -> None:
         """Stop the ranks still running, at once or, when they are ``leaving`` on their own (a
-        regroup), after the grace; then give the signals back."""
+        regroup), after the grace."""
         if leaving:
             self._join(_GRACE_S)
+        self.terminate()
+        if not self._join(_GRACE_S):
+            self._signal(signal.SIGKILL)
+            self._join(None)
+
+    def terminate(self) -> None:
+        """Ask every rank still running to end (SIGTERM), with what it started in its session."""
+        self._signal(signal.SIGTERM)
+
+    def interrupted(self, signum: int) -> str:
+        """What the launcher says when ``signum`` stopped this start, once its ranks ended."""
+        finished = tuple(slot for slot, proc in self.procs.items() if proc.returncode == 0)
+        stopped = tuple(slot for slot in self.procs if slot not in finished)
+        name = "interrupted" if signum == signal.SIGINT else signal.Signals(signum).name
+        done = f"{local_ranks(finished)} had finished" if finished else "none had finished"
+        return f"{name}: stopped {local_ranks(stopped)}; {done}" if stopped else f"{name}: {done}"
+
+    def _signal(self, signum: int) -> None:
         for proc in self.procs.values():
             if proc.returncode is None:
-                proc.terminate()
-        if not self._join(_GRACE_S):
-            for proc in self.procs.values():
-                if proc.returncode is None:
-                    proc.kill()
-            self._join(None)
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signum)  # it leads its process group
 
     def _join(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: as long as it takes) for every rank to end;
@@ -311,11 +358,37 @@ class _Group:
     def _wait(self, slot: int, proc: subprocess.Popen[bytes]) -> None:
         self.exits.put((slot, proc.wait()))
 
-    def _forward(self, signum: int, _frame: object) -> None:
-        self.interrupted = signum
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signum)
+
+class _Interrupts:
+    """SIGINT and SIGTERM while the launch runs: the running start's ranks are asked to end, and
+    the launch ends once they have. The ranks lead sessions of their own, so a terminal's Ctrl-C
+    reaches the launcher alone and each rank ends once, on SIGTERM, rather than with a
+    ``KeyboardInterrupt`` traceback of its own."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._group: _Group | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._stop)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def watch(self, group: _Group) -> None:
+        """``group`` is the running start (stopped at once if a signal came before it ran)."""
+        self._group = group
+        if self.signum:
+            group.terminate()
+
+    def _stop(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        if self._group is not None:
+            self._group.terminate()
 
 
 def parse_nproc(text: str) -> tuple[int, int]:
@@ -346,13 +419,13 @@ def parse_nproc(text: str) -> tuple[int, int]:
 
 
 def _recorded_error(path: Path) -> str | None:
-    """The first line of the exception torch's ``@record`` wrote at ``path``; None when the
-    file is still being written or holds something else."""
+    """The exception torch's ``@record`` wrote at ``path`` (``Type: message``, the message cut
+    at ``_ERROR_CHARS``); None when the file is still being written or holds something else."""
     try:
-        error = json.loads(path.read_text())["message"]["message"]
+        error = str(json.loads(path.read_text())["message"]["message"]).strip()
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return str(error).splitlines()[0][:300] if str(error).strip() else None
+    return error[:_ERROR_CHARS] or None
 
 
 def _say(text: str) -> None:

@@ -12,15 +12,27 @@ join or leave while it runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 from hetero.devices.spec import Device
 from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.serialize import remove_segments
 from hetero.runtime.worker import TaskOrder
 
-__all__ = ["Backend", "BackendEvents"]
+__all__ = [
+    "STOP_GRACE_S",
+    "Backend",
+    "BackendEvents",
+    "Stopping",
+    "killed_for_overrun",
+    "overdue",
+    "stops_over",
+]
+
+#: Seconds a worker has to end a task it was told to stop before the backend kills it: a task
+#: in C code holding the GIL cannot be interrupted by any thread of its worker.
+STOP_GRACE_S = 1.0
 
 
 class BackendEvents(Protocol):
@@ -104,3 +116,51 @@ class Backend(ABC):
     @abstractmethod
     def close(self, timeout: float = 5.0) -> None:
         """End every worker and release what the backend holds; idempotent."""
+
+
+class Stopping(Protocol):
+    """A worker as its backend follows the tasks it told it to stop: task id -> when the worker
+    is killed if it has not let go of the task by then."""
+
+    stopping: dict[int, float]
+
+
+S = TypeVar("S", bound=Stopping)
+
+
+def overdue(workers: Iterable[S], now: float) -> tuple[list[S], float | None]:
+    """Of ``workers``, those holding a task past its stop's deadline at ``now`` (their stops are
+    forgotten: they are to be killed), and the seconds until the others' next deadline
+    (``None``: none)."""
+    late: list[S] = []
+    due: list[float] = []
+    for worker in workers:
+        if not worker.stopping:
+            continue
+        first = min(worker.stopping.values())
+        if first > now:
+            due.append(first)
+        else:
+            worker.stopping.clear()
+            late.append(worker)
+    return late, (max(0.0, min(due) - now) if due else None)
+
+
+def stops_over(messages: list[tuple[Any, ...]]) -> Iterator[int]:
+    """The tasks that a worker's ``messages`` show it no longer runs: ended (a reply) or dropped
+    before they began."""
+    for msg in messages:
+        tag = msg[0]
+        if tag == "dropped":
+            yield msg[1]
+        elif tag == "done" or tag == "error":
+            yield msg[1].task_id
+
+
+def killed_for_overrun(worker: str, grace: float) -> str:
+    """Why ``worker`` (``"worker of d0"``) was lost when the backend killed it for a task it was
+    told to stop that still ran ``grace`` seconds later."""
+    return (
+        f"{worker} was killed: a task it was told to stop was still running {grace:g} s later "
+        "(C code holding the GIL cannot be interrupted)"
+    )

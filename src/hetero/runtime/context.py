@@ -30,6 +30,7 @@ from hetero.log import config_log_level
 from hetero.runtime.backend import Backend
 from hetero.runtime.engine import Engine, cap_memory
 from hetero.runtime.futures import TaskFuture
+from hetero.runtime.interrupts import summarise, summarised
 from hetero.runtime.profiling import ProfileBlock, ProfileSession
 from hetero.runtime.status import StatusSnapshot
 from hetero.runtime.tasks import TaskFunction, as_task
@@ -257,6 +258,14 @@ class Context:
         # A clean exit waits for submitted work (as concurrent.futures does); an exception
         # (Ctrl-C included) cancels what has not finished.
         self.close(wait=exc_type is None)
+        if isinstance(exc, KeyboardInterrupt) and not summarised(exc):
+            s = self.stats
+            failed = f" ({s['failed']} failed)" if s["failed"] else ""
+            summarise(
+                exc,
+                f"interrupted: {s['done'] + s['failed']} of {s['submitted']} tasks "
+                f"finished{failed}, {s['cancelled']} cancelled",
+            )
 
     def run(self, fn: Callable[..., R] | TaskFunction[Any, R], /, *args: Any, **kwargs: Any) -> R:
         """Run one task on the device the policy picks and return its result (``TaskFailed``
@@ -301,7 +310,8 @@ class Context:
 
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Shut down. ``wait``: let submitted tasks finish first; else cancel them. Workers end
-        either way; idempotent."""
+        either way, with every process their tasks started (daemons included where a cgroup can
+        be made, or on Linux; see ``hetero.runtime.fence``); idempotent."""
         if not self._engine.shutdown(wait, timeout):
             return
         if self._env_profile is not None:

@@ -11,7 +11,9 @@ Workers are started from one thread that lives as long as the backend, because t
 signal that kills a worker with its driver (``PR_SET_PDEATHSIG``) fires when the *thread* that
 started it exits. A worker told to stop a task it runs ends itself at once, unless the task
 holds the GIL (C code): then the reader thread kills it, and the processes its task started,
-``STOP_GRACE_S`` seconds later.
+``STOP_GRACE_S`` seconds later. Each worker leads a session of its own and sits in a cgroup of
+its own where one can be made, so that what its tasks start, detached or not, ends with it
+(``hetero.runtime.fence``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,20 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import BackendError
-from hetero.runtime.backend import Backend, BackendEvents
+from hetero.runtime.backend import (
+    STOP_GRACE_S,
+    Backend,
+    BackendEvents,
+    killed_for_overrun,
+    overdue,
+    stops_over,
+)
+from hetero.runtime.fence import Fence, Fenced
 from hetero.runtime.procs import kill_tree
 from hetero.runtime.serialize import remove_prefix, remove_segments, remove_stale
 from hetero.runtime.worker import PROTOCOL, TaskOrder, WorkerSetup
@@ -52,8 +63,6 @@ T = TypeVar("T")
 _WORKER_MAIN = (
     "import sys; from hetero.runtime.worker import main; main(int(sys.argv[1]), int(sys.argv[2]))"
 )
-#: Seconds a worker has to end a task it was told to stop before it is killed.
-STOP_GRACE_S = 1.0
 _EXIT_REASONS = {
     3: "stopped to end a task",
     4: "over its memory limit",
@@ -67,6 +76,7 @@ class _Worker:
     generation: int
     proc: subprocess.Popen[bytes]
     conn: Connection
+    fenced: Fenced
     outbox: list[tuple[Any, ...]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     functions: set[str] = field(default_factory=set)
@@ -117,12 +127,20 @@ class LocalBackend(Backend):
     Args:
         time_scale: emulated durations are multiplied by it.
         memory_limits: per device, bytes the worker may use (``None``: no limit).
+        cgroups: put each worker in a cgroup of its own under the hierarchy found writable
+            (``True``), under this directory, or in none (``False``: its session and, on
+            Linux, its adopted orphans still end with it; see ``hetero.runtime.fence``).
     """
 
     def __init__(
-        self, *, time_scale: float = 1.0, memory_limits: Sequence[int | None] | None = None
+        self,
+        *,
+        time_scale: float = 1.0,
+        memory_limits: Sequence[int | None] | None = None,
+        cgroups: bool | Path = True,
     ) -> None:
         self.time_scale = time_scale
+        self._cgroups = cgroups
         self._limits = list(memory_limits) if memory_limits is not None else None
         self._devices: list[Device] = []
         self._events: BackendEvents | None = None
@@ -136,6 +154,7 @@ class LocalBackend(Backend):
         self._recycled: deque[tuple[str, int]] = deque()
         self._started: list[_Worker] = []  # spawned, not yet watched by the reader
         self._launcher: _Launcher | None = None
+        self._fence: Fence | None = None
         self._stop_lock = threading.Lock()
 
     # ---------------------------------------------------------------------------- Backend
@@ -156,6 +175,7 @@ class LocalBackend(Backend):
             )
         remove_stale()  # shared memory left by drivers that were killed
         self._workers = [None] * len(self._devices)
+        self._fence = Fence(self._prefix, self._cgroups)
         self._launcher = _Launcher()
         self._reader = threading.Thread(target=self._read, daemon=True, name="hetero-backend")
         self._reader.start()
@@ -216,13 +236,15 @@ class LocalBackend(Backend):
         self._wake_w.close()
         if self._launcher is not None:
             self._launcher.close()
+        if self._fence is not None:
+            self._fence.close()
         remove_prefix(self._prefix)
 
     # --------------------------------------------------------------------------- internals
 
     def _spawn(self, index: int) -> _Worker:
         with self._lock:
-            if self._closed or self._launcher is None:
+            if self._closed or self._launcher is None or self._fence is None:
                 raise BackendError("the backend is closed" if self._closed else "not started")
             existing = self._workers[index]
             if existing is not None:
@@ -251,7 +273,9 @@ class LocalBackend(Backend):
                         pass_fds=(theirs.fileno(),),
                         env=env,
                         stdin=subprocess.DEVNULL,
-                        start_new_session=False,
+                        # Its session holds what its tasks start (the driver's Ctrl-C is the
+                        # driver's to handle: workers ignore it).
+                        start_new_session=True,
                     )
                 )
             except OSError as exc:
@@ -264,8 +288,10 @@ class LocalBackend(Backend):
                     cores = sorted(os.sched_getaffinity(0))[: device.cores]
                     os.sched_setaffinity(proc.pid, cores)
             self._generation += 1
+            # Fenced before it is sent any task, so before it can start anything.
+            fenced = self._fence.enclose(proc.pid, f"{index}-{self._generation}")
             conn = Connection(ours.detach())
-            worker = _Worker(index, self._generation, proc, conn)
+            worker = _Worker(index, self._generation, proc, conn, fenced)
             limit = self._limits[index] if self._limits is not None else None
             setup = WorkerSetup(
                 device=device,
@@ -382,10 +408,7 @@ class LocalBackend(Backend):
             return
         device = self._devices[worker.index].id
         if worker.killed:
-            reason = (
-                f"worker of {device} was killed: a task it was told to stop was still running "
-                f"{STOP_GRACE_S:g} s later (C code holding the GIL cannot be interrupted)"
-            )
+            reason = killed_for_overrun(f"worker of {device}", STOP_GRACE_S)
         elif code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -402,35 +425,21 @@ class LocalBackend(Backend):
     def _kill_late(self, workers: Iterable[_Worker]) -> float | None:
         """Kill each worker (with what its task started) that has not stopped a task in time;
         returns the seconds until the next stop falls due (``None``: none is pending)."""
-        now = time.monotonic()
-        due: list[float] = []
-        late: list[_Worker] = []
         with self._stop_lock:
-            for worker in workers:
-                if not worker.stopping:
-                    continue
-                first = min(worker.stopping.values())
-                if first > now:
-                    due.append(first)
-                    continue
-                worker.stopping.clear()
-                if worker.proc.poll() is None:
-                    worker.killed = True
-                    late.append(worker)
+            late, wait = overdue(workers, time.monotonic())
+            late = [worker for worker in late if worker.proc.poll() is None]
+            for worker in late:
+                worker.killed = True
         for worker in late:
             log.debug("killing worker pid %d: a stopped task still runs", worker.proc.pid)
             kill_tree(worker.proc.pid)
-        return max(0.0, min(due) - now) if due else None
+        return wait
 
     def _confirm_stops(self, worker: _Worker, messages: list[tuple[Any, ...]]) -> None:
         """Forget the stops that ``messages`` show are over: a dropped order, a task's reply."""
         with self._stop_lock:
-            for msg in messages:
-                tag = msg[0]
-                if tag == "dropped":
-                    worker.stopping.pop(msg[1], None)
-                elif tag == "done" or tag == "error":
-                    worker.stopping.pop(msg[1].task_id, None)
+            for task_id in stops_over(messages):
+                worker.stopping.pop(task_id, None)
 
     def _end(self, worker: _Worker, kill: bool, timeout: float = 5.0) -> None:
         if kill and worker.proc.poll() is None:
@@ -440,6 +449,8 @@ class LocalBackend(Backend):
         except subprocess.TimeoutExpired:
             kill_tree(worker.proc.pid)
             worker.proc.wait()
+        assert self._fence is not None  # a worker was started
+        self._fence.release(worker.fenced)
         with worker.lock:
             worker.closed = True
         with contextlib.suppress(OSError):

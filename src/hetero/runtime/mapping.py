@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero.errors import ConfigError, TaskFailed
 from hetero.runtime.batching import split
+from hetero.runtime.interrupts import summarise
 from hetero.runtime.tasks import TaskFunction
 
 if TYPE_CHECKING:
@@ -203,14 +204,31 @@ class MapRun(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        while not self._buffer:
-            batch = self._wait_next()
-            if batch is None:
-                if self._bar is not None:
-                    self._bar.close()
-                raise StopIteration
-            self._buffer = list(reversed(batch))
+        try:
+            while not self._buffer:
+                batch = self._wait_next()
+                if batch is None:
+                    if self._bar is not None:
+                        self._bar.close()
+                    raise StopIteration
+                self._buffer = list(reversed(batch))
+        except KeyboardInterrupt as exc:  # Ctrl-C: the rest is cancelled, said in one line
+            summary = self._interrupted()
+            self.close()
+            summarise(exc, summary)
+            raise
         return self._buffer.pop()
+
+    def _interrupted(self) -> str:
+        """What an interrupted map did: the items finished, and those it cancels (or, over an
+        iterator, those read and not finished)."""
+        done, total = self._done_items, self._total
+        if total is None:
+            return (
+                f"interrupted: {done} items finished, {self._taken - done} cancelled (the "
+                "rest of the input was not read)"
+            )
+        return f"interrupted: {done} of {total} items finished, {total - done} cancelled"
 
     def __len__(self) -> int:
         if self._total is None:

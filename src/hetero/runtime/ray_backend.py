@@ -10,6 +10,10 @@ Data: an order goes to its actor as ``hetero.runtime.ray_handles`` sends it (its
 arguments and its function through Ray's object store, each put there once); results come back
 in the reply, as each finishes (``ObjectRef.future``: no polling).
 
+Stopping a task: the actor's control thread drops it, or ends the actor if it runs it. A task in
+C code holding the GIL leaves that thread no way to run: its actor is killed (``ray.kill``)
+``STOP_GRACE_S`` seconds after it was told to stop, as the local backend kills such a worker.
+
 Membership: a thread watches the cluster's nodes. A node that joins is asked for its fleet (its
 ``HETERO_NODE_CONFIG`` or its detected devices) and its NICs (``node_topology``: how the nodes
 reach each other), and its devices join the engine's fleet; a node that leaves takes its devices
@@ -26,6 +30,7 @@ import logging
 import pickle
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +38,14 @@ from hetero.devices.network import read_nics
 from hetero.devices.spec import Device
 from hetero.devices.topology import NodeTopology
 from hetero.errors import BackendError, HeteroError
-from hetero.runtime.backend import Backend, BackendEvents
+from hetero.runtime.backend import (
+    STOP_GRACE_S,
+    Backend,
+    BackendEvents,
+    killed_for_overrun,
+    overdue,
+    stops_over,
+)
 from hetero.runtime.monitor import DeviceSample
 from hetero.runtime.ray_cluster import import_ray
 from hetero.runtime.ray_connect import connect
@@ -92,6 +104,8 @@ class RayBackend(Backend):
         self._events: BackendEvents | None = None
         self._lock = threading.Lock()
         self._outbox: list[tuple[Any, ...]] = []
+        # Replies as they arrive: (device, actor generation, Ray's future); a future of None
+        # only wakes the reader to a new stop's deadline; None ends the reader.
         self._arrived: queue.SimpleQueue[tuple[int, int, Any] | None] = queue.SimpleQueue()
         self._fn_refs: dict[str, Any] = {}
         self._generation = 0
@@ -209,9 +223,7 @@ class RayBackend(Backend):
             if not self._node_of[device].alive:
                 continue  # the engine was told: what it sent there is placed elsewhere
             if order is None:
-                actor = self._actors[device]
-                if actor is not None:
-                    actor.handle.cancel.remote(extra)
+                self._stop_task(device, extra)
                 continue
             try:
                 self._deliver(device, order, extra)
@@ -219,6 +231,17 @@ class RayBackend(Backend):
                 log.warning("cannot send a task to %s: %s", self._devices[device].id, exc)
                 if self._events is not None:
                     self._events.worker_lost(device, f"cannot reach its actor: {exc}")
+
+    def _stop_task(self, device: int, task_id: int) -> None:
+        """Tell the actor of ``device`` to stop ``task_id``, and the reader when to kill it if
+        it has not."""
+        with self._lock:
+            actor = self._actors[device]
+            if actor is None:
+                return
+            actor.stopping[task_id] = time.monotonic() + STOP_GRACE_S
+        actor.handle.cancel.remote(task_id)
+        self._arrived.put((device, actor.generation, None))
 
     def _deliver(self, device: int, order: TaskOrder, function: tuple[str, bytes]) -> None:
         actor = self._actors[device] or self._spawn(device)
@@ -320,18 +343,43 @@ class RayBackend(Backend):
         self._arrived.put((device, generation, future))
 
     def _read(self) -> None:
-        """Report each reply as it arrives, or the loss of the actor it was for."""
+        """Report each reply as it arrives, or the loss of the actor it was for; kill the
+        actors that have not stopped a task in time."""
         while True:
-            arrived = self._arrived.get()
+            try:
+                arrived = self._arrived.get(timeout=self._kill_late())
+            except queue.Empty:
+                continue
             if arrived is None:
                 return
             device, generation, future = arrived
+            if future is None:
+                continue
             try:
                 messages = pickle.loads(future.result())
             except Exception as exc:
                 self._actor_failed(device, generation, exc)
                 continue
+            with self._lock:
+                actor = self._actors[device]
+                if actor is not None and actor.generation == generation:
+                    for task_id in stops_over(messages):
+                        actor.stopping.pop(task_id, None)
             self._report(device, messages)
+
+    def _kill_late(self) -> float | None:
+        """Kill each actor that has not stopped a task in time (its loss follows, as the reply
+        it owes fails); returns the seconds until the next stop falls due (``None``: none)."""
+        with self._lock:
+            actors = [actor for actor in self._actors if actor is not None]
+            late, wait = overdue(actors, time.monotonic())
+            for actor in late:
+                actor.killed = True
+        for actor in late:
+            log.debug("killing the actor of pid %s: a stopped task still runs", actor.pid)
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor.handle, no_restart=True)
+        return wait
 
     def _report(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         assert self._events is not None
@@ -356,7 +404,11 @@ class RayBackend(Backend):
         if not self._alive(node.id):
             self._node_left(node, f"node {node.short} ({node.address}) left the cluster")
             return
-        reason = f"actor of {self._devices[device].id} died ({first_line(exc)})"
+        name = f"actor of {self._devices[device].id}"
+        if actor.killed:
+            reason = killed_for_overrun(name, STOP_GRACE_S)
+        else:
+            reason = f"{name} died ({first_line(exc)})"
         assert self._events is not None
         try:
             self._events.worker_lost(device, reason)

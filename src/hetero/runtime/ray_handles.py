@@ -34,12 +34,15 @@ _EMPTY = Packed(b"")
 class ActorHandle:
     """One device's actor: Ray's handle, which of the device's actors it is (``generation``:
     a reply from an earlier one is stale), the functions it was sent, its process id once
-    it answered."""
+    it answered, the tasks it was told to stop and not yet let go of (task id -> when it is
+    killed if it has not), and whether it was killed for that."""
 
     handle: Any
     generation: int
     functions: set[str] = field(default_factory=set)
     pid: int | None = None
+    stopping: dict[int, float] = field(default_factory=dict)
+    killed: bool = False
 
 
 def start_actor(

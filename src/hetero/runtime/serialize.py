@@ -22,7 +22,6 @@ import mmap
 import operator
 import os
 import pickle
-import re
 import tempfile
 import threading
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+
+from hetero.runtime.procs import left_by_dead_process
 
 __all__ = [
     "SHM_THRESHOLD",
@@ -300,18 +301,12 @@ def remove_prefix(prefix: str) -> int:
     return removed
 
 
-_OWNER = re.compile(r"^hetero-(\d+)-")
-
-
 def remove_stale() -> int:
     """Remove the segments of drivers that are no longer running (killed before they could
     clean up)."""
-    import psutil
-
     removed = 0
     for path in _DIR.glob("hetero-*"):
-        match = _OWNER.match(path.name)
-        if match and not psutil.pid_exists(int(match.group(1))):
+        if left_by_dead_process(path.name):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed += 1

@@ -5,7 +5,8 @@ pair. Frames both ways are pickled lists of messages, so a burst of tiny tasks c
 call per burst, not per task. The main thread runs tasks from an inbox; a reader thread fills the
 inbox, answers cancellations and notices the driver going away. The kernel kills the worker when
 its driver dies (``PR_SET_PDEATHSIG``), even while a task holds the GIL and no thread here can
-run; whenever the worker ends itself, it takes the processes its task started with it.
+run; whenever the worker ends itself, it takes the processes its tasks started with it, those
+that detached included (it adopts orphans, and leads their session: ``hetero.runtime.fence``).
 
 Driver -> worker: ``("init", WorkerSetup, PROTOCOL)``, ``("fn", key, bytes)``,
 ``("run", TaskOrder)``, ``("recycle", [(name, size)])`` (result files the driver let go),
@@ -37,7 +38,7 @@ import cloudpickle
 from hetero.devices.spec import Device
 from hetero.runtime import current
 from hetero.runtime.batching import BatchResultError, combine, split
-from hetero.runtime.procs import die_with_parent, kill_tree, tree_rss
+from hetero.runtime.procs import adopt_orphans, die_with_parent, kill_tree, tree_rss
 from hetero.runtime.serialize import Packed, SegmentPool, pack, unpack
 
 __all__ = ["PROTOCOL", "TaskOrder", "TaskReply", "WorkerSetup", "main", "run_order"]
@@ -388,6 +389,7 @@ def _pace(
 
 def main(fd: int, driver: int) -> None:
     die_with_parent(driver)
+    adopt_orphans()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     state = _State(Connection(fd))
     threading.Thread(target=_reader, args=(state,), daemon=True, name="hetero-reader").start()
@@ -430,6 +432,7 @@ def main(fd: int, driver: int) -> None:
         if not hold:
             _flush(state)
     _flush(state)
+    kill_tree(os.getpid(), root=False)  # what its tasks left running ends with it
     sys.exit(0)
 
 

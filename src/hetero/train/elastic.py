@@ -9,6 +9,11 @@ named in ``REGROUP_FILE_ENV``. At their next checkpoint rank 0 answers by creati
 ``checkpoint.py``), so the launcher starts them again, the lost slot among them, from that
 checkpoint. The answer, not the ranks' exit statuses, tells the launcher they regrouped: a
 process may still crash on its way out.
+
+A rank whose set-up the Trainer refuses (a ``ConfigError`` before the first step) would be
+refused alike at every start: under the launcher (``LAUNCHED_ENV``) it records the error and
+leaves with ``SETUP_REFUSED_EXIT`` (``SetupRefused``), printing nothing, and the launcher says it
+once and gives up.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "LAUNCHED_ENV",
     "REGROUP_EXIT",
     "REGROUP_FILE_ENV",
+    "SETUP_REFUSED_EXIT",
     "Decision",
     "Membership",
     "Next",
     "Regroup",
+    "SetupRefused",
     "local_ranks",
     "regroup_answer",
 ]
@@ -34,6 +42,10 @@ REGROUP_FILE_ENV = "HETERO_REGROUP_FILE"
 REGROUP_EXIT = 75
 #: The longest a lost slot waits between two tries: each loss doubles its wait up to this.
 MAX_REJOIN_WAIT_S = 3600.0
+#: Set to "1" on every rank ``hetero launch`` starts.
+LAUNCHED_ENV = "HETERO_LAUNCHED"
+#: The status a rank leaves with when its set-up is refused (sysexits' EX_CONFIG).
+SETUP_REFUSED_EXIT = 78
 
 
 def regroup_answer(request: Path) -> Path:
@@ -48,6 +60,16 @@ class Regroup(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(REGROUP_EXIT)
+
+
+class SetupRefused(SystemExit):
+    """Raised on a rank started by ``hetero launch`` in place of a ``ConfigError`` of the
+    Trainer's set-up, once the error is written to the rank's ``TORCHELASTIC_ERROR_FILE``: the
+    process leaves with ``SETUP_REFUSED_EXIT`` and no traceback, and the launcher prints the
+    error once and starts no rank again."""
+
+    def __init__(self) -> None:
+        super().__init__(SETUP_REFUSED_EXIT)
 
 
 class Next(enum.Enum):
@@ -176,7 +198,13 @@ class Membership:
 
     @property
     def _no_restarts(self) -> str:
-        return f"no restarts left (--max-restarts {self.max_restarts})"
+        failed = [(i, s.failures) for i, s in enumerate(self._slots) if s.failures]
+        each = ", ".join(f"local rank {i} {_times(n)}" for i, n in failed)
+        return (
+            f"no restarts left: the ranks were restarted {_times(self.max_restarts)} "
+            f"(--max-restarts {self.max_restarts}) and failed "
+            f"{_times(sum(n for _, n in failed))}" + (f" ({each})" if len(failed) > 1 else "")
+        )
 
     @property
     def spec(self) -> str:

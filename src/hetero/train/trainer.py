@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence, Sized
@@ -55,6 +56,7 @@ from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
 from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint, write_checkpoint
+from hetero.train.elastic import LAUNCHED_ENV, SetupRefused
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
 from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer
@@ -98,6 +100,10 @@ class Trainer:
     ``micro_batch`` is the cap on this rank's micro-batches in effect (the option, or what
     ``memory_limit`` lets it hold; ``None``: none) and ``memory`` what the memory probe found
     (``None`` without a limit). ``close()`` stops the data loader's worker processes.
+
+    A ``ConfigError`` of the set-up (the constructor, before the first step) is raised on every
+    start alike; under ``hetero launch`` the rank records it and leaves with ``SetupRefused``
+    (status 78, no traceback), and the launcher prints it once and gives up.
     """
 
     def __init__(
@@ -109,6 +115,18 @@ class Trainer:
         options: TrainerOptions,
         *,
         collate_fn: Callable[[list[Any]], Any] = default_collate,
+    ) -> None:
+        with _refused_once():
+            self._set_up(model, optimizer, loss_fn, dataset, options, collate_fn)
+
+    def _set_up(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | OptimizerFactory,
+        loss_fn: LossFn,
+        dataset: Dataset[Any],
+        options: TrainerOptions,
+        collate_fn: Callable[[list[Any]], Any],
     ) -> None:
         if not comm.is_initialized():
             raise ConfigError(
@@ -524,3 +542,19 @@ class Trainer:
         """``values`` from every rank, identical on all of them (so they split identically)."""
         tensor = torch.tensor(values, dtype=torch.float64, device=self._device)
         return [row.tolist() for row in comm.all_gather(tensor)]
+
+
+@contextlib.contextmanager
+def _refused_once() -> Iterator[None]:
+    """A ``ConfigError`` of the set-up, under ``hetero launch``: recorded where the launcher reads
+    it, and this rank leaves quietly (``SetupRefused``), since every start would raise it again
+    on every rank; the launcher prints it once. Elsewhere it is raised as it is."""
+    try:
+        yield
+    except ConfigError as exc:
+        if os.environ.get(LAUNCHED_ENV) != "1":
+            raise
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+        raise SetupRefused from exc
