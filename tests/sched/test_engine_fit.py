@@ -161,18 +161,6 @@ def test_a_replica_that_misses_the_slo_even_idle_is_not_used_while_another_can_m
     assert policy.pick(request(), view, None) == 1
 
 
-def test_a_distrusted_replica_is_not_sent_requests_when_it_falls_idle() -> None:
-    """Seen on real vLLM: two throttled replicas whose replies ran 10x their predictions took
-    a request each time they fell idle, since only a busy replica's predictions were widened."""
-    twin = prior(0.005, 0.002)
-    policy, view = make_policy([twin, twin], ttft=1.0, tpot=0.05)
-    fit = policy.fits[1]
-    for _ in range(10):  # its replies ran 10x what was predicted for them
-        fit.tpot_errors.add(0.007, 0.07)
-    assert fit.distrusted
-    assert [policy.pick(request(), view, None) for _ in range(10)] == [0] * 10
-
-
 def test_the_slow_replicas_tpot_is_learned_from_the_first_tokens_of_a_stream() -> None:
     policy, view = make_policy([EnginePrior.generic(), EnginePrior.generic()], ttft=1, tpot=0.05)
     clock = view.clock

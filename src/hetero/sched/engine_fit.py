@@ -28,7 +28,7 @@ spread of a batch size never seen stays at the prior's, so a replica judged by o
 more is never sent the larger batch that would teach it (on real vLLM the router held dozens of
 requests while its fastest replica ran one). Each reply's measured value is compared with what
 was predicted for it instead; a replica whose replies keep contradicting the model (a median
-error over 3×) is *distrusted*: its predictions are widened by its
+error over 3×) is *distrusted*: its predictions while it runs something are widened by its
 observed error until it agrees again.
 
 Pure: no I/O, no clock of its own (times are passed in), nothing that can overflow or divide by

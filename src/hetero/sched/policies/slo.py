@@ -10,14 +10,14 @@ prefix is weighed against speed and queue by the same formula.
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
 - among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
-  ``r_ttft + r_tpot`` of the fit's means); a replica's predictions are widened while its
-  replies contradict the fit (it is distrusted), idle or busy: on real vLLM two throttled
-  replicas whose replies ran 10x their predictions took a request each time they fell idle;
+  ``r_ttft + r_tpot`` of the fit's means); a busy replica's predictions are widened while its
+  replies contradict the fit (it is distrusted), an idle one's are not (one request is the whole
+  risk there, and it is how a distrusted replica earns trust back);
 - else, among those that would meet its TPOT, the one with the least TTFT (sending it now is
   its best chance);
 - else, an idle replica whose fit has learned nothing for ``PROBE_AFTER`` seconds (doubling
-  with each such try) takes it (a fit gone wrong, or a distrusted replica, is corrected only
-  by new replies);
+  with each such try) takes it
+  (a fit gone wrong is corrected only by new replies);
 - else the request waits in the router for a replica to finish something: sending it would
   slow every request the replica runs. Unless no replica could meet the SLO even idle (then
   waiting gains nothing): then the one that misses by least (``max(r_ttft, r_tpot)``). No
@@ -186,11 +186,13 @@ class SloRouting(PrefixAffinity):
             # Ranked by the plain means, so that a busy replica's widening (which decides
             # whether it meets the SLO at all) does not tilt the choice toward idle slow ones.
             headroom[i] = ttft + tpot
-            f_ttft, f_tpot = fit.ttft_errors.factor, fit.tpot_errors.factor  # 1 unless distrusted
-            r_ttft[i], r_tpot[i] = ttft * f_ttft, tpot * f_tpot
+            if running:  # widened while distrusted, where it runs something: see above
+                ttft *= fit.ttft_errors.factor
+                tpot *= fit.tpot_errors.factor
+            r_ttft[i], r_tpot[i] = ttft, tpot
             if running:
-                alone_ttft = fit.ttft.predict(fit.ttft_features(uncached[i], 0)) * f_ttft
-                alone_tpot = fit.tpot.predict(fit.tpot_features(1, kv_new)) * f_tpot
+                alone_ttft = fit.ttft.predict(fit.ttft_features(uncached[i], 0))
+                alone_tpot = fit.tpot.predict(fit.tpot_features(1, kv_new))
                 idle_ok[i] = alone_ttft <= ttft_slo and alone_tpot <= tpot_slo
             else:
                 idle_ok[i] = r_ttft[i] <= 1.0 and r_tpot[i] <= 1.0
