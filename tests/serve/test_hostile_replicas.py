@@ -148,16 +148,23 @@ async def test_under_prefix_affinity_a_400_digit_label_never_stops_the_load_read
 # --- SSE lines over aiohttp's limit ---------------------------------------------------------
 
 
-async def test_an_sse_line_too_long_before_the_first_event_is_retried_elsewhere(
-    serve: Serve, hostile: Start
-) -> None:
+def sse_reply(*chunks: bytes) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A chat route that streams ``chunks`` as they are and ends."""
+
     async def chat_stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(LONG_LINE)
+        for chunk in chunks:
+            await response.write(chunk)
         return response
 
-    url = await hostile({CHAT: chat_stream})
+    return chat_stream
+
+
+async def test_an_sse_line_too_long_before_the_first_event_is_retried_elsewhere(
+    serve: Serve, hostile: Start
+) -> None:
+    url = await hostile({CHAT: sse_reply(LONG_LINE)})
     fleet = await serve(Spec(), serve_options=options())
     await join(fleet, url, models=["m"], speed=100)  # preferred: tried first
     status, text = await stream_text(fleet, chat(stream=True, max_tokens=3))
@@ -170,14 +177,7 @@ async def test_an_sse_line_too_long_before_the_first_event_is_retried_elsewhere(
 async def test_an_sse_line_too_long_mid_stream_ends_it_with_an_error_event(
     serve: Serve, hostile: Start
 ) -> None:
-    async def chat_stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(FIRST_EVENT)
-        await response.write(LONG_LINE)
-        return response
-
-    url = await hostile({CHAT: chat_stream})
+    url = await hostile({CHAT: sse_reply(FIRST_EVENT, LONG_LINE)})
     fleet = await serve(Spec(), serve_options=options())
     await join(fleet, url, models=["m"], speed=100)
     status, text = await stream_text(fleet, chat(stream=True, max_tokens=3))
