@@ -138,8 +138,15 @@ def test_table_covers_the_issue_models() -> None:
     assert model_names() == [
         "llama-3-8b",
         "llama-3-70b",
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "llama-3.1-405b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
         "mistral-7b",
         "qwen2.5-7b",
+        "qwen2.5-14b",
+        "qwen2.5-32b",
         "qwen2.5-72b",
         "deepseek-v3",
     ]
@@ -150,6 +157,32 @@ def test_exact_parameter_counts() -> None:
     # The safetensors totals the Hub shows for these checkpoints.
     assert get_model("llama-3-8b").params == 8_030_261_248
     assert get_model("mistral-7b").params == 7_241_732_096
+
+
+def test_newer_models_by_their_hub_ids_and_totals() -> None:
+    # The parameter totals the Hub shows for these checkpoints.
+    totals = {
+        "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+        "meta-llama/Llama-3.2-1B": 1_235_814_400,
+        "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
+        "Qwen/Qwen2.5-14B-Instruct": 14_770_033_664,
+        "Qwen/Qwen2.5-32B": 32_763_876_352,
+    }
+    for hub_id, total in totals.items():
+        assert get_model(hub_id).params == total, hub_id
+
+
+def test_a_bare_parameter_count_makes_a_llama_shaped_model() -> None:
+    from hetero.plan.models import parse_params, shape_for_params
+
+    assert parse_params("70B") == 70e9 and parse_params("1.5b") == 1.5e9
+    assert parse_params("7e9") == 7e9 and parse_params("llama") is None
+    for count in (1e9, 8e9, 70e9, 405e9, 1e12):
+        shape = shape_for_params(count)
+        assert abs(shape.params / count - 1) < 0.03
+        assert 64 <= shape.hidden / shape.layers <= 256  # Llama-like proportions
+    with pytest.raises(ConfigError, match="from 1B to 10T"):
+        shape_for_params(5e8)
 
 
 def test_active_parameters() -> None:

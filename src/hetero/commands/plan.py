@@ -71,25 +71,63 @@ def plan(
             "e.g. --devices A100-80GB,L4,T4."
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Override the spec's model (a plan with a model): a built-in name, a Hugging "
+            "Face id, a config.json or a parameter count, e.g. --model llama-3.1-70b or 70B.",
+        ),
+    ] = None,
+    ttft: Annotated[
+        float | None,
+        typer.Option(min=1e-9, help="Override slo.ttft (seconds) of a plan with a model."),
+    ] = None,
+    tpot: Annotated[
+        float | None,
+        typer.Option(min=1e-9, help="Override slo.tpot (seconds) of a plan with a model."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Size a fleet: the cheapest integer mix of device types meeting the SLO (scipy MILP)."""
+    """Size a fleet: the cheapest integer mix of device types meeting the SLO (scipy MILP).
+
+    A spec with a model (examples/plan_model.yaml) plans replicas of that model per GPU type
+    and tensor-parallel degree within a TTFT/TPOT SLO; one without plans work units within a
+    latency SLO (examples/plan.yaml)."""
+    from hetero._data_files import read_data_file
+    from hetero.plan.serving_spec import is_serving_spec
     from hetero.plan.sizing import InfeasiblePlan, plan_fleet
-    from hetero.plan.sizing_spec import load_plan
+    from hetero.plan.sizing_spec import merge_overrides, parse_plan
     from hetero.plan.verification import plan_verified
 
     overrides: dict[str, Any] = {}
     if rate is not None:
         overrides["workload"] = {"rate": rate}
-    if slo is not None:
-        overrides["slo"] = {"latency": slo}
     if devices is not None:
         names = [n.strip() for n in devices.split(",") if n.strip()]
         if not names:
             raise typer.BadParameter(f"{devices!r}: no device names", param_hint="--devices")
         overrides["devices"] = [{"model": n} for n in names]
     try:
-        spec = load_plan(spec_file, overrides)
+        data = read_data_file(spec_file, "plan spec")
+        if is_serving_spec(data) or model is not None:
+            if slo is not None:
+                raise typer.BadParameter(
+                    "a plan with a model has a TTFT and a TPOT SLO: use --ttft and --tpot",
+                    param_hint="--slo",
+                )
+            _plan_model(spec_file, data, overrides, model, ttft, tpot, as_json)
+            return
+        for flag, value in (("--ttft", ttft), ("--tpot", tpot)):
+            if value is not None:
+                raise typer.BadParameter(
+                    "applies to a plan with a model (give model: in the spec, or --model)",
+                    param_hint=flag,
+                )
+        if slo is not None:
+            overrides["slo"] = {"latency": slo}
+        if overrides and isinstance(data, dict):
+            data = merge_overrides(data, overrides)
+        spec = parse_plan(data, source=str(spec_file))
         if verify:
             with ProgressBars(not as_json) as bar:
                 result, checks = plan_verified(spec, requests=requests, seed=seed, progress=bar)
@@ -115,6 +153,32 @@ def plan(
         console.print(_verify_table(checks))
     if checks and not checks[-1].meets_slo:
         raise typer.Exit(1)
+
+
+def _plan_model(
+    spec_file: Path,
+    data: Any,
+    overrides: dict[str, Any],
+    model: str | None,
+    ttft: float | None,
+    tpot: float | None,
+    as_json: bool,
+) -> None:
+    """Plan replicas of a model (``hetero.plan.serving``) and print the plan."""
+    from hetero.commands.plan_serving import show_serving_plan
+    from hetero.plan.serving import plan_serving
+    from hetero.plan.serving_spec import parse_serving_plan
+    from hetero.plan.sizing_spec import merge_overrides
+
+    if model is not None:
+        overrides["model"] = model
+    slo = {k: v for k, v in (("ttft", ttft), ("tpot", tpot)) if v is not None}
+    if slo:
+        overrides["slo"] = slo
+    if overrides and isinstance(data, dict):
+        data = merge_overrides(data, overrides)
+    spec = parse_serving_plan(data, source=str(spec_file), base_dir=spec_file.parent)
+    show_serving_plan(plan_serving(spec), as_json)
 
 
 def _bucket_table(result: FleetPlan) -> Table:

@@ -19,6 +19,7 @@ __all__ = [
     "BUCKET_SAMPLES",
     "Bucket",
     "DeviceOption",
+    "draw_lengths",
     "draw_requests",
     "make_buckets",
     "menu",
@@ -67,13 +68,22 @@ def _draw(
     return whole
 
 
+def draw_lengths(
+    prompt_tokens: FixedSize | UniformSize | LognormalSize,
+    output_tokens: FixedSize | UniformSize | LognormalSize,
+    rng: np.random.Generator,
+    n: int,
+) -> tuple[FloatArray, FloatArray]:
+    """``(prompt tokens, output tokens)`` of ``n`` requests, whole numbers."""
+    return _draw(prompt_tokens, rng, n), _draw(output_tokens, rng, n)
+
+
 def draw_requests(
     workload: PlanWorkload, rng: np.random.Generator, n: int
 ) -> tuple[FloatArray, FloatArray]:
     """``(cost in work units, prompt + output tokens)`` of ``n`` requests."""
     model = CostModel()
-    prompt = _draw(workload.prompt_tokens, rng, n)
-    output = _draw(workload.output_tokens, rng, n)
+    prompt, output = draw_lengths(workload.prompt_tokens, workload.output_tokens, rng, n)
     return prompt * model.prefill + output * model.decode, prompt + output
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +21,15 @@ from typing import Any
 
 from hetero.errors import ConfigError
 
-__all__ = ["ModelShape", "builtin_models", "get_model", "load_hf_config", "model_names"]
+__all__ = [
+    "ModelShape",
+    "builtin_models",
+    "get_model",
+    "load_hf_config",
+    "model_names",
+    "parse_params",
+    "shape_for_params",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +143,31 @@ _TABLE: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
         source="meta-llama/Meta-Llama-3-70B",
     ), ("llama3-70b", "meta-llama-3-70b", "llama-3-70b-instruct", "meta-llama-3-70b-instruct")),
     (ModelShape(
+        name="llama-3.1-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+        intermediate=14336, vocab=128256, max_positions=131072,
+        source="meta-llama/Llama-3.1-8B",
+    ), ("llama-3.1-8b-instruct", "meta-llama-3.1-8b", "meta-llama-3.1-8b-instruct")),
+    (ModelShape(
+        name="llama-3.1-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+        intermediate=28672, vocab=128256, max_positions=131072,
+        source="meta-llama/Llama-3.1-70B",
+    ), ("llama-3.1-70b-instruct", "meta-llama-3.1-70b", "meta-llama-3.1-70b-instruct")),
+    (ModelShape(
+        name="llama-3.1-405b", layers=126, hidden=16384, heads=128, kv_heads=8, head_dim=128,
+        intermediate=53248, vocab=128256, max_positions=131072,
+        source="meta-llama/Llama-3.1-405B",
+    ), ("llama-3.1-405b-instruct", "meta-llama-3.1-405b", "meta-llama-3.1-405b-instruct")),
+    (ModelShape(
+        name="llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64,
+        intermediate=8192, vocab=128256, max_positions=131072, tie_embeddings=True,
+        source="meta-llama/Llama-3.2-1B",
+    ), ("llama-3.2-1b-instruct",)),
+    (ModelShape(
+        name="llama-3.2-3b", layers=28, hidden=3072, heads=24, kv_heads=8, head_dim=128,
+        intermediate=8192, vocab=128256, max_positions=131072, tie_embeddings=True,
+        source="meta-llama/Llama-3.2-3B",
+    ), ("llama-3.2-3b-instruct",)),
+    (ModelShape(
         name="mistral-7b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
         intermediate=14336, vocab=32000, max_positions=32768,
         sliding_window=4096, sliding_layers=tuple(range(32)),
@@ -144,6 +178,16 @@ _TABLE: tuple[tuple[ModelShape, tuple[str, ...]], ...] = (
         intermediate=18944, vocab=152064, max_positions=131072, qkv_bias=True,
         source="Qwen/Qwen2.5-7B",
     ), ("qwen2.5-7b-instruct", "qwen-2.5-7b")),
+    (ModelShape(
+        name="qwen2.5-14b", layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+        intermediate=13824, vocab=152064, max_positions=131072, qkv_bias=True,
+        source="Qwen/Qwen2.5-14B",
+    ), ("qwen2.5-14b-instruct", "qwen-2.5-14b")),
+    (ModelShape(
+        name="qwen2.5-32b", layers=64, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+        intermediate=27648, vocab=152064, max_positions=131072, qkv_bias=True,
+        source="Qwen/Qwen2.5-32B",
+    ), ("qwen2.5-32b-instruct", "qwen-2.5-32b")),
     (ModelShape(
         name="qwen2.5-72b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
         intermediate=29568, vocab=152064, max_positions=131072, qkv_bias=True,
@@ -192,7 +236,8 @@ def get_model(name: str) -> ModelShape:
     Raises ``ConfigError`` on field ``model`` with the closest names and the hint to pass a local
     ``config.json`` instead.
     """
-    shape = _INDEX.get(_normalize(name))
+    # A Hugging Face id names the repository after its owner: "meta-llama/Llama-3.1-8B".
+    shape = _INDEX.get(_normalize(name)) or _INDEX.get(_normalize(name.rsplit("/", 1)[-1]))
     if shape is not None:
         return shape
     close = difflib.get_close_matches(_normalize(name), list(_INDEX), n=6, cutoff=0.5)
@@ -207,6 +252,70 @@ def get_model(name: str) -> ModelShape:
             )
         ]
     )
+
+
+_PARAMS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_PARAM_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+#: The smallest and largest bare parameter counts a shape is made for.
+MIN_PARAMS, MAX_PARAMS = 1e9, 1e13
+
+
+def parse_params(text: str) -> float | None:
+    """A bare parameter count ("70B", "1.5b", "500M", "7e9"), or None if ``text`` is not one."""
+    match = _PARAMS.match(text)
+    if match:
+        return float(match[1]) * _PARAM_SCALE[match[2].lower()]
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def shape_for_params(count: float) -> ModelShape:
+    """A dense Llama-style shape of about ``count`` parameters, for a model known only by its
+    size: layers and width grow together as in Llama 3 (96–128 wide per layer, 128-wide
+    heads, 8 KV heads, an MLP 3.5× the width, a 128k vocabulary). Memory and speed follow the
+    parameter count closely; the KV cache per token (set by layers × KV heads) only roughly."""
+    if not MIN_PARAMS <= count <= MAX_PARAMS:
+        raise ConfigError(
+            [("model", f"a parameter count must be from 1B to 10T, got {count:,.0f}")]
+        )
+    vocab = 128256
+    best: tuple[tuple[bool, float], ModelShape] | None = None
+    for hidden in range(1024, 65537, 256):
+        intermediate = int(hidden * 3.5) // 256 * 256
+        # Per layer: q and o (h²), k and v (8 heads of 128 each), the MLP, two norms.
+        per_layer = 2 * hidden * hidden + 2 * hidden * 8 * 128 + 3 * hidden * intermediate
+        per_layer += 2 * hidden
+        layers = round((count - 2 * vocab * hidden - hidden) / per_layer)
+        if layers < 8:
+            continue
+        shape = ModelShape(
+            name=f"dense-{_short(count)}",
+            layers=layers,
+            hidden=hidden,
+            heads=hidden // 128,
+            kv_heads=8,
+            head_dim=128,
+            intermediate=intermediate,
+            vocab=vocab,
+            max_positions=131072,
+            source=f"a dense Llama-style shape of {_short(count)} parameters",
+        )
+        # Within 3 % of the count, the most Llama-like proportions (about 110 wide per layer).
+        key = (abs(shape.params / count - 1) > 0.03, abs(math.log(hidden / layers / 110)))
+        if best is None or key < best[0]:
+            best = (key, shape)
+    assert best is not None  # every count in range has a width whose layers fit
+    return best[1]
+
+
+def _short(count: float) -> str:
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if count >= scale:
+            return f"{count / scale:.3g}{suffix}"
+    return f"{count:.0f}"
 
 
 # -- Hugging Face config.json -------------------------------------------------------------------

@@ -25,6 +25,7 @@ __all__ = [
     "PlanSpec",
     "PlanWorkload",
     "load_plan",
+    "merge_overrides",
     "parse_plan",
 ]
 
@@ -93,15 +94,16 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     path = Path(path)
     data = read_data_file(path, "plan spec")
     if overrides and isinstance(data, dict):
-        data = _merge(data, overrides)
+        data = merge_overrides(data, overrides)
     return parse_plan(data, source=str(path))
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merge_overrides(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in, nested mappings key by key."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_overrides(out[key], value)
         else:
             out[key] = value
     return out

@@ -47,7 +47,7 @@ from hetero._checks import is_positive
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceSpec
 from hetero.errors import ConfigError, DeviceError
-from hetero.plan.memory import FitRequest, kv_bytes_per_token, memory_breakdown
+from hetero.plan.memory import DTYPE_BYTES, FitRequest, kv_bytes_per_token, memory_breakdown
 from hetero.plan.models import ModelShape, get_model, load_hf_config, model_names
 from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.prefix import PrefixIndex
@@ -55,6 +55,7 @@ from hetero.sched.prefix import PrefixIndex
 __all__ = [
     "BLOCK_SIZE",
     "DEFAULT_MAX_BATCHED_TOKENS",
+    "MAX_TENSOR_PARALLEL",
     "MEMORY_UTILIZATION",
     "Calibration",
     "EngineModel",
@@ -75,6 +76,12 @@ DEFAULT_MAX_BATCHED_TOKENS = 8192
 MEMORY_UTILIZATION = 0.9
 # Formats whose TFLOPS a step runs at; weights stored in int8/int4 are computed in bf16.
 _COMPUTE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+#: The largest tensor-parallel degree modelled (one 8-GPU node).
+MAX_TENSOR_PARALLEL = 8
+#: Seconds of one small all-reduce over an NVLink-class link, and through PCIe.
+ALLREDUCE_LATENCY_FAST = 10e-6
+ALLREDUCE_LATENCY_PCIE = 30e-6
+_FAST_LINKS = ("nvlink", "infinityfabric", "ici", "neuronlink", "roce", "xgmi")
 # The prefix index is never full by itself: _fit_cache evicts from it as memory runs short.
 _UNBOUNDED = sys.maxsize
 
@@ -121,6 +128,13 @@ class StepCost:
     bytes_per_s: float  # effective: peak × bandwidth efficiency
     overhead: float
     request_overhead: float
+    # Tensor parallelism: the all-reduces of each step (two per layer), a latency each plus
+    # every scheduled token's activations over the link. Both 0 on one device.
+    allreduce_s: float = 0.0
+    allreduce_s_per_token: float = 0.0
+
+    def comm_s(self, tokens: int) -> float:
+        return self.allreduce_s + self.allreduce_s_per_token * tokens
 
     def compute_s(self, tokens: int, attended: int = 0) -> float:
         flops = tokens * self.flops_per_token + attended * self.attention_flops
@@ -135,7 +149,7 @@ class StepCost:
         if tokens <= 0:
             return 0.0
         roofline = max(self.compute_s(tokens, attended), self.memory_s(tokens, context))
-        return self.overhead + self.request_overhead * requests + roofline
+        return self.overhead + self.request_overhead * requests + roofline + self.comm_s(tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +166,7 @@ class EngineSpec:
     max_num_batched_tokens: int
     calibration: Calibration
     cost: StepCost
+    tensor_parallel: int = 1
 
     @property
     def num_blocks(self) -> int:
@@ -166,11 +181,11 @@ class EngineSpec:
         until replies correct it."""
         cost = self.cost
         weights = cost.weight_bytes / cost.bytes_per_s
-        per_token = cost.flops_per_token / cost.flops_per_s
+        per_token = cost.flops_per_token / cost.flops_per_s + cost.allreduce_s_per_token
         per_request = cost.request_overhead + per_token
-        base = (cost.overhead + weights, per_token, per_request)
+        base = (cost.overhead + weights + cost.allreduce_s, per_token, per_request)
         step = (
-            cost.overhead + weights,
+            cost.overhead + weights + cost.allreduce_s,
             per_request,
             1000 * cost.kv_bytes_per_token / cost.bytes_per_s,
         )
@@ -233,11 +248,19 @@ def engine_spec(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     kv_tokens: int | None = None,
+    tensor_parallel: int = 1,
 ) -> EngineSpec:
     """The engine of ``model_shape`` (a built-in name, a config.json, or a shape) on ``device``
     (a catalog name or spec). ``kv_tokens`` overrides the KV capacity the memory fit gives (a
     real engine's, read from its ``/metrics``). Raises ``ConfigError`` naming every bad field,
-    its value and what is allowed, or the model that does not fit."""
+    its value and what is allowed, or the model that does not fit.
+
+    ``tensor_parallel`` devices of the type serve one replica, as vLLM's
+    ``--tensor-parallel-size`` does: each holds a share of the weights and of the KV heads (a
+    KV head is copied when there are more devices than KV heads; MLA's latent is copied on
+    every one), computes its share of each token and reads its share at its own bandwidth, and
+    each layer ends in two all-reduces of the tokens' activations over the device's link (ring:
+    ``2(k-1)/k`` of them cross each link, at half the bidirectional figure the catalog quotes)."""
     calibration = calibration or Calibration()
     problems = calibration.problems()
     shape: ModelShape | None = None
@@ -261,6 +284,21 @@ def engine_spec(
     ):
         allowed = f"None (from the memory fit) or an integer >= {BLOCK_SIZE}"
         problems.append(("kv_tokens", f"must be {allowed}, got {kv_tokens!r}"))
+    tp = tensor_parallel
+    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_TENSOR_PARALLEL:
+        allowed = f"an integer from 1 to {MAX_TENSOR_PARALLEL}"
+        problems.append(("tensor_parallel", f"must be {allowed}, got {tp!r}"))
+    elif tp > 1 and spec is not None and spec.interconnect_gbs <= 0:
+        problems.append(
+            ("tensor_parallel", f"{spec.model} publishes no device-to-device link to split over")
+        )
+    elif tp > 1 and shape is not None and shape.heads % tp:
+        problems.append(
+            (
+                "tensor_parallel",
+                f"{shape.name}'s {shape.heads} attention heads do not split {tp} ways",
+            )
+        )
     if problems or shape is None or spec is None:
         raise ConfigError(problems)
     request = FitRequest(seq=max_num_batched_tokens, prefill_chunk=max_num_batched_tokens)
@@ -272,8 +310,13 @@ def engine_spec(
         raise ConfigError(
             [("device", f"{spec.model} publishes no {compute} TFLOPS or memory bandwidth")]
         )
-    kv_per_token = kv_bytes_per_token(shape, request.kv_dtype)
+    # Per device: a share of the KV heads (whole heads; MLA's latent is not split).
+    kv_share = 1.0 if shape.is_mla else math.ceil(shape.kv_heads / tp) / shape.kv_heads
+    kv_per_token = kv_bytes_per_token(shape, request.kv_dtype) * kv_share
     parts = memory_breakdown(shape, request)
+    # The weights and the vocabulary's logits are split; one layer's activations are not.
+    parts["weights"] = math.ceil(parts["weights"] / tp)
+    parts["logits"] = math.ceil(parts["logits"] / tp)
     if kv_tokens is None:
         # What vLLM's profiling run finds: its share of memory, less all but the KV cache.
         others = sum(parts.values()) - parts["kv_cache"]
@@ -281,18 +324,27 @@ def engine_spec(
         if kv_tokens < BLOCK_SIZE:
             gib = 1024**3
             usable = spec.memory_bytes * MEMORY_UTILIZATION / gib
+            where = f"{tp} × {spec.model}" if tp > 1 else spec.model
+            each = " each" if tp > 1 else ""
             message = (
-                f"{shape.name} does not fit on {spec.model}: its weights, activations and runtime"
-                f" take {others / gib:.1f} GiB of the {usable:.1f} GiB vLLM would use, leaving no"
-                " KV cache"
+                f"{shape.name} does not fit on {where}: its weights, activations and runtime"
+                f" take {others / gib:.1f} GiB{each} of the {usable:.1f} GiB vLLM would use,"
+                " leaving no KV cache"
             )
             raise ConfigError([("device", message)])
     kv_tokens -= kv_tokens % BLOCK_SIZE
     # Scores (q·k) and the weighted sum of values: 2 FLOPs a multiply-add, per head and layer.
     v_dim = shape.v_head_dim if shape.is_mla else shape.head_dim
+    allreduce_s = allreduce_per_token = 0.0
+    if tp > 1:
+        # Two all-reduces a layer, of each token's hidden state in the compute format.
+        link = spec.interconnect_gbs / 2 * 1e9 * calibration.bandwidth_efficiency
+        ring = 2 * (tp - 1) / tp
+        allreduce_s = 2 * shape.layers * _allreduce_latency(spec)
+        allreduce_per_token = 2 * shape.layers * ring * shape.hidden * DTYPE_BYTES[compute] / link
     cost = StepCost(
-        flops_per_token=2.0 * shape.active_params,
-        attention_flops=2.0 * shape.layers * shape.heads * (shape.head_dim + v_dim),
+        flops_per_token=2.0 * shape.active_params / tp,
+        attention_flops=2.0 * shape.layers * shape.heads * (shape.head_dim + v_dim) / tp,
         flops_per_s=tflops * 1e12 * calibration.compute_efficiency,
         weight_bytes=float(parts["weights"]),
         active_share=shape.active_params / shape.params,
@@ -300,6 +352,8 @@ def engine_spec(
         bytes_per_s=spec.memory_bandwidth_gbs * 1e9 * calibration.bandwidth_efficiency,
         overhead=calibration.step_overhead,
         request_overhead=calibration.request_overhead,
+        allreduce_s=allreduce_s,
+        allreduce_s_per_token=allreduce_per_token,
     )
     return EngineSpec(
         shape=shape,
@@ -311,7 +365,15 @@ def engine_spec(
         max_num_batched_tokens=max_num_batched_tokens,
         calibration=calibration,
         cost=cost,
+        tensor_parallel=tp,
     )
+
+
+def _allreduce_latency(spec: DeviceSpec) -> float:
+    """Seconds one small all-reduce takes over the device's link: a few µs over NVLink-class
+    fabrics, more through PCIe and the host."""
+    fast = spec.interconnect.lower().startswith(_FAST_LINKS)
+    return ALLREDUCE_LATENCY_FAST if fast else ALLREDUCE_LATENCY_PCIE
 
 
 @dataclass(eq=False, slots=True)

@@ -46,6 +46,9 @@ class Trace:
     priority: list[int] | None
     kind: list[str] | None
     tags: list[frozenset[str]] | None
+    # Token counts of rows that give them (None when any row gives only a cost).
+    prompt_tokens: npt.NDArray[np.int64] | None = None
+    output_tokens: npt.NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return len(self.cost)
@@ -104,6 +107,7 @@ class _Row:
         self.priority: list[int | None] = []
         self.kind: list[str | None] = []
         self.tags: list[frozenset[str] | None] = []
+        self.tokens: list[tuple[int, int] | None] = []
         self.problems: list[str] = []
         self.lines: list[int] = []
         self.costs = CostModel()
@@ -117,13 +121,13 @@ class _Row:
             return value is not None and value != ""
 
         ok = True
+        tokens: list[int] = []
         if present("cost"):
             cost = _number(row["cost"])
             if cost is None:
                 self.bad(line, "cost", "must be a finite number >= 0", row["cost"])
                 ok = False
         elif present("prompt_tokens") or present("max_new_tokens"):
-            tokens = []
             for key in ("prompt_tokens", "max_new_tokens"):
                 value = _number(row.get(key), integer=True) if present(key) else None
                 if value is None:
@@ -188,6 +192,7 @@ class _Row:
             self.priority.append(priority)
             self.kind.append(kind)
             self.tags.append(tags)
+            self.tokens.append((tokens[0], tokens[1]) if tokens else None)
 
 
 def read_trace(path: Path) -> tuple[Trace | None, list[str]]:
@@ -265,6 +270,9 @@ def read_trace(path: Path) -> tuple[Trace | None, list[str]]:
         out = [fill if v is None else v for v in values]
         return out if order is None else [out[i] for i in order]
 
+    tokens = None
+    if all(t is not None for t in rows.tokens):
+        tokens = np.array(column(rows.tokens, None), dtype=np.int64).reshape(-1, 2)
     return Trace(
         path=path,
         cost=cost,
@@ -273,6 +281,8 @@ def read_trace(path: Path) -> tuple[Trace | None, list[str]]:
         priority=column(rows.priority, None),
         kind=column(rows.kind, None),
         tags=column(rows.tags, None),
+        prompt_tokens=None if tokens is None else tokens[:, 0],
+        output_tokens=None if tokens is None else tokens[:, 1],
     ), []
 
 
