@@ -27,7 +27,12 @@ def show_serving_plan(plan: ServingPlan, as_json: bool) -> None:
 
 
 def _buckets(plan: ServingPlan) -> Table:
-    table = SplitTable(title=f"{plan.model}: length buckets at {plan.rate:g} requests/s")
+    table = SplitTable(
+        title=f"{plan.model}: length buckets at {plan.rate:g} requests/s",
+        caption="mean: prompt / output tokens; design: the longest prompt whose TTFT is "
+        "checked / the longest request a replica must hold (within the SLO's percentile)",
+        caption_justify="left",
+    )
     for name in ("bucket", "requests", "prompt tokens", "output tokens", "mean", "design"):
         table.add_column(name, justify="right")
     for b in plan.buckets:
@@ -37,7 +42,7 @@ def _buckets(plan: ServingPlan) -> Table:
             f"{b.prompt_range[0]:,}–{b.prompt_range[1]:,}",
             f"{b.output_range[0]:,}–{b.output_range[1]:,}",
             f"{b.prompt_mean:,.0f} / {b.output_mean:,.0f}",
-            f"{b.design_prompt:,.0f} / {b.design_output:,.0f}",
+            f"{b.design_prompt:,.0f} / {b.design_total:,.0f}",
         )
     return table
 

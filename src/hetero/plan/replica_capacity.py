@@ -66,9 +66,11 @@ def _ttft(engine: EngineSpec, batch: int, prompt: float, step: float) -> float:
     if room <= 0:
         return math.inf
     chunks = max(1, math.ceil(prompt / room))
-    tokens = min(engine.max_num_batched_tokens, round(batch + prompt))
+    # Each chunk step: its share of the prompt and of its attention, beside the decodes.
+    share = prompt / chunks
     held = round(batch * prompt + prompt)
-    chunk = engine.cost.time(tokens, held, round(prompt * prompt / 2), requests=batch + 1)
+    attended = round(prompt * prompt / 2 / chunks)
+    chunk = engine.cost.time(round(batch + share), held, attended, requests=batch + 1)
     return step / 2 + chunks * chunk
 
 
@@ -90,15 +92,15 @@ def replica_capacity(
     ttft: float,
     tpot: float,
     design_prompt: float | None = None,
-    design_output: float | None = None,
+    design_total: float | None = None,
 ) -> ReplicaCapacity:
     """The capacity of a replica running ``engine`` for requests of ``prompt`` and ``output``
-    tokens on average, within ``ttft`` and ``tpot`` seconds; ``design_prompt`` and
-    ``design_output`` (default: the means) are the longest such requests the SLO is checked
-    for (TTFT of the longest prompt, the longest request within the context)."""
+    tokens on average, within ``ttft`` and ``tpot`` seconds. ``design_prompt`` is the longest
+    prompt whose TTFT is checked, ``design_total`` the longest request (prompt and output) the
+    replica must hold; both default to the means."""
     prompt, output = max(0.0, prompt), max(1.0, output)
     design_prompt = max(prompt, design_prompt or 0.0)
-    longest = design_prompt + max(output, design_output or 0.0)
+    longest = max(prompt + output, design_total or 0.0)
     if longest > engine.max_context:
         reason = (
             f"a request of {longest:,.0f} tokens is longer than the {engine.max_context:,} a "

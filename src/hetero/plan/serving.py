@@ -63,7 +63,7 @@ class LengthBucket:
     prompt_mean: float
     output_mean: float
     design_prompt: float  # the longest prompt the TTFT SLO is checked for
-    design_output: float
+    design_total: float  # the longest request (prompt and output) a replica must hold
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,7 +74,7 @@ class LengthBucket:
             "prompt_mean": self.prompt_mean,
             "output_mean": self.output_mean,
             "design_prompt": self.design_prompt,
-            "design_output": self.design_output,
+            "design_total": self.design_total,
         }
 
 
@@ -91,7 +91,8 @@ def length_buckets(spec: ServingPlanSpec) -> tuple[LengthBucket, ...]:
     prompt, output = spec.lengths
     w = spec.workload
     quantile = 1.0 - (1.0 - spec.slo.percentile / 100.0) / 2.0
-    cap_prompt, cap_output = np.quantile(prompt, quantile), np.quantile(output, quantile)
+    total = prompt + output
+    cap_prompt, cap_total = np.quantile(prompt, quantile), np.quantile(total, quantile)
     p_edges, o_edges = _edges(prompt, w.prompt_buckets), _edges(output, w.output_buckets)
     # Each value in the cell of the highest edge at or below it (the last edge closes the
     # last cell).
@@ -105,7 +106,7 @@ def length_buckets(spec: ServingPlanSpec) -> tuple[LengthBucket, ...]:
     buckets: list[LengthBucket] = []
     for cell in np.unique(cells):
         mask = cells == cell
-        p, o = prompt[mask], output[mask]
+        p, o, t = prompt[mask], output[mask], total[mask]
         buckets.append(
             LengthBucket(
                 index=len(buckets) + 1,
@@ -115,7 +116,7 @@ def length_buckets(spec: ServingPlanSpec) -> tuple[LengthBucket, ...]:
                 prompt_mean=float(p.mean()),
                 output_mean=max(1.0, float(o.mean())),
                 design_prompt=float(min(p.max(), max(p.min(), cap_prompt))),
-                design_output=float(min(o.max(), max(o.min(), cap_output))),
+                design_total=float(min(t.max(), max(t.min(), cap_total))),
             )
         )
     return tuple(buckets)
@@ -281,7 +282,7 @@ def _problem(spec: ServingPlanSpec) -> _Problem:
                 ttft=slo.ttft,
                 tpot=slo.tpot,
                 design_prompt=b.design_prompt,
-                design_output=b.design_output,
+                design_total=b.design_total,
             )
             if o.engine is not None
             else None
