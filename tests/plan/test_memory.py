@@ -244,7 +244,8 @@ def test_unknown_device_suggests_closest() -> None:
         ({"seq": 16, "kv_dtype": "fp9"}, "kv_dtype", "allowed: fp32, bf16"),
         ({"seq": 16, "train": True, "zero": 4}, "zero", "0, 1, 2 or 3, got 4"),
         ({"seq": 16, "zero": 2}, "zero", "add --train"),
-        ({"seq": 16, "devices": 8}, "devices", "not modelled"),
+        ({"seq": 16, "devices": 16}, "devices", "1 to 8 devices (tensor parallel"),
+        ({"seq": 16, "devices": 3}, "devices", "32 attention heads do not split 3 ways"),
         ({"seq": 16, "train": True, "dtype": "int4"}, "dtype", "QLoRA"),
         ({"seq": 16, "fragmentation": 1.5}, "fragmentation", "[0, 1), got 1.5"),
         ({"seq": 16, "context_bytes": -1}, "context_bytes", ">= 0"),
@@ -255,6 +256,20 @@ def test_bad_requests_name_the_field(kw: dict[str, object], field: str, text: st
         fit_memory(get_model("llama-3-8b"), "A100-80GB", FitRequest(**kw))  # type: ignore[arg-type]
     [(path, message)] = exc.value.problems
     assert path == field and text in message
+
+
+def test_inference_over_devices_splits_weights_kv_and_logits() -> None:
+    model = get_model("llama-3-70b")  # 8 KV heads
+    one = fit_memory(model, "A100-80GB", FitRequest(seq=4096, batch=4)).breakdown
+    four = fit_memory(model, "A100-80GB", FitRequest(seq=4096, batch=4, devices=4)).breakdown
+    assert four["weights"] == -(-one["weights"] // 4)
+    assert four["kv_cache"] == -(-one["kv_cache"] // 4)  # two of the eight KV heads each
+    assert four["activations"] == one["activations"]  # one layer's, not split
+    # Sixteen ways would leave half a KV head each: a head is copied, not split.
+    eight = fit_memory(model, "A100-80GB", FitRequest(seq=4096, batch=4, devices=8)).breakdown
+    assert eight["kv_cache"] == -(-one["kv_cache"] // 8)
+    assert not fit_memory(model, "A100-80GB", FitRequest(seq=4096)).fits
+    assert fit_memory(model, "A100-80GB", FitRequest(seq=4096, devices=2)).fits
 
 
 def test_breakdown_needs_a_resolved_request() -> None:

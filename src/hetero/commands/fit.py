@@ -92,7 +92,12 @@ def fit(
         ),
     ] = 0,
     devices: Annotated[
-        int, typer.Option(help="Data-parallel devices that ZeRO shards over, e.g. --devices 8.")
+        int,
+        typer.Option(
+            help="Training: data-parallel devices that ZeRO shards over, e.g. --devices 8. "
+            "Inference: devices one replica is split over (tensor parallel, 1-8); the figures "
+            "are per device, e.g. --devices 4.",
+        ),
     ] = 1,
     checkpointing: Annotated[
         bool,
@@ -230,13 +235,17 @@ def _list(as_json: bool) -> None:
     console.print(table)
 
 
+def _split(devices: int) -> str:
+    return f", tensor parallel over {devices} devices (per device)" if devices > 1 else ""
+
+
 def _show(result: MemoryFit) -> None:
     r = result.request
     mode = (
         f"training, ZeRO-{r.zero} over {r.devices} device(s)"
         + (", checkpointing" if r.checkpointing else "")
         if r.train
-        else f"inference, KV cache {r.kv_dtype}"
+        else f"inference{_split(r.devices)}, KV cache {r.kv_dtype}"
         + (f", prefill in chunks of {r.prefill_chunk:,} tokens" if r.prefill_chunk else "")
     )
     console.print(

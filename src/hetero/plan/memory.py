@@ -26,10 +26,12 @@ __all__ = [
     "DEFAULT_CONTEXT_BYTES",
     "DEFAULT_FRAGMENTATION",
     "DTYPE_BYTES",
+    "MAX_TENSOR_PARALLEL",
     "FitRequest",
     "MemoryFit",
     "fit_memory",
     "kv_bytes_per_token",
+    "kv_share",
     "memory_breakdown",
     "weight_bytes",
 ]
@@ -58,6 +60,8 @@ DEFAULT_CONTEXT_BYTES = 1024**3
 #: (activations and logits); weights, states and the KV cache are allocated once, in big blocks.
 DEFAULT_FRAGMENTATION = 0.05
 
+#: The most devices one inference replica is split over (tensor parallel within one node).
+MAX_TENSOR_PARALLEL = 8
 #: Korthikanti et al. 2022, eq. (1) without the 5·a·s/h term that FlashAttention never stores:
 #: a layer keeps 34·s·b·h bytes of 16-bit activations for its backward pass.
 _LAYER_ACTIVATION_FACTOR = 34
@@ -109,15 +113,23 @@ class FitRequest:
             problems.append(("zero", f"must be 0, 1, 2 or 3, got {self.zero!r}"))
         elif self.zero and not self.train:
             problems.append(("zero", f"ZeRO stage {self.zero} applies to training; add --train"))
-        if not self.train and self.devices != 1:
-            problems.append(
-                (
-                    "devices",
-                    f"got {self.devices}; inference is estimated for one device holding the "
-                    "whole model (tensor/pipeline splits are not modelled); devices applies "
-                    "to training with ZeRO",
+        if not self.train and isinstance(self.devices, int) and self.devices > 1:
+            if self.devices > MAX_TENSOR_PARALLEL:
+                problems.append(
+                    (
+                        "devices",
+                        f"got {self.devices}; inference splits a replica over 1 to "
+                        f"{MAX_TENSOR_PARALLEL} devices (tensor parallel, one node)",
+                    )
                 )
-            )
+            elif model.heads % self.devices:
+                problems.append(
+                    (
+                        "devices",
+                        f"{model.name}'s {model.heads} attention heads do not split "
+                        f"{self.devices} ways (tensor parallel)",
+                    )
+                )
         if self.prefill_chunk is not None:
             chunk = self.prefill_chunk
             if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -184,6 +196,15 @@ def kv_bytes_per_token(model: ModelShape, dtype: str = "bf16") -> int:
     return _bytes(model.layers * _kv_values_per_layer(model), dtype)
 
 
+def kv_share(model: ModelShape, devices: int) -> float:
+    """The share of the KV cache one of ``devices`` tensor-parallel devices holds: its whole
+    KV heads (a head is copied when there are more devices than heads); MLA's latent is not
+    split, every device holds all of it."""
+    if model.is_mla or devices <= 1:
+        return 1.0
+    return math.ceil(model.kv_heads / devices) / model.kv_heads
+
+
 def _kv_cache_bytes(model: ModelShape, seq: int, batch: int, dtype: str) -> int:
     sliding = len(model.sliding_layers)
     # A sliding-window layer keeps only the last `window` tokens.
@@ -212,11 +233,14 @@ def memory_breakdown(model: ModelShape, request: FitRequest) -> dict[str, int]:
             parts["activations"] = model.layers * layer
         parts["logits"] = _LOGIT_BYTES * s * b * model.vocab
     else:
-        parts["weights"] = weight_bytes(model, dtype)
-        parts["kv_cache"] = _kv_cache_bytes(model, s, b, kv_dtype)
+        # Tensor parallel over `devices`: each holds a share of the weights, of the KV heads
+        # and of the vocabulary's logits; one layer's activations are not split.
+        tp = request.devices
+        parts["weights"] = math.ceil(weight_bytes(model, dtype) / tp)
+        parts["kv_cache"] = math.ceil(_kv_cache_bytes(model, s, b, kv_dtype) * kv_share(model, tp))
         # Nothing is kept for a backward pass, so one layer's working set is live at a time.
         parts["activations"] = _bytes(Fraction(_LAYER_ACTIVATION_FACTOR, 2) * tokens * h, compute)
-        parts["logits"] = _LOGIT_BYTES * b * model.vocab  # the position being sampled
+        parts["logits"] = math.ceil(_LOGIT_BYTES * b * model.vocab / tp)  # the next position
     temporaries = parts["activations"] + parts["logits"]
     parts["fragmentation"] = math.ceil(temporaries * request.fragmentation)
     parts["cuda_context"] = request.context_bytes

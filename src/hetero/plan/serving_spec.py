@@ -20,8 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hetero._errors_render import Nested, show, validation_problems
 from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, HeteroError
+from hetero.plan.memory import MAX_TENSOR_PARALLEL
 from hetero.plan.models import ModelShape, parse_params, shape_for_params
-from hetero.serve.engine_model import MAX_TENSOR_PARALLEL, resolve_shape
+from hetero.serve.engine_model import resolve_shape
 from hetero.sim.trace import read_trace
 from hetero.sim.workload import DrawnSize, FixedSize, LognormalSize, UniformSize
 

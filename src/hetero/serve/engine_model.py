@@ -47,7 +47,14 @@ from hetero._checks import is_positive
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DeviceSpec
 from hetero.errors import ConfigError, DeviceError
-from hetero.plan.memory import DTYPE_BYTES, FitRequest, kv_bytes_per_token, memory_breakdown
+from hetero.plan.memory import (
+    DTYPE_BYTES,
+    MAX_TENSOR_PARALLEL,
+    FitRequest,
+    kv_bytes_per_token,
+    kv_share,
+    memory_breakdown,
+)
 from hetero.plan.models import ModelShape, get_model, load_hf_config, model_names
 from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.prefix import PrefixIndex
@@ -55,7 +62,6 @@ from hetero.sched.prefix import PrefixIndex
 __all__ = [
     "BLOCK_SIZE",
     "DEFAULT_MAX_BATCHED_TOKENS",
-    "MAX_TENSOR_PARALLEL",
     "MEMORY_UTILIZATION",
     "Calibration",
     "EngineModel",
@@ -76,8 +82,6 @@ DEFAULT_MAX_BATCHED_TOKENS = 8192
 MEMORY_UTILIZATION = 0.9
 # Formats whose TFLOPS a step runs at; weights stored in int8/int4 are computed in bf16.
 _COMPUTE_DTYPES = ("fp32", "fp16", "bf16", "fp8")
-#: The largest tensor-parallel degree modelled (one 8-GPU node).
-MAX_TENSOR_PARALLEL = 8
 #: Seconds of one small all-reduce over an NVLink-class link, and through PCIe.
 ALLREDUCE_LATENCY_FAST = 10e-6
 ALLREDUCE_LATENCY_PCIE = 30e-6
@@ -292,17 +296,15 @@ def engine_spec(
         problems.append(
             ("tensor_parallel", f"{spec.model} publishes no device-to-device link to split over")
         )
-    elif tp > 1 and shape is not None and shape.heads % tp:
-        problems.append(
-            (
-                "tensor_parallel",
-                f"{shape.name}'s {shape.heads} attention heads do not split {tp} ways",
-            )
-        )
     if problems or shape is None or spec is None:
         raise ConfigError(problems)
-    request = FitRequest(seq=max_num_batched_tokens, prefill_chunk=max_num_batched_tokens)
-    request = request.resolved(shape)
+    request = FitRequest(
+        seq=max_num_batched_tokens, prefill_chunk=max_num_batched_tokens, devices=tp
+    )
+    try:
+        request = request.resolved(shape)
+    except ConfigError as exc:
+        raise ConfigError([("tensor_parallel", message) for _, message in exc.problems]) from None
     assert request.dtype is not None and request.kv_dtype is not None
     compute = request.dtype if request.dtype in _COMPUTE_DTYPES else "bf16"
     tflops = spec.peak_tflops(compute)
@@ -310,13 +312,9 @@ def engine_spec(
         raise ConfigError(
             [("device", f"{spec.model} publishes no {compute} TFLOPS or memory bandwidth")]
         )
-    # Per device: a share of the KV heads (whole heads; MLA's latent is not split).
-    kv_share = 1.0 if shape.is_mla else math.ceil(shape.kv_heads / tp) / shape.kv_heads
-    kv_per_token = kv_bytes_per_token(shape, request.kv_dtype) * kv_share
+    # Per device (the memory fit splits the weights, the KV heads and the logits).
+    kv_per_token = kv_bytes_per_token(shape, request.kv_dtype) * kv_share(shape, tp)
     parts = memory_breakdown(shape, request)
-    # The weights and the vocabulary's logits are split; one layer's activations are not.
-    parts["weights"] = math.ceil(parts["weights"] / tp)
-    parts["logits"] = math.ceil(parts["logits"] / tp)
     if kv_tokens is None:
         # What vLLM's profiling run finds: its share of memory, less all but the KV cache.
         others = sum(parts.values()) - parts["kv_cache"]
