@@ -65,18 +65,23 @@ def main() -> int:
             elapsed = time.perf_counter() - t0
             assert results == [x * x for x in range(args.items)], "lost or duplicated results"
             print(f"{len(results)} results, every one once and in order, in {elapsed:.1f} s")
-            # Ray reports a node gone a moment after it goes, and the fleet follows when the
-            # backend's watcher next asks: where the map ended first, give it that moment.
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and any(
-                m.startswith(f"{t4_node}/") for m in ctx.dispatcher.members
-            ):
+            # Ray reports a node come or gone a moment after it happens, and the fleet follows
+            # when the backend's watcher next asks: where the map ended first, give it that.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not settled(ctx, t4_node):
                 time.sleep(0.1)
             print(f"{'device':28} {'done':>6}  in the fleet")
             members = set(ctx.dispatcher.members)
             for d in ctx.status()["devices"]:
                 print(f"{d['id']:28} {d['done']:6}  {'yes' if d['id'] in members else 'left'}")
     return 0
+
+
+def settled(ctx: hetero.Context, gone: str) -> bool:
+    """Whether the fleet has let the ``gone`` node's devices go and taken the H100 in."""
+    members = ctx.dispatcher.members
+    left = not any(m.startswith(f"{gone}/") for m in members)
+    return left and any("h100" in m for m in members)  # ids name the device's model
 
 
 if __name__ == "__main__":

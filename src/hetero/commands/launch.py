@@ -309,7 +309,10 @@ class _Group:
         (None: unknown), given the first to end. That may be one the failure reached: ranks fail
         when a peer closes its connections, which the peer may do before it ends. So the rank
         whose error file was written first (by torch's ``@record``) comes first, when ranks
-        write them."""
+        write them. A first to end that wrote none died without raising (killed, ``os._exit``,
+        a crash): it is the one, and what the others raised followed from it."""
+        if not self.errors[ended].exists():
+            return ended, None
         slots = self.errors if among is None else among
         written = [(path.stat().st_mtime_ns, s) for s in slots if (path := self.errors[s]).exists()]
         if written:
