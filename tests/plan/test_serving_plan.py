@@ -237,3 +237,25 @@ def test_plan_command_with_a_model_in_a_real_process() -> None:
     assert wrong.returncode != 0 and "--ttft and --tpot" in wrong.stderr
     unit = _hetero("plan", "examples/plan.yaml", "--tpot", "0.05")
     assert unit.returncode != 0 and "applies to a plan with a model" in unit.stderr
+
+
+def test_verify_runs_the_plan_on_engine_replicas_until_it_meets_the_slo() -> None:
+    from hetero.plan.serving_verify import serving_plan_verified, verify_serving
+
+    spec = parse_serving_plan(
+        _spec(
+            workload={"rate": 6, "prompt_tokens": 400, "output_tokens": 100},
+            devices=[{"model": "A100-80GB", "tensor_parallel": [1]}],
+        )
+    )
+    plan = plan_serving(spec)
+    check = verify_serving(plan, spec, requests=400, seed=3)
+    assert check.requests == 400 and check.failed == 0
+    assert check.tpot_p50 <= 0.1 and check.ttft_p50 <= 1.0
+    assert verify_serving(plan, spec, requests=400, seed=3) == check  # deterministic
+    final, checks = serving_plan_verified(spec, requests=400, seed=3)
+    assert checks[-1].meets_slo
+    # Each round that missed planned again with a lower cap.
+    caps = [c.max_utilization for c in checks]
+    assert caps == sorted(caps, reverse=True) and len(set(caps)) == len(caps)
+    assert final.price_per_hour >= plan.price_per_hour

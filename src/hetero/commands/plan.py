@@ -22,6 +22,7 @@ from hetero._tables import SplitTable
 from hetero.errors import ConfigError, HeteroError
 
 if TYPE_CHECKING:
+    from hetero.plan.serving_verify import ServingVerification
     from hetero.plan.sizing import FleetPlan
     from hetero.plan.verification import Verification
 
@@ -31,7 +32,9 @@ _EPILOG = (
     "Examples:\n\n"
     "  hetero plan examples/plan.yaml\n\n"
     "  hetero plan examples/plan.yaml --verify --requests 20000\n\n"
-    "  hetero plan examples/plan.yaml --rate 60 --slo 2 --devices A100-80GB,L4,T4 --json"
+    "  hetero plan examples/plan.yaml --rate 60 --slo 2 --devices A100-80GB,L4,T4 --json\n\n"
+    "  hetero plan examples/plan_model.yaml --verify\n\n"
+    "  hetero plan examples/plan_model.yaml --model 8B --ttft 1 --tpot 0.05 --rate 20"
 )
 
 # A share of a bucket above this is the whole bucket (the solver's shares are floats).
@@ -46,15 +49,19 @@ def plan(
         bool,
         typer.Option(
             "--verify",
-            help="Replay the plan in the simulator (shortest_expected_delay) and report SLO "
-            "attainment; if it misses, tighten the utilisation caps and re-solve. "
-            "E.g. --verify.",
+            help="Replay the plan in the simulator (shortest_expected_delay; a plan with a model: "
+            "engine-faithful replicas under the slo strategy) and report SLO attainment; if it "
+            "misses, tighten the utilisation caps and re-solve. E.g. --verify.",
         ),
     ] = False,
     requests: Annotated[
-        int,
-        typer.Option(min=1, help="Requests to simulate with --verify, e.g. --requests 50000."),
-    ] = 20_000,
+        int | None,
+        typer.Option(
+            help="Requests to simulate with --verify (default 20,000; 5,000 for a plan with a "
+            "model), e.g. --requests 50000.",
+            min=1,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the --verify workload, e.g. --seed 7.")] = 0,
     rate: Annotated[
         float | None,
@@ -115,7 +122,18 @@ def plan(
                     "a plan with a model has a TTFT and a TPOT SLO: use --ttft and --tpot",
                     param_hint="--slo",
                 )
-            _plan_model(spec_file, data, overrides, model, ttft, tpot, as_json)
+            model_checks = _plan_model(
+                spec_file,
+                data,
+                overrides,
+                (model, ttft, tpot),
+                verify,
+                requests or 5_000,
+                seed,
+                as_json,
+            )
+            if model_checks and not model_checks[-1].meets_slo:
+                raise typer.Exit(1)
             return
         for flag, value in (("--ttft", ttft), ("--tpot", tpot)):
             if value is not None:
@@ -130,7 +148,9 @@ def plan(
         spec = parse_plan(data, source=str(spec_file))
         if verify:
             with ProgressBars(not as_json) as bar:
-                result, checks = plan_verified(spec, requests=requests, seed=seed, progress=bar)
+                result, checks = plan_verified(
+                    spec, requests=requests or 20_000, seed=seed, progress=bar
+                )
         else:
             result, checks = plan_fleet(spec), []
     except ConfigError as exc:
@@ -159,17 +179,21 @@ def _plan_model(
     spec_file: Path,
     data: Any,
     overrides: dict[str, Any],
-    model: str | None,
-    ttft: float | None,
-    tpot: float | None,
+    model_slo: tuple[str | None, float | None, float | None],
+    verify: bool,
+    requests: int,
+    seed: int,
     as_json: bool,
-) -> None:
-    """Plan replicas of a model (``hetero.plan.serving``) and print the plan."""
+) -> list[ServingVerification]:
+    """Plan replicas of a model (``hetero.plan.serving``), check it in the engine-faithful
+    simulator with ``verify``, print it and return the checks."""
     from hetero.commands.plan_serving import show_serving_plan
     from hetero.plan.serving import plan_serving
     from hetero.plan.serving_spec import parse_serving_plan
+    from hetero.plan.serving_verify import serving_plan_verified
     from hetero.plan.sizing_spec import merge_overrides
 
+    model, ttft, tpot = model_slo
     if model is not None:
         overrides["model"] = model
     slo = {k: v for k, v in (("ttft", ttft), ("tpot", tpot)) if v is not None}
@@ -178,7 +202,13 @@ def _plan_model(
     if overrides and isinstance(data, dict):
         data = merge_overrides(data, overrides)
     spec = parse_serving_plan(data, source=str(spec_file), base_dir=spec_file.parent)
-    show_serving_plan(plan_serving(spec), as_json)
+    if verify:
+        with ProgressBars(not as_json) as bar:
+            plan, checks = serving_plan_verified(spec, requests=requests, seed=seed, progress=bar)
+    else:
+        plan, checks = plan_serving(spec), []
+    show_serving_plan(plan, checks, as_json)
+    return checks
 
 
 def _bucket_table(result: FleetPlan) -> Table:

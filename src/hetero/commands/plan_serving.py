@@ -12,18 +12,53 @@ from hetero._tables import SplitTable
 
 if TYPE_CHECKING:
     from hetero.plan.serving import ServingPlan
+    from hetero.plan.serving_verify import ServingVerification
 
 __all__ = ["show_serving_plan"]
 
 
-def show_serving_plan(plan: ServingPlan, as_json: bool) -> None:
-    """Print ``plan`` as tables (or JSON)."""
+def show_serving_plan(plan: ServingPlan, checks: list[ServingVerification], as_json: bool) -> None:
+    """Print ``plan`` and its simulator checks as tables (or JSON)."""
     if as_json:
-        print_json(plan.to_dict())
+        doc = plan.to_dict()
+        if checks:
+            doc["verification"] = [c.to_dict() for c in checks]
+        print_json(doc)
         return
     console.print(_buckets(plan))
     console.print(_fleet(plan))
     console.print(_why(plan))
+    if checks:
+        console.print(_checks(checks))
+
+
+def _checks(checks: list[ServingVerification]) -> Table:
+    table = SplitTable(
+        title="simulator check (engine-faithful replicas, strategy slo)",
+        caption="in SLO: share of requests within both TTFT and TPOT; cap: the plan's "
+        "max_utilization in that round (a round that misses lowers it and plans again)",
+        caption_justify="left",
+    )
+    for name in ("round", "cap", "in SLO", "target", "meets SLO"):
+        table.add_column(name, justify="left" if name == "meets SLO" else "right")
+    for name in ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "failed", "requests"):
+        table.add_column(name, justify="right")
+    for k, c in enumerate(checks, start=1):
+        verdict = "[green]yes[/]" if c.meets_slo else "[red]no[/]"
+        table.add_row(
+            str(k),
+            f"{c.max_utilization:.0%}",
+            f"{c.attainment:.2%}",
+            f"{c.target:.0%}",
+            verdict + (", re-planned" if not c.meets_slo and k < len(checks) else ""),
+            f"{c.ttft_p50:,.2f} s",
+            f"{c.ttft_p99:,.2f} s",
+            f"{c.tpot_p50 * 1e3:,.1f} ms",
+            f"{c.tpot_p99 * 1e3:,.1f} ms",
+            str(c.failed),
+            f"{c.requests:,}",
+        )
+    return table
 
 
 def _buckets(plan: ServingPlan) -> Table:

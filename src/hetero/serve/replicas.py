@@ -20,6 +20,7 @@ from hetero.config import ReplicaConfig
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
+from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS
 
 __all__ = ["UNKNOWN_SPEED", "Replica", "parse_replica_flag", "replica_from_config"]
@@ -51,6 +52,12 @@ class Replica:
     models: set[str]
     declared_models: bool  # models from the config/flag; else learned from /v1/models
     device_model: str | None = None
+    # The engine model of its GPU and model shape, where both were declared: where the slo
+    # strategy's fit starts (else a generic guess scaled by its speed).
+    prior: EnginePrior | None = None
+
+    def engine_prior(self) -> EnginePrior:
+        return self.prior or EnginePrior.generic(self.speed)
 
     def device(self, slots: int) -> Device:
         """The replica as a device of the core running ``slots`` requests at once."""
@@ -93,6 +100,11 @@ def replica_from_config(config: ReplicaConfig) -> Replica:
         speed = get_catalog().get(config.device).memory_bandwidth_gbs / REFERENCE_BANDWIDTH_GBS
     slots = config.slots or _fit_slots(config)
     parts = urlsplit(config.url)
+    prior = None
+    if config.device is not None and config.fit_model is not None:
+        from hetero.serve.engine_model import engine_spec
+
+        prior = engine_spec(config.fit_model, config.device).prior()
     return Replica(
         name=config.name or f"{parts.hostname}:{parts.port or 80}",
         url=config.url,
@@ -101,6 +113,7 @@ def replica_from_config(config: ReplicaConfig) -> Replica:
         models=set(config.models),
         declared_models=bool(config.models),
         device_model=config.device,
+        prior=prior,
     )
 
 

@@ -36,7 +36,6 @@ from hetero.sched import (
 )
 from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.driver import Driver
-from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.slo import SloRouting
@@ -127,7 +126,7 @@ class Router(Driver):
             self.slo_policy.ttft_slo = options.slo_ttft or self.slo_policy.ttft_slo
             self.slo_policy.tpot_slo = options.slo_tpot or self.slo_policy.tpot_slo
             for r, state in zip(replicas, self.replicas, strict=True):
-                self.slo_policy.set_prior(state.index, EnginePrior.generic(r.speed))
+                self.slo_policy.set_prior(state.index, r.engine_prior())
         self.tickets: dict[int, Ticket] = {}
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
@@ -628,7 +627,7 @@ class Router(Driver):
             self.replicas.append(state)
             self.by_name[replica.name] = state
         if self.slo_policy is not None:
-            self.slo_policy.set_prior(state.index, EnginePrior.generic(replica.speed))
+            self.slo_policy.set_prior(state.index, replica.engine_prior())
             if old is not None:
                 self.slo_policy.forget(state.index)
         self._model_masks.clear()
