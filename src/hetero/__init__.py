@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "read_topology": "hetero.devices",
     "AllocationError": "hetero.errors",
     "BackendError": "hetero.errors",
+    "ProviderError": "hetero.errors",
     "ConfigError": "hetero.errors",
     "DeviceError": "hetero.errors",
     "DuplicateItem": "hetero.errors",
@@ -153,6 +154,7 @@ if _TYPE_CHECKING:
     from hetero.errors import ItemNotRunning as ItemNotRunning
     from hetero.errors import NoCapableDevice as NoCapableDevice
     from hetero.errors import NoReplica as NoReplica
+    from hetero.errors import ProviderError as ProviderError
     from hetero.errors import QueueFull as QueueFull
     from hetero.errors import Rejected as Rejected
     from hetero.errors import TaskFailed as TaskFailed

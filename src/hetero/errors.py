@@ -20,6 +20,7 @@ __all__ = [
     "ItemNotRunning",
     "NoCapableDevice",
     "NoReplica",
+    "ProviderError",
     "QueueFull",
     "Rejected",
     "TaskFailed",
@@ -136,6 +137,11 @@ class TaskFailed(HeteroError):
 
 class BackendError(HeteroError):
     """An execution backend (process pool, Ray, HTTP replica) failed."""
+
+
+class ProviderError(BackendError):
+    """An autoscaler's provider could not start (or stop) a replica: the type, every attempt's
+    reason and the last lines the replica printed."""
 
 
 class UnknownModel(HeteroError):
