@@ -259,3 +259,35 @@ def test_verify_runs_the_plan_on_engine_replicas_until_it_meets_the_slo() -> Non
     caps = [c.max_utilization for c in checks]
     assert caps == sorted(caps, reverse=True) and len(set(caps)) == len(caps)
     assert final.price_per_hour >= plan.price_per_hour
+
+
+def test_a_measured_profile_replaces_the_catalog_calibration(tmp_path: Path) -> None:
+    from hetero.plan.engine_profile import EngineProfile, ProbePlan, ProbeResult
+    from hetero.serve.engine_model import Calibration
+
+    def profile(device: str, calibration: Calibration) -> str:
+        path = tmp_path / f"{device}.json"
+        EngineProfile(
+            model_shape="llama-3-8b",
+            device=device,
+            calibration=calibration,
+            http_s=0.0,
+            probes=(ProbeResult("itl", 1, 0.05, 0.05),),
+            model="m",
+            url="http://127.0.0.1:8000",
+            taken_at="2026-01-02T03:04:05+00:00",
+            plan=ProbePlan(ttft_prompts=(32,), itl_batches=(1,)),
+        ).save(path)
+        return path.name
+
+    low = {"rate": 2, "prompt_tokens": 500, "output_tokens": 200}
+    base = _spec(workload=low, slo={"ttft": 2, "tpot": 0.2}, devices=[{"model": "L4"}])
+    slow = Calibration(compute_efficiency=0.1, bandwidth_efficiency=0.2, step_overhead=0.01)
+    measured = _spec(**{**base, "devices": [{"model": "L4", "profile": profile("L4", slow)}]})
+    catalog_plan = plan_serving(parse_serving_plan(base))
+    measured_plan = plan_serving(parse_serving_plan(measured, base_dir=tmp_path))
+    catalog_l4 = catalog_plan.capacity["L4"][0]
+    assert measured_plan.capacity["L4"][0] < catalog_l4 / 2  # a quarter of the bandwidth
+    wrong = _spec(**{**base, "devices": [{"model": "L4", "profile": profile("T4", slow)}]})
+    with pytest.raises(ConfigError, match=r"devices\[0\]\.profile: T4\.json profiles a T4"):
+        parse_serving_plan(wrong, base_dir=tmp_path)

@@ -35,6 +35,7 @@ from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, InfeasiblePlan
 from hetero.plan.replica_capacity import ReplicaCapacity, replica_capacity
 from hetero.plan.serving_spec import TENSOR_PARALLEL_DEGREES, ServingPlanSpec
+from hetero.plan.sizing import cheapest_then_fewest
 from hetero.serve.engine_model import EngineSpec, engine_spec
 
 __all__ = [
@@ -159,7 +160,9 @@ def replica_options(spec: ServingPlanSpec) -> tuple[ReplicaOption, ...]:
                 options.append(ReplicaOption(row.model, k, price, None, reason))
                 continue
             try:
-                engine = engine_spec(spec.shape, row, tensor_parallel=k)
+                engine = engine_spec(
+                    spec.shape, row, tensor_parallel=k, calibration=entry.calibration()
+                )
             except ConfigError as exc:
                 reason = "; ".join(message for _, message in exc.problems)
                 options.append(ReplicaOption(row.model, k, price, None, reason))
@@ -218,6 +221,7 @@ class ServingPlan:
     why: Mapping[str, str]  # per menu GPU
     single_type: Mapping[str, float | str]  # per menu GPU: $/h alone, or why it cannot
     solve_seconds: float
+    max_utilization: float  # the cap each option's load was planned within
     capacity: Mapping[str, Sequence[float]] = field(default_factory=dict)  # option -> per bucket
 
     @property
@@ -253,6 +257,7 @@ class ServingPlan:
             "buckets": [b.to_dict() for b in self.buckets],
             "capacity_requests_per_second": {k: list(v) for k, v in self.capacity.items()},
             "solve_seconds": self.solve_seconds,
+            "max_utilization": self.max_utilization,
         }
 
 
@@ -309,7 +314,7 @@ def _solve(
 ) -> tuple[FloatArray, FloatArray, FloatArray] | None:
     """``(paid replicas, owned replicas, shares[option, bucket])`` of the cheapest plan using
     only ``allowed`` options (fewest devices among equally cheap ones), or None."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # slow to import: only to plan
+    from scipy.optimize import Bounds, LinearConstraint  # slow to import: only to plan
 
     n_o, n_b = p.cap.shape
     usable = (p.cap > 0) & allowed[:, None]
@@ -351,15 +356,9 @@ def _solve(
     upper = np.concatenate((upper_count, upper_count, usable.astype(float).ravel()))
     bounds = Bounds(np.zeros(n_vars), upper)
     integrality = np.concatenate((np.ones(2 * n_o), np.zeros(n_o * n_b)))
-    first = milp(price, constraints=constraints, bounds=bounds, integrality=integrality)
-    if first.x is None:
+    x = cheapest_then_fewest(price, devices, constraints, bounds, integrality)
+    if x is None:
         return None
-    best = float(first.fun)
-    cheapest = LinearConstraint(price, -np.inf, best + 1e-9 * max(best, 1.0))
-    second = milp(
-        devices, constraints=[*constraints, cheapest], bounds=bounds, integrality=integrality
-    )
-    x = second.x if second.x is not None else first.x
     return (
         np.round(x[:n_o]),
         np.round(x[n_o : 2 * n_o]),
@@ -430,6 +429,7 @@ def plan_serving(spec: ServingPlanSpec) -> ServingPlan:
         why=_why(p, chosen, singles),
         single_type=singles,
         solve_seconds=time.perf_counter() - started,
+        max_utilization=spec.max_utilization,
         capacity={o.name: p.cap[i].tolist() for i, o in enumerate(p.options) if o.engine},
     )
 

@@ -22,9 +22,10 @@ from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, HeteroError
 from hetero.plan.memory import MAX_TENSOR_PARALLEL
 from hetero.plan.models import ModelShape, parse_params, shape_for_params
-from hetero.serve.engine_model import resolve_shape
+from hetero.plan.sizing_spec import LENGTHS, entry_problems
+from hetero.serve.engine_model import Calibration, resolve_shape
 from hetero.sim.trace import read_trace
-from hetero.sim.workload import DrawnSize, FixedSize, LognormalSize, UniformSize
+from hetero.sim.workload import DrawnSize
 
 __all__ = [
     "TENSOR_PARALLEL_DEGREES",
@@ -78,6 +79,15 @@ class ServingDevice(_Strict):
     max_count: int | None = Field(default=None, ge=0)
     owned: int = Field(default=0, ge=0)
     tensor_parallel: tuple[int, ...] | None = None
+    profile: Path | None = None  # `hetero profile-engine --out` of one of these GPUs
+
+    def calibration(self) -> Calibration | None:
+        """The calibration its profile measured, or None (the engine model's defaults)."""
+        if self.profile is None:
+            return None
+        from hetero.plan.engine_profile import EngineProfile
+
+        return EngineProfile.load(self.profile).calibration
 
     @field_validator("model")
     @classmethod
@@ -175,11 +185,11 @@ def parse_serving_plan(
                 )
             ]
         )
-    workload = data.get("workload")
-    if base_dir is not None and isinstance(workload, dict):
-        trace = workload.get("trace")
-        if isinstance(trace, str) and trace and not Path(trace).is_absolute():
-            data = {**data, "workload": {**workload, "trace": str(Path(base_dir) / trace)}}
+    devices = data.get("devices")
+    if base_dir is not None and isinstance(devices, list):
+        data = {**data, "devices": [_relative(d, "profile", base_dir) for d in devices]}
+    if base_dir is not None and "workload" in data:
+        data = {**data, "workload": _relative(data["workload"], "trace", base_dir)}
     problems: list[tuple[str, str]] = []
     for key, hint in _WORK_UNIT_KEYS.items():
         if _has(data, key):
@@ -198,6 +208,14 @@ def parse_serving_plan(
         raise ConfigError(problems)
     assert spec is not None
     return spec
+
+
+def _relative(entry: Any, key: str, base_dir: str | Path) -> Any:
+    """``entry`` with a relative path under ``key`` taken relative to ``base_dir``."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        return {**entry, key: str(Path(base_dir) / value)}
+    return entry
 
 
 def _has(data: Mapping[str, Any], dotted: str) -> bool:
@@ -241,14 +259,6 @@ def _cross_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
             entry = ServingDevice.model_validate(raw)
         except ValidationError:
             continue
-        row = get_catalog().get(entry.model)
-        if entry.price is None and row.price_per_hour is None:
-            problems.append(
-                (
-                    f"devices[{i}].price",
-                    f"{entry.model} has no price in the catalog; give price: $ per device-hour",
-                )
-            )
         if entry.max_count is not None and entry.owned > entry.max_count:
             problems.append(
                 (
@@ -257,16 +267,26 @@ def _cross_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
                     "counts every device of the type that may serve, owned ones included",
                 )
             )
-        if entry.model in seen:
-            problems.append(
-                (
-                    f"devices[{i}].model",
-                    f"{entry.model} is already on the menu as devices[{seen[entry.model]}]; "
-                    "list each type once",
-                )
-            )
-        seen.setdefault(entry.model, i)
+        if entry.profile is not None:
+            problems += _profile_problems(f"devices[{i}].profile", entry)
+        problems += entry_problems(i, entry.model, entry.price, seen)
     return problems
+
+
+def _profile_problems(where: str, entry: ServingDevice) -> list[tuple[str, str]]:
+    from hetero.plan.engine_profile import EngineProfile
+
+    assert entry.profile is not None
+    try:
+        profile = EngineProfile.load(entry.profile)
+    except ConfigError as exc:
+        return [
+            (where, f"{field}: {message}" if field else message) for field, message in exc.problems
+        ]
+    measured = get_catalog().get(profile.device).model
+    if measured != entry.model:
+        return [(where, f"{entry.profile.name} profiles a {measured}, not a {entry.model}")]
+    return []
 
 
 def _workload_problems(w: ServingWorkload) -> list[tuple[str, str]]:
@@ -291,15 +311,10 @@ def _workload_problems(w: ServingWorkload) -> list[tuple[str, str]]:
     return problems
 
 
-_LENGTHS: dict[str, type[BaseModel]] = {
-    "fixed": FixedSize,
-    "uniform": UniformSize,
-    "lognormal": LognormalSize,
-}
 _NESTED: Nested = {
     "workload": ServingWorkload,
     "slo": ServingSLO,
     "devices": ServingDevice,
-    "prompt_tokens": _LENGTHS,
-    "output_tokens": _LENGTHS,
+    "prompt_tokens": LENGTHS,
+    "output_tokens": LENGTHS,
 }

@@ -15,19 +15,17 @@ import numpy as np
 from hetero.errors import ConfigError
 from hetero.plan.serving import ServingPlan, plan_serving
 from hetero.plan.serving_spec import ServingPlanSpec
+from hetero.plan.verification import tighten
 from hetero.serve.records import RouterOptions
 from hetero.sim.engine_fleet import EngineFleetSimulator
 
 __all__ = [
-    "TIGHTEN",
     "VERIFY_STRATEGY",
     "ServingVerification",
     "serving_plan_verified",
     "verify_serving",
 ]
 
-#: Each failed round scales ``max_utilization`` by this much before planning again.
-TIGHTEN = 0.85
 #: The router's strategy in the check: the one that routes by the same TTFT/TPOT targets.
 VERIFY_STRATEGY = "slo"
 
@@ -47,7 +45,7 @@ class ServingVerification:
     tpot_p99: float
     failed: int
     utilization: Mapping[str, float]  # per option name, mean over its replicas
-    max_utilization: float  # the plan's cap in this round
+    max_utilization: float  # the cap the plan was made with
     seed: int
 
     @property
@@ -116,7 +114,7 @@ def verify_serving(
         tpot_p99=pct(tpot, 99),
         failed=int((~done).sum()),
         utilization={name: float(np.mean(u)) for name, u in busy.items()},
-        max_utilization=spec.max_utilization,
+        max_utilization=plan.max_utilization,
         seed=seed,
     )
 
@@ -139,23 +137,15 @@ def serving_plan_verified(
     progress: Callable[[str], Progress] | None = None,
 ) -> tuple[ServingPlan, list[ServingVerification]]:
     """Plan, check, and while the check misses the SLO scale ``max_utilization`` by
-    :data:`TIGHTEN` and plan again (at most ``rounds`` plans). Returns the last plan and every
-    round's check; the last says whether the plan finally meets the SLO. ``progress(name)``
-    gives each round's progress callback."""
-    checks: list[ServingVerification] = []
-    while True:
-        plan = plan_serving(spec)
-        check = verify_serving(
-            plan,
-            spec,
-            requests=requests,
-            seed=seed,
-            progress=progress(f"plan {len(checks) + 1}") if progress else None,
-        )
-        checks.append(check)
-        if check.meets_slo or len(checks) >= rounds:
-            return plan, checks
-        spec = replace_utilization(spec, spec.max_utilization * TIGHTEN)
+    ``hetero.plan.verification.TIGHTEN`` and plan again (at most ``rounds`` plans). Returns the
+    last plan and every round's check; the last says whether the plan finally meets the SLO.
+    ``progress(name)`` gives each round's progress callback."""
+    return tighten(
+        lambda scale: plan_serving(replace_utilization(spec, spec.max_utilization * scale)),
+        lambda plan, bar: verify_serving(plan, spec, requests=requests, seed=seed, progress=bar),
+        rounds=rounds,
+        progress=progress,
+    )
 
 
 def replace_utilization(spec: ServingPlanSpec, value: float) -> ServingPlanSpec:

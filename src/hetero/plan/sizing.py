@@ -30,6 +30,7 @@ __all__ = [
     "SingleTypeFleet",
     "TypePlan",
     "capacity_table",
+    "cheapest_then_fewest",
     "plan_fleet",
 ]
 
@@ -231,6 +232,29 @@ def _problem(spec: PlanSpec, cap_scale: float) -> _Problem:
     )
 
 
+def cheapest_then_fewest(
+    price: FloatArray,
+    devices: FloatArray,
+    constraints: list[Any],
+    bounds: Any,
+    integrality: FloatArray,
+) -> FloatArray | None:
+    """The solution of the mixed integer program of least ``price``, and among the equally
+    cheap ones the one of fewest ``devices`` (both per variable), or None if it has none."""
+    from scipy.optimize import LinearConstraint, milp  # see _wait_tail
+
+    first = milp(price, constraints=constraints, bounds=bounds, integrality=integrality)
+    if first.x is None:
+        return None
+    best = float(first.fun)
+    cheapest = LinearConstraint(price, -np.inf, best + 1e-9 * max(best, 1.0))
+    second = milp(
+        devices, constraints=[*constraints, cheapest], bounds=bounds, integrality=integrality
+    )
+    x: FloatArray = second.x if second.x is not None else first.x
+    return x
+
+
 def _solve(
     p: _Problem, allowed: npt.NDArray[np.bool_], budget: float | None
 ) -> tuple[list[int], FloatArray] | None:
@@ -241,7 +265,7 @@ def _solve(
     ``x[t, b]`` (share of bucket ``b`` on ``t``). The capacity of ``n`` devices is not linear
     in ``n`` (pooling helps), so each count is its own binary with its own capacity.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp  # see _wait_tail
+    from scipy.optimize import Bounds, LinearConstraint  # see _wait_tail
 
     n_t, n_b = p.eligible.shape
     sizes = [len(table) - 1 if allowed[t] else 0 for t, table in enumerate(p.capacity)]
@@ -273,16 +297,9 @@ def _solve(
     share_upper = (p.eligible & allowed[:, None]).astype(float).ravel()
     bounds = Bounds(np.zeros(n_vars), np.concatenate((np.ones(n_z), share_upper)))
     integrality = np.concatenate((np.ones(n_z), np.zeros(n_t * n_b)))
-    first = milp(price, constraints=constraints, bounds=bounds, integrality=integrality)
-    if first.x is None:
+    x = cheapest_then_fewest(price, devices, constraints, bounds, integrality)
+    if x is None:
         return None
-    # Among the cheapest fleets, the one with the fewest devices.
-    best = float(first.fun)
-    cheapest = LinearConstraint(price, -np.inf, best + 1e-9 * max(best, 1.0))
-    second = milp(
-        devices, constraints=[*constraints, cheapest], bounds=bounds, integrality=integrality
-    )
-    x = second.x if second.x is not None else first.x
     chosen = np.round(x[:n_z])
     counts = [
         int(chosen[z_start[t] : z_start[t + 1]] @ np.arange(1, sizes[t] + 1)) for t in range(n_t)

@@ -20,10 +20,12 @@ from hetero.sim.workload import DrawnSize, FixedSize, LognormalSize, UniformSize
 
 __all__ = [
     "DEFAULT_UNIT_RATE",
+    "LENGTHS",
     "MenuEntry",
     "PlanSLO",
     "PlanSpec",
     "PlanWorkload",
+    "entry_problems",
     "load_plan",
     "merge_overrides",
     "parse_plan",
@@ -140,27 +142,36 @@ def _menu_problems(entries: list[Any]) -> list[tuple[str, str]]:
             entry = MenuEntry.model_validate(raw)
         except ValidationError:
             continue  # reported with the spec's own errors
-        spec = get_catalog().get(entry.model)
-        if entry.price is None and spec.price_per_hour is None:
-            problems.append(
-                (
-                    f"devices[{i}].price",
-                    f"{entry.model} has no price in the catalog; give price: $ per device-hour",
-                )
-            )
-        if entry.model in seen:
-            problems.append(
-                (
-                    f"devices[{i}].model",
-                    f"{entry.model} is already on the menu as devices[{seen[entry.model]}]; "
-                    "list each type once",
-                )
-            )
-        seen.setdefault(entry.model, i)
+        problems += entry_problems(i, entry.model, entry.price, seen)
     return problems
 
 
-_LENGTHS: dict[str, type[BaseModel]] = {
+def entry_problems(
+    i: int, model: str, price: float | None, seen: dict[str, int]
+) -> list[tuple[str, str]]:
+    """Menu entry ``i`` of catalog ``model``: a price, its own or the catalog's, and listed
+    once (``seen``: where each model was listed first, updated)."""
+    problems = []
+    if price is None and get_catalog().get(model).price_per_hour is None:
+        problems.append(
+            (
+                f"devices[{i}].price",
+                f"{model} has no price in the catalog; give price: $ per device-hour",
+            )
+        )
+    if model in seen:
+        problems.append(
+            (
+                f"devices[{i}].model",
+                f"{model} is already on the menu as devices[{seen[model]}]; list each type once",
+            )
+        )
+    seen.setdefault(model, i)
+    return problems
+
+
+#: The length distributions a plan's workload names (for error messages' nested models).
+LENGTHS: dict[str, type[BaseModel]] = {
     "fixed": FixedSize,
     "uniform": UniformSize,
     "lognormal": LognormalSize,
@@ -169,6 +180,6 @@ _NESTED: Nested = {
     "workload": PlanWorkload,
     "slo": PlanSLO,
     "devices": MenuEntry,
-    "prompt_tokens": _LENGTHS,
-    "output_tokens": _LENGTHS,
+    "prompt_tokens": LENGTHS,
+    "output_tokens": LENGTHS,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ __all__ = [
     "TIGHTEN",
     "Verification",
     "plan_verified",
+    "tighten",
     "verify",
 ]
 
@@ -128,18 +129,39 @@ def plan_verified(
     round's verification; the last one says whether the plan finally meets the SLO.
     ``progress(name)`` gives the progress callback of each round's simulation, named
     ``plan 1``, ``plan 2``, ..."""
-    checks: list[Verification] = []
+    return tighten(
+        lambda scale: plan_fleet(spec, cap_scale=scale),
+        lambda plan, bar: verify(plan, spec, requests=requests, seed=seed, progress=bar),
+        rounds=rounds,
+        progress=progress,
+    )
+
+
+class Check(Protocol):
+    @property
+    def meets_slo(self) -> bool: ...
+
+
+PlanT = TypeVar("PlanT")
+CheckT = TypeVar("CheckT", bound=Check)
+
+
+def tighten(
+    plan_at: Callable[[float], PlanT],
+    check: Callable[[PlanT, Progress | None], CheckT],
+    *,
+    rounds: int,
+    progress: Callable[[str], Progress] | None,
+) -> tuple[PlanT, list[CheckT]]:
+    """Plan with every cap scaled by 1, check it, and while the check misses the SLO scale the
+    caps by :data:`TIGHTEN` and plan again, at most ``rounds`` plans: the last plan and every
+    round's check. ``progress(name)`` gives round ``k``'s callback, named ``plan k``."""
+    checks: list[CheckT] = []
     scale = 1.0
     while True:
-        plan = plan_fleet(spec, cap_scale=scale)
-        check = verify(
-            plan,
-            spec,
-            requests=requests,
-            seed=seed,
-            progress=progress(f"plan {len(checks) + 1}") if progress else None,
-        )
-        checks.append(check)
-        if check.meets_slo or len(checks) >= rounds:
+        plan = plan_at(scale)
+        result = check(plan, progress(f"plan {len(checks) + 1}") if progress else None)
+        checks.append(result)
+        if result.meets_slo or len(checks) >= rounds:
             return plan, checks
         scale *= TIGHTEN

@@ -1,0 +1,251 @@
+"""``hetero profile-engine`` and ``hetero.plan.engine_profile``: the engine-faithful mock replica
+(a real process on 127.0.0.1 running the engine model with a known calibration) profiled, the
+profile saved and read back, bad profile files and bad command lines."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from hetero.cli import app
+from hetero.commands.launch import free_port
+from hetero.errors import ConfigError
+from hetero.plan.engine_profile import (
+    Emulator,
+    EngineProfile,
+    ProbePlan,
+    ProbeResult,
+)
+from hetero.serve.engine_model import Calibration
+
+runner = CliRunner()
+
+# A 3B Llama on an L4: steps of 40-50 ms while decoding and up to ~0.2 s for a 1536-token
+# prefill, long enough for a real-time mock to be measured on a busy machine, short enough that
+# the probes take some ten seconds.
+SHAPE, DEVICE = "llama-3.2-3b", "L4"
+TRUTH = Calibration(
+    compute_efficiency=0.4, bandwidth_efficiency=0.6, step_overhead=0.005, request_overhead=0.001
+)
+LIMITS = {"max_num_batched_tokens": 2048, "max_num_seqs": 16}
+KV_TOKENS = 65536
+
+
+@pytest.fixture(scope="module")
+def mock_url() -> Iterator[str]:
+    """A mock replica speaking vLLM's endpoints, running the engine model with ``TRUTH``."""
+    command = [sys.executable, "-m", "hetero", "mock-replica", "--engine", "vllm"]
+    command += ["--engine-model", "continuous", "--model-shape", SHAPE, "--device", DEVICE]
+    command += ["--port", "0", "--model", "m3", "--slots", str(LIMITS["max_num_seqs"])]
+    command += ["--max-num-batched-tokens", str(LIMITS["max_num_batched_tokens"])]
+    command += ["--kv-tokens", str(KV_TOKENS)]
+    for name, value in (
+        ("--compute-efficiency", TRUTH.compute_efficiency),
+        ("--bandwidth-efficiency", TRUTH.bandwidth_efficiency),
+        ("--step-overhead", TRUTH.step_overhead),
+        ("--request-overhead", TRUTH.request_overhead),
+    ):
+        command += [name, str(value)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            line = proc.stdout.readline()  # blocks until it listens (or exits)
+            match = re.search(r"listening on (http://127\.0\.0\.1:\d+) ", line)
+            assert match, f"mock-replica did not start: {line!r} {proc.stderr.read()}"
+            yield match[1]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.mark.slow
+def test_profiling_the_mock_recovers_its_engine(mock_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    args = [mock_url, "--model-shape", SHAPE, "--device", DEVICE.lower(), "--repeats", "1"]
+    args += ["--max-batched-tokens", str(LIMITS["max_num_batched_tokens"])]
+    args += ["--max-num-seqs", str(LIMITS["max_num_seqs"]), "--out", str(out)]
+    result = runner.invoke(app, ["profile-engine", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "first token, 1,536-token prompt" in result.stdout
+    assert "between tokens, 8 decoding" in result.stdout
+    assert "calibration: compute efficiency" in result.stdout and f"saved to {out}" in result.stdout
+
+    profile = EngineProfile.load(out)
+    assert (profile.model, profile.engine, profile.device) == ("m3", "vllm", DEVICE)
+    assert profile.kv_tokens == KV_TOKENS  # read from the mock's /metrics
+    assert (profile.max_num_batched_tokens, profile.max_num_seqs) == tuple(LIMITS.values())
+    assert [(p.kind, p.size) for p in profile.probes] == ProbePlan().schedule()
+    assert profile.worst_error < 0.15, result.stdout  # the fit against the measurements
+    # The fitted engine against the mock's own on every probe whose time the engine sets: the
+    # time between tokens, and the first token of the longer prompts (that of a short one is
+    # mostly the step and the HTTP path, which the fit may split either way).
+    emulator = Emulator(SHAPE, DEVICE, kv_tokens=KV_TOKENS, **LIMITS)
+    fitted = emulator.replay(profile.calibration, profile.plan, profile.http_s)
+    truth = emulator.replay(TRUTH, profile.plan)
+    errors = {k: fitted[k] / truth[k] - 1 for k in truth if k[0] == "itl" or k[1] >= 512}
+    assert max(map(abs, errors.values())) < 0.15, (errors, result.stdout)
+    # The prefill rate was learned (the long prompts' first tokens are bound by compute).
+    assert abs(profile.calibration.compute_efficiency / TRUTH.compute_efficiency - 1) < 0.3
+    assert profile.emulator().spec(profile.calibration).kv_tokens == KV_TOKENS
+
+
+# --- the saved file ----------------------------------------------------------------------------
+
+
+def a_profile() -> EngineProfile:
+    return EngineProfile(
+        model_shape=SHAPE,
+        device=DEVICE,
+        calibration=TRUTH,
+        http_s=0.002,
+        probes=(ProbeResult("ttft", 32, 0.05, 0.051), ProbeResult("itl", 8, 0.04, 0.036)),
+        model="m3",
+        url="http://127.0.0.1:8000",
+        taken_at="2026-01-02T03:04:05+00:00",
+        kv_tokens=KV_TOKENS,
+        engine="vllm",
+        plan=ProbePlan(ttft_prompts=(32,), itl_batches=(8,)),
+        **LIMITS,
+    )
+
+
+def test_a_profile_saved_loads_back_the_same(tmp_path: Path) -> None:
+    profile = a_profile()
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert EngineProfile.load(path) == profile
+    saved = json.loads(path.read_text())
+    assert saved["worst_error"] == pytest.approx(0.1)  # written for readers, derived on load
+    assert saved["probes"][1] == {"kind": "itl", "size": 8, "real": 0.04, "emulated": 0.036}
+    unknown = replace(profile, kv_tokens=None)  # an engine that does not say
+    unknown.save(path)
+    assert EngineProfile.load(path) == unknown
+
+
+def test_a_bad_profile_file_names_every_bad_field(tmp_path: Path) -> None:
+    data: dict[str, Any] = a_profile().to_dict()
+    del data["model"]
+    data["device"] = "H900"
+    data["tensor_parallel"] = "2"
+    data["calibration"]["compute_efficiency"] = 1.5
+    data["calibration"]["step_overhead"] = "fast"
+    data["probes"][0]["real"] = -1
+    data["probes"][1]["kind"] = "e2e"
+    data["extra"] = 1
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        EngineProfile.load(path)
+    problems = dict(err.value.problems)
+    where = f"{path}: "
+    assert problems[where + "model"] == "required field is missing"
+    assert "unknown device 'H900'" in problems[where + "device"]
+    assert problems[where + "tensor_parallel"] == "must be an integer >= 1, got '2'"
+    assert problems[where + "calibration.step_overhead"] == "must be a number, got 'fast'"
+    assert problems[where + "probes[0].real"] == "must be a number of seconds > 0, got -1"
+    assert problems[where + "probes[1].kind"] == "must be 'ttft' or 'itl', got 'e2e'"
+    assert "unknown key" in problems[where + "extra"]
+    assert len(problems) == 7  # compute_efficiency waits for the calibration to be whole
+
+    data["calibration"]["step_overhead"] = 0.002  # now Calibration.problems() speaks
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        EngineProfile.load(path)
+    assert (
+        "fraction of the peak in (0, 1], got 1.5"
+        in dict(err.value.problems)[where + "calibration.compute_efficiency"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("[1, 2]", "expected a mapping (a saved profile), got [1, 2]"), ("{", "invalid JSON")],
+)
+def test_a_file_that_is_no_profile_is_one_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        EngineProfile.load(path)
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def profile_cli(*args: str) -> Any:
+    return runner.invoke(app, ["profile-engine", *args], env={"COLUMNS": "200"})
+
+
+def test_nothing_listening_is_one_line_and_exit_1() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = profile_cli(url, "--model-shape", SHAPE, "--device", DEVICE, "--timeout", "5")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot read {url}/v1/models ("), lines
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def not_openai() -> Iterator[str]:
+    """An HTTP server that answers 404 to everything."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_is_not_openai_is_one_line_and_exit_1(not_openai: str) -> None:
+    result = profile_cli(not_openai, "--model-shape", SHAPE, "--device", DEVICE)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/v1/models (/v1/models answered HTTP 404)" in lines[0], lines
+    assert "OpenAI-compatible" in lines[0]
+
+
+def test_bad_arguments_are_named_before_any_request() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # never asked: the arguments fail first
+    result = profile_cli(url, "--model-shape", "llama-9", "--device", "L5")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: --model-shape: unknown model shape 'llama-9'; built-in:")
+    assert lines[1].startswith("error: --device: unknown device 'L5'; closest: L4")
+    assert len(lines) == 2
+    result = profile_cli("localhost:8000", "--model-shape", SHAPE, "--device", DEVICE)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: URL: must be http://HOST:PORT, got 'localhost:8000'"
+
+
+def test_help_explains_and_gives_examples() -> None:
+    result = profile_cli("--help")
+    assert result.exit_code == 0
+    for option in ("--model-shape", "--device", "--tensor-parallel", "--out", "--repeats"):
+        assert option in result.stdout
+    assert "hetero profile-engine http://" in result.stdout
