@@ -127,7 +127,7 @@ async def test_a_replica_joins_then_leaves_by_drain_without_cutting_its_request(
         s.provider,
         traffic,
         options=ControllerOptions(interval=0.05, drain_poll=0.02),
-        added=s.server._added,  # what the admin API does for a replica it adds
+        added=s.server.replica_added,  # what the admin API does for a replica it adds
     )
     controller.adopt(s.first)
     controller.start()

@@ -191,6 +191,23 @@ def serve(
             help="Write one JSON line per request to this file ('-': stderr).", show_default=False
         ),
     ] = None,
+    autoscale: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start and stop replicas as the traffic asks, by the autoscale file (replica "
+            "types, their commands, the serving plan that sizes them; examples/autoscale.yaml). "
+            "--replica ones stay whatever the traffic.",
+            show_default=False,
+        ),
+    ] = None,
+    autoscale_dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale-dry-run",
+            help="With --autoscale: decide and show the decisions in /status, start or stop "
+            "nothing after the first replicas.",
+        ),
+    ] = False,
 ) -> None:
     """Route OpenAI-compatible requests to replicas by their speed and capacity.
 
@@ -211,18 +228,30 @@ def serve(
       hetero serve -c fleet.yaml --admin-key secret
 
       hetero serve --port 0 -r http://127.0.0.1:9001=speed:6,slots=20
+
+      hetero serve --autoscale examples/autoscale.yaml
     """
     from hetero.serve.app import ServeOptions, Server
-    from hetero.serve.replicas import parse_replica_flag, replica_from_config
+    from hetero.serve.autoscale.config import load_autoscale
+    from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
     from hetero.serve.router import Router, RouterOptions
 
     try:
         file = load_config(config) if config is not None else None
         entries = list(file.replicas) if file is not None else []
         entries += [parse_replica_flag(text) for text in replica or []]
-        if not entries:
+        setup = load_autoscale(autoscale) if autoscale is not None else None
+        if autoscale_dry_run and setup is None:
+            raise ConfigError([("--autoscale-dry-run", "applies with --autoscale FILE")])
+        if not entries and setup is None:
             raise ConfigError(
-                [("--replica", "no replicas: give --replica URL, or a config with replicas:")]
+                [
+                    (
+                        "--replica",
+                        "no replicas: give --replica URL, a config with replicas:, or "
+                        "--autoscale FILE",
+                    )
+                ]
             )
         if strategy is not None and strategy not in policy_names() and ":" not in strategy:
             raise ConfigError([("--strategy", unknown_strategy(strategy))])
@@ -230,7 +259,9 @@ def serve(
         # The config's strategy only when it names one: the engine's default is not the router's.
         chosen = scheduler if scheduler and "strategy" in scheduler.model_fields_set else None
         options = RouterOptions(
-            strategy=strategy or (chosen.strategy if chosen else DEFAULT_STRATEGY),
+            # Autoscaling to a plan's SLO routes by that SLO unless told otherwise.
+            strategy=strategy
+            or (chosen.strategy if chosen else "slo" if setup else DEFAULT_STRATEGY),
             strategy_options=dict(chosen.options) if chosen and not strategy else {},
             queue_size=queue_size,
             timeout=timeout,
@@ -239,28 +270,30 @@ def serve(
             prefill_weight=prefill_weight,
             unit_rate=unit_rate,
             capacity=_capacity(capacity_initial, capacity_tolerance),
-            slo_ttft=slo_ttft,
-            slo_tpot=slo_tpot,
+            slo_ttft=slo_ttft or (setup.spec.slo.ttft if setup else None),
+            slo_tpot=slo_tpot or (setup.spec.slo.tpot if setup else None),
         )
-        router = Router([replica_from_config(e) for e in entries], options)
-        server = Server(
-            router,
-            ServeOptions(
-                host=host,
-                port=port,
-                admin_host=admin_host,
-                admin_port=admin_port,
-                admin_key=admin_key,
-                max_body=max_body,
-                max_reply=max_reply,
-                rate_limit=rate_limit,
-                health_interval=health_interval,
-                header_timeout=header_timeout,
-                max_connections=max_connections,
-                load_interval=load_interval,
-                load_reads=load_reads,
-            ),
+        serve_options = ServeOptions(
+            host=host,
+            port=port,
+            admin_host=admin_host,
+            admin_port=admin_port,
+            admin_key=admin_key,
+            max_body=max_body,
+            max_reply=max_reply,
+            rate_limit=rate_limit,
+            health_interval=health_interval,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+            load_interval=load_interval,
+            load_reads=load_reads,
         )
+        static = [replica_from_config(e) for e in entries]
+
+        def build(replicas: list[Replica]) -> Server:
+            return Server(Router(replicas, options), serve_options)
+
+        server = build(static) if setup is None else None
     except ConfigError as exc:
         print_problems(exc, "error: ")
         raise typer.Exit(1) from None
@@ -269,9 +302,17 @@ def serve(
     if access_log is not None:
         _open_access_log(access_log)
     try:
-        asyncio.run(_run(server))
+        if setup is not None:
+            from hetero.commands.serve_autoscale import run_autoscaled
+
+            asyncio.run(run_autoscaled(setup, static, build, autoscale_dry_run))
+        else:
+            assert server is not None
+            asyncio.run(_run(server))
     except OSError as exc:  # the port is taken, the address is not ours
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    except HeteroError as exc:  # a first replica the provider could not start
+        fail(str(exc))
 
 
 def _capacity(initial: int, tolerance: float) -> CapacityOptions:

@@ -82,8 +82,47 @@ def serve_view(
             "—" if rate is None else f"{rate:,.0f}",
             "—" if latency is None else f"{latency:.2f}",
         )
+    parts: list[RenderableType] = [head, table]
     engines = _engine_table(status["replicas"])
-    return Group(head, table) if engines is None else Group(head, table, engines)
+    if engines is not None:
+        parts.append(engines)
+    if status.get("autoscale"):
+        parts.append(_autoscale_table(status["autoscale"]))
+    return Group(*parts)
+
+
+def _autoscale_table(auto: dict[str, Any]) -> SplitTable:
+    """``--autoscale``: per type its replicas and target, then the last decisions."""
+    traffic = auto.get("traffic") or {}
+    dry = " (dry run)" if auto["dry_run"] else ""
+    table = SplitTable(
+        title=f"autoscale{dry}: {traffic.get('rate', 0):.2f} requests/s over the last "
+        f"{traffic.get('window', 0):.0f} s",
+        caption="target: what the planner asks for now (within min/max); held: why a wanted "
+        "action waits. Last decisions: "
+        + (
+            "; ".join(
+                f"{d['kind']} {d['type']} {d['ago_s']:.0f}s ago: {d['reason']}"
+                for d in auto["decisions"][-3:]
+            )
+            or "none yet"
+        ),
+        caption_justify="left",
+    )
+    for header in ("type", "warm", "starting", "draining", "target", "min–max"):
+        table.add_column(header, justify="left" if header == "type" else "right")
+    table.add_wrapping_column("held", width=24)
+    for name, t in auto["types"].items():
+        table.add_row(
+            name,
+            str(t["warm"]),
+            str(t["starting"]),
+            str(t["draining"]),
+            str(t.get("target", "—")),
+            f"{t.get('min_count', 0)}–{t.get('max_count', '—')}",
+            t.get("held") or "",
+        )
+    return table
 
 
 def _engine_table(replicas: list[dict[str, Any]]) -> SplitTable | None:

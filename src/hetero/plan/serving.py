@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ __all__ = [
     "OptionPlan",
     "ReplicaOption",
     "ServingPlan",
+    "ServingPlanner",
     "length_buckets",
     "plan_serving",
     "replica_options",
@@ -391,13 +392,49 @@ def plan_serving(spec: ServingPlanSpec) -> ServingPlan:
     :class:`InfeasiblePlan` naming why none does: the model fits no offered GPU (naming the
     smallest that fits), no GPU meets the SLO (naming the best achievable), or the caps or the
     budget are too tight."""
-    started = time.perf_counter()
-    p = _problem(spec)
-    everything = np.ones(len(p.options), dtype=bool)
-    solution = _solve(p, everything, p.budget)
-    if solution is None:
-        raise _why_not(spec, p)
-    paid, owned, shares = solution
+    return ServingPlanner(spec).plan()
+
+
+class ServingPlanner:
+    """A spec's options and their capacity per length bucket, worked out once; :meth:`plan`
+    then solves for any request rate (what an autoscaler asks again and again)."""
+
+    def __init__(self, spec: ServingPlanSpec) -> None:
+        started = time.perf_counter()
+        self.spec = spec
+        self.problem = _problem(spec)
+        self.setup_seconds = time.perf_counter() - started
+
+    def plan(self, rate: float | None = None, *, explain: bool = True) -> ServingPlan:
+        """The cheapest fleet at ``rate`` requests/s (default the spec's). Without
+        ``explain``, the single-type fleets and the reasons are left out (one solve, not one
+        per GPU more)."""
+        started = time.perf_counter()
+        spec = self.spec
+        p = self.problem
+        if rate is not None and rate != spec.workload.rate:
+            p = replace(p, rate=p.rate * (rate / spec.workload.rate))
+        solution = _solve(p, np.ones(len(p.options), dtype=bool), p.budget)
+        if solution is None:
+            raise _why_not(spec, p)
+        chosen = _chosen(p, *solution)
+        singles = _singles(p) if explain else {}
+        return ServingPlan(
+            model=spec.shape.name,
+            options=chosen,
+            buckets=p.buckets,
+            rate=float(p.rate.sum()),
+            why=_why(p, chosen, singles) if explain else {},
+            single_type=singles,
+            solve_seconds=time.perf_counter() - started + (self.setup_seconds if explain else 0),
+            max_utilization=spec.max_utilization,
+            capacity={o.name: p.cap[i].tolist() for i, o in enumerate(p.options) if o.engine},
+        )
+
+
+def _chosen(
+    p: _Problem, paid: FloatArray, owned: FloatArray, shares: FloatArray
+) -> tuple[OptionPlan, ...]:
     chosen = []
     for o, option in enumerate(p.options):
         replicas = int(paid[o] + owned[o])
@@ -420,18 +457,7 @@ def plan_serving(spec: ServingPlanSpec) -> ServingPlan:
                 ttft=ttft,
             )
         )
-    singles = _singles(p)
-    return ServingPlan(
-        model=spec.shape.name,
-        options=tuple(chosen),
-        buckets=p.buckets,
-        rate=spec.workload.rate,
-        why=_why(p, chosen, singles),
-        single_type=singles,
-        solve_seconds=time.perf_counter() - started,
-        max_utilization=spec.max_utilization,
-        capacity={o.name: p.cap[i].tolist() for i, o in enumerate(p.options) if o.engine},
-    )
+    return tuple(chosen)
 
 
 def _singles(p: _Problem) -> dict[str, float | str]:
@@ -557,8 +583,7 @@ def _why_not(spec: ServingPlanSpec, p: _Problem) -> InfeasiblePlan:
     caps = ", ".join(f"{g} {n}" for g, n in p.max_devices.items() if n is not None)
     return InfeasiblePlan(
         "max_count",
-        f"no fleet within max_count ({caps}) carries {spec.workload.rate:g} requests/s within "
-        "the SLO",
+        f"no fleet within max_count ({caps}) carries {p.rate.sum():g} requests/s within the SLO",
     )
 
 

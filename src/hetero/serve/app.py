@@ -18,6 +18,7 @@ import logging
 import resource
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +44,9 @@ from hetero.serve.proxy import Outcome, client_gone, forward, forward_stream, un
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.records import ReplicaState
 from hetero.serve.router import Router, Ticket
+
+if TYPE_CHECKING:
+    from hetero.serve.autoscale.controller import AutoscaleController
 
 __all__ = ["ServeOptions", "Server"]
 
@@ -116,6 +120,7 @@ class Server:
         self.url = ""
         self.admin_url: str | None = None
         self._repeats = RepeatFilter()
+        self.autoscaler: AutoscaleController | None = None  # shown in /status when set
         app = web.Application(client_max_size=options.max_body)
         for path in _COMPLETIONS:
             app.router.add_post(path, self._completion)
@@ -175,7 +180,7 @@ class Server:
             self.app, o.host, o.port, min(o.max_connections or cap, cap), cancel_on_hangup=True
         )
         if o.admin_key:
-            admin = AdminApi(self.router, o.admin_key, self._added).app()
+            admin = AdminApi(self.router, o.admin_key, self.replica_added).app()
             port = o.admin_port if o.admin_port is not None else (o.port + 1 if o.port else 0)
             self.admin_url = await self._listen(admin, o.admin_host, port, ADMIN_CONNECTIONS)
         self._health = asyncio.create_task(checks.run())
@@ -195,8 +200,9 @@ class Server:
         self._runners.append(runner)
         return url
 
-    async def _added(self, state: ReplicaState) -> None:
-        """A replica added through the admin API: learn what it serves, read its load."""
+    async def replica_added(self, state: ReplicaState) -> None:
+        """A replica added while serving (the admin API, the autoscaler): learn what it
+        serves, read its load."""
         assert self._checks is not None
         await self._checks.probe(state, models=True)
         if self.poller is not None:
@@ -390,7 +396,10 @@ class Server:
         # there is one; without one, the front shows all as before.
         key = self.options.admin_key
         full = not key or same_key(api_key(request), key)
-        return web.json_response(self.router.status(full))
+        status = self.router.status(full)
+        if self.autoscaler is not None and full:
+            status["autoscale"] = self.autoscaler.status()
+        return web.json_response(status)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")

@@ -40,6 +40,7 @@ from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.slo import SloRouting
 from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
+from hetero.serve.autoscale.traffic import TrafficLog
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths, brief
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
@@ -128,6 +129,7 @@ class Router(Driver):
             for r, state in zip(replicas, self.replicas, strict=True):
                 self.slo_policy.set_prior(state.index, r.engine_prior())
         self.tickets: dict[int, Ticket] = {}
+        self.traffic = TrafficLog()  # what an autoscaler sizes the fleet for
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         # Replicas that let a request time out before answering anything, while expiring.
@@ -216,6 +218,7 @@ class Router(Driver):
             )
         loop = asyncio.get_running_loop()
         ticket = Ticket(next(self._ids), model, prompt, loop.create_future(), self.clock.now())
+        self.traffic.arrived(ticket.submitted)
         cost = self.outputs.cost(model, prompt, max_tokens)
         prefix = None
         if self.prefix_aware and (text or session):
@@ -287,6 +290,7 @@ class Router(Driver):
             )
             if output_tokens:
                 self.outputs.observe(ticket.model, output_tokens)
+                self.traffic.finished(ticket.prompt, output_tokens)
                 state.output_tokens += output_tokens
                 self._learn_capacity(state, output_tokens, work, latency, ttft)
         state.completed += 1

@@ -1,0 +1,99 @@
+"""How many replicas of each type a traffic needs: the serving planner (``hetero plan`` with a
+model) asked again for the rate and the lengths the router observes.
+
+Each autoscaler type is one planner option: a GPU at a tensor-parallel degree, at the GPU's
+price, within its ``max_count``. The planner's capacities depend on the request lengths only,
+so they are worked out once and again when the observed lengths have been sampled enough and
+the last refit is older than ``refit_every`` calls; every call re-solves the program for the
+observed rate (a few tens of ms).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetero.errors import ConfigError, InfeasiblePlan
+from hetero.plan.serving import ServingPlanner
+from hetero.plan.serving_spec import ServingPlanSpec
+from hetero.serve.autoscale.policy import Traffic
+
+__all__ = ["MIN_SAMPLES", "PlanSizer", "TypeOption", "with_lengths"]
+
+#: Observed requests needed before their lengths replace the spec's distributions.
+MIN_SAMPLES = 200
+
+
+@dataclass(frozen=True, slots=True)
+class TypeOption:
+    """An autoscaler type as the planner knows it: a menu GPU at one tensor-parallel degree."""
+
+    gpu: str
+    tensor_parallel: int = 1
+
+
+def with_lengths(spec: ServingPlanSpec, prompt: np.ndarray, output: np.ndarray) -> ServingPlanSpec:
+    """``spec`` planning for requests of these lengths instead of its own."""
+    copy = spec.model_copy()
+    copy.__dict__["lengths"] = (prompt.astype(float), output.astype(float))
+    return copy
+
+
+class PlanSizer:
+    """``sizer(traffic) -> {type: replicas}`` for :class:`ScalePolicy`, from ``spec``'s model,
+    SLO and menu; ``types`` names each type's option (its GPU must be on the menu).
+
+    A rate no fleet within the caps carries asks every type for as many as it may have (the
+    policy clamps to ``max_count``); a rate of nothing asks for none (the policy keeps the
+    last warm replica and each type's ``min_count``)."""
+
+    def __init__(
+        self, spec: ServingPlanSpec, types: Mapping[str, TypeOption], refit_every: int = 10
+    ) -> None:
+        menu = {d.model: d for d in spec.devices}
+        problems = []
+        for name, option in types.items():
+            if option.gpu not in menu:
+                problems.append(
+                    (f"types.{name}.gpu", f"{option.gpu!r} is not on the menu: {', '.join(menu)}")
+                )
+        if problems:
+            raise ConfigError(problems)
+        degrees: dict[str, set[int]] = {}
+        for option in types.values():
+            degrees.setdefault(option.gpu, set()).add(option.tensor_parallel)
+        devices = [
+            menu[gpu].model_copy(update={"tensor_parallel": tuple(sorted(k))})
+            for gpu, k in degrees.items()
+        ]
+        self.spec = spec.model_copy(update={"devices": devices})
+        self.types = dict(types)
+        self.refit_every = refit_every
+        self.planner = ServingPlanner(self.spec)
+        self._calls = 0
+
+    def __call__(self, traffic: Traffic) -> dict[str, int]:
+        self._calls += 1
+        if (
+            len(traffic.prompt_samples) >= MIN_SAMPLES
+            and len(traffic.output_samples) == len(traffic.prompt_samples)
+            and self._calls % self.refit_every == 0
+        ):
+            lengths = with_lengths(
+                self.spec, np.array(traffic.prompt_samples), np.array(traffic.output_samples)
+            )
+            self.planner = ServingPlanner(lengths)
+        if not traffic.rate > 0 or not math.isfinite(traffic.rate):
+            return dict.fromkeys(self.types, 0)
+        try:
+            plan = self.planner.plan(traffic.rate, explain=False)
+        except InfeasiblePlan:
+            return dict.fromkeys(self.types, 1_000_000)
+        counts = {(o.option.gpu, o.option.tensor_parallel): o.replicas for o in plan.options}
+        return {
+            name: counts.get((option.gpu, option.tensor_parallel), 0)
+            for name, option in self.types.items()
+        }

@@ -1,0 +1,51 @@
+"""What traffic the router has seen: arrivals and the lengths of finished requests, over a
+sliding window, for the autoscaler's sizer. Two appends on the request path, nothing more."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from hetero.serve.autoscale.policy import Traffic
+
+__all__ = ["TrafficLog"]
+
+
+class TrafficLog:
+    """Arrival times and ``(prompt, output)`` tokens of finished requests; ``traffic(now)``
+    summarises the last ``window`` seconds (lengths: the last ``samples`` finished)."""
+
+    def __init__(self, window: float = 60.0, samples: int = 2000) -> None:
+        self.window = window
+        self._arrivals: deque[float] = deque()
+        self._lengths: deque[tuple[int, int]] = deque(maxlen=samples)
+        self._first: float | None = None
+
+    def arrived(self, now: float) -> None:
+        self._arrivals.append(now)
+        if self._first is None:
+            self._first = now
+        self._trim(now)
+
+    def finished(self, prompt: int, output: int) -> None:
+        self._lengths.append((prompt, output))
+
+    def _trim(self, now: float) -> None:
+        while self._arrivals and self._arrivals[0] <= now - self.window:
+            self._arrivals.popleft()
+
+    def traffic(self, now: float) -> Traffic:
+        """The last ``window`` seconds (less, in the first minute of traffic)."""
+        self._trim(now)
+        span = self.window if self._first is None else min(self.window, now - self._first)
+        span = max(span, 1.0)
+        prompts = tuple(p for p, _ in self._lengths)
+        outputs = tuple(o for _, o in self._lengths)
+        n = len(prompts)
+        return Traffic(
+            rate=len(self._arrivals) / span,
+            window=span,
+            prompt_tokens=sum(prompts) / n if n else 0.0,
+            output_tokens=sum(outputs) / n if n else 0.0,
+            prompt_samples=prompts,
+            output_samples=outputs,
+        )
