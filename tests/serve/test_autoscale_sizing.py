@@ -1,0 +1,101 @@
+"""The autoscaler's sizer (the serving planner asked per observed traffic), its traffic log, and
+its policy driving the engine-fleet simulator: pure, virtual time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hetero.errors import ConfigError
+from hetero.plan.serving_spec import parse_serving_plan
+from hetero.serve.autoscale.policy import PolicyOptions, ReplicaType, ScalePolicy, Traffic
+from hetero.serve.autoscale.simulated import SimulatedAutoscaler
+from hetero.serve.autoscale.sizing import MIN_SAMPLES, PlanSizer, TypeOption
+from hetero.serve.autoscale.traffic import TrafficLog
+from hetero.serve.engine_model import engine_spec
+from hetero.serve.records import RouterOptions
+from hetero.sim.engine_fleet import EngineFleetSimulator
+
+
+def spec(**over: Any) -> Any:
+    data: dict[str, Any] = {
+        "model": "llama-3.1-8b",
+        "workload": {"rate": 1, "prompt_tokens": 300, "output_tokens": 100},
+        "slo": {"ttft": 1.0, "tpot": 0.1},
+        "devices": [{"model": "L4", "max_count": 4}, {"model": "A100-80GB", "max_count": 2}],
+    }
+    data.update(over)
+    return parse_serving_plan(data)
+
+
+TYPES = {"l4": TypeOption("L4"), "a100": TypeOption("A100-80GB")}
+
+
+def test_the_sizer_asks_more_as_the_rate_grows_and_none_for_nothing() -> None:
+    sizer = PlanSizer(spec(), TYPES)
+    assert sizer(Traffic(rate=0.0)) == {"l4": 0, "a100": 0}
+    counts = [sum(sizer(Traffic(rate=r)).values()) for r in (0.5, 5, 20, 40)]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] > counts[0]
+    # Beyond what the caps carry: every type as many as it may have (the policy clamps).
+    assert sizer(Traffic(rate=10_000)) == {"l4": 1_000_000, "a100": 1_000_000}
+
+
+def test_the_sizer_refits_to_the_lengths_it_observes() -> None:
+    sizer = PlanSizer(spec(), TYPES, refit_every=1)
+    short = sizer(Traffic(rate=20))
+    long = Traffic(
+        rate=20,
+        prompt_samples=(3000,) * MIN_SAMPLES,
+        output_samples=(100,) * MIN_SAMPLES,
+    )
+    assert sum(sizer(long).values()) > sum(short.values())  # longer prompts need more
+
+
+def test_a_type_off_the_menu_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"types\.h100\.gpu: 'H100-SXM-80GB' is not on"):
+        PlanSizer(spec(), {"h100": TypeOption("H100-SXM-80GB")})
+
+
+def test_the_traffic_log_counts_the_last_window() -> None:
+    log = TrafficLog(window=10.0)
+    for t in np.arange(0.0, 30.0, 0.5):
+        log.arrived(float(t))
+    log.finished(100, 20)
+    seen = log.traffic(30.0)
+    assert seen.rate == pytest.approx(19 / 10.0)  # those in (20, 30]: the last 10 s
+    assert seen.prompt_samples == (100,) and seen.output_tokens == 20
+    assert TrafficLog().traffic(5.0).rate == 0.0
+
+
+def test_the_policy_grows_and_shrinks_a_simulated_fleet_and_loses_nothing() -> None:
+    l4 = engine_spec("llama-3.1-8b", "L4")
+    busy_until = 300.0
+
+    def sizer(traffic: Traffic) -> dict[str, int]:
+        return {"l4": 3 if traffic.rate > 2 else 1}
+
+    policy = ScalePolicy(
+        [ReplicaType("l4", startup_s=30, max_count=3)],
+        sizer,
+        PolicyOptions(up_after=10, down_after=60, cooldown=30),
+    )
+    scaler = SimulatedAutoscaler(policy, {"l4": l4})
+    rng = np.random.default_rng(1)
+    busy = np.cumsum(rng.exponential(1 / 4, 1200))  # 4 requests/s, then one every 2 s
+    times = np.concatenate((busy[busy < busy_until], np.arange(busy_until, 600.0, 2.0)))
+    arrivals = [(float(t), 200, 20) for t in times]
+    sim = EngineFleetSimulator(
+        [(scaler.initial("l4"), l4)],
+        options=RouterOptions(strategy="slo", slo_ttft=1.0, slo_tpot=0.1),
+        priors="engine",
+    )
+    result = sim.run(arrivals, until=700.0, interval=5.0, on_tick=scaler)
+    kinds = [kind for _, kind, *_ in scaler.actions]
+    assert "start" in kinds and "drain" in kinds
+    assert kinds.index("start") < kinds.index("drain")
+    assert int(result.done.sum()) == len(arrivals)  # nothing lost while it grew and shrank
+    joined = [r for r in result.replicas if r.joined_at is not None]
+    assert len(joined) == 3
+    assert all(r.joined_at >= r.asked_at + 30 for r in joined[1:])  # warm after start-up
