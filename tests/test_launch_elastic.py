@@ -126,6 +126,42 @@ def test_the_rank_that_failed_first_is_charged_and_the_same_error_twice_stops_it
     assert "Traceback" not in done.stderr
 
 
+DYING = """
+import json, os, signal, sys, time
+slot, error_file = int(os.environ["LOCAL_RANK"]), os.environ["TORCHELASTIC_ERROR_FILE"]
+if slot == 1:  # dies without raising: no error file
+    time.sleep(0.5)
+    os._exit(1)
+# The peer: its collective fails once rank 1 is gone, and it records that error as it ends
+# (here when the launcher stops it, so that its error file is written after rank 1's end).
+def fail(*_):
+    with open(error_file, "w") as f:
+        json.dump({"message": {"message": "RuntimeError: connection closed by peer"}}, f)
+    os._exit(1)
+signal.signal(signal.SIGTERM, fail)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_rank_that_died_without_raising_is_charged_not_the_peer_its_end_brought_down(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "job.py").write_text(DYING)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "hetero", "launch", "--nproc", "2", "--max-restarts", "1"),
+            str(tmp_path / "job.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "local rank 1 exited with status 1; starting all 2 ranks again" in done.stderr
+    assert "connection closed by peer" not in done.stderr.split("\n")[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -264,6 +264,7 @@ class _Group:
         base.setdefault("OMP_NUM_THREADS", "1")
         self.request = request
         self.exits: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.ended_at: dict[int, int] = {}  # slot -> when its end was seen (ns, wall clock)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.waiters: list[threading.Thread] = []
         # Where torch's @record writes a rank's uncaught exception, as under torchrun.
@@ -309,12 +310,19 @@ class _Group:
         (None: unknown), given the first to end. That may be one the failure reached: ranks fail
         when a peer closes its connections, which the peer may do before it ends. So the rank
         whose error file was written first (by torch's ``@record``) comes first, when ranks
-        write them. A first to end that wrote none died without raising (killed, ``os._exit``,
-        a crash): it is the one, and what the others raised followed from it."""
-        if not self.errors[ended].exists():
-            return ended, None
+        write them, but only an error written before the first rank's end was seen: one written
+        after it may be what that end caused (a rank killed, or ended by ``os._exit``, writes
+        none, and its peers' collectives fail once it is gone)."""
         slots = self.errors if among is None else among
-        written = [(path.stat().st_mtime_ns, s) for s in slots if (path := self.errors[s]).exists()]
+        seen_end = self.ended_at.get(ended)
+        written = []
+        for s in slots:
+            path = self.errors[s]
+            if not path.exists():
+                continue
+            mtime = path.stat().st_mtime_ns
+            if s == ended or seen_end is None or mtime < seen_end:
+                written.append((mtime, s))
         if written:
             first = min(written)[1]
             error = _recorded_error(self.errors[first])
@@ -359,7 +367,9 @@ class _Group:
         return not any(waiter.is_alive() for waiter in self.waiters)
 
     def _wait(self, slot: int, proc: subprocess.Popen[bytes]) -> None:
-        self.exits.put((slot, proc.wait()))
+        code = proc.wait()
+        self.ended_at[slot] = time.time_ns()  # the clock error files' mtimes are on
+        self.exits.put((slot, code))
 
 
 class _Interrupts:
