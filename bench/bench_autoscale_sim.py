@@ -1,8 +1,8 @@
 """A simulated day of diurnal traffic with bursts: ``hetero serve --autoscale``'s policy and
 sizer against static plans, on engine-faithful replicas behind the router's dispatcher.
 
-- Model and fleet: Llama 3.1 70B on A100-80GB and H100-SXM-80GB at tensor-parallel degrees 2
-  and 4 and L40S at 4 (catalog prices); each replica an ``EngineModel`` (continuous batching,
+- Model and fleet: Llama 3.1 70B on two A100-80GB, two H100-SXM-80GB or four L40S per
+  replica (catalog prices); each replica an ``EngineModel`` (continuous batching,
   chunked prefill, paged KV) in ``hetero.sim.engine_fleet``, routed by the ``slo`` strategy with
   the SLO below; a replica asked for is billed at once and serves after its start-up time.
 - Traffic: Poisson arrivals whose rate follows a day (``--trough`` at midnight to ``--peak`` at
@@ -45,9 +45,11 @@ from hetero.sim.engine_fleet import EngineFleetSimulator, FleetResult
 
 DAY = 86_400.0
 TTFT, TPOT = 2.0, 0.08
+# Replicas of about one size (160-192 GB of HBM each), as an operator would offer them: the
+# static plans and the autoscaler choose among the same three.
 MENU = [
-    {"model": "A100-80GB", "tensor_parallel": [2, 4]},
-    {"model": "H100-SXM-80GB", "tensor_parallel": [2, 4]},
+    {"model": "A100-80GB", "tensor_parallel": [2]},
+    {"model": "H100-SXM-80GB", "tensor_parallel": [2]},
     {"model": "L40S", "tensor_parallel": [4]},
 ]
 STARTUP = {"A100-80GB": 150.0, "H100-SXM-80GB": 120.0, "L40S": 180.0}  # loading 140 GB

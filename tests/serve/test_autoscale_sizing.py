@@ -99,3 +99,19 @@ def test_the_policy_grows_and_shrinks_a_simulated_fleet_and_loses_nothing() -> N
     joined = [r for r in result.replicas if r.joined_at is not None]
     assert len(joined) == 3
     assert all(r.joined_at >= r.asked_at + 30 for r in joined[1:])  # warm after start-up
+
+
+def test_the_sizer_keeps_its_gpus_while_they_cost_little_more() -> None:
+    menu = [
+        {"model": "A100-80GB", "max_count": 8, "tensor_parallel": [2]},
+        {"model": "H100-SXM-80GB", "max_count": 8, "tensor_parallel": [2]},
+    ]
+    plan_spec = spec(model="llama-3.1-70b", devices=menu)
+    types = {"a100": TypeOption("A100-80GB", 2), "h100": TypeOption("H100-SXM-80GB", 2)}
+    sticky, loose = PlanSizer(plan_spec, types), PlanSizer(plan_spec, types, stickiness=0.0)
+    assert sticky(Traffic(rate=4.0)) == loose(Traffic(rate=4.0)) == {"a100": 1, "h100": 0}
+    # At 6 requests/s one H100 pair is cheapest; two A100 pairs cost less than 25 % more.
+    assert loose(Traffic(rate=6.0)) == {"a100": 0, "h100": 1}
+    assert sticky(Traffic(rate=6.0)) == {"a100": 2, "h100": 0}
+    # At 9 the A100s would cost more than that: it moves.
+    assert sticky(Traffic(rate=9.0)) == {"a100": 0, "h100": 1}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -405,8 +405,15 @@ class ServingPlanner:
         self.problem = _problem(spec)
         self.setup_seconds = time.perf_counter() - started
 
-    def plan(self, rate: float | None = None, *, explain: bool = True) -> ServingPlan:
-        """The cheapest fleet at ``rate`` requests/s (default the spec's). Without
+    def plan(
+        self,
+        rate: float | None = None,
+        *,
+        explain: bool = True,
+        only: Collection[tuple[str, int]] | None = None,
+    ) -> ServingPlan:
+        """The cheapest fleet at ``rate`` requests/s (default the spec's), of the options
+        ``only`` names (``(GPU, tensor-parallel degree)``; default every one). Without
         ``explain``, the single-type fleets and the reasons are left out (one solve, not one
         per GPU more)."""
         started = time.perf_counter()
@@ -414,7 +421,10 @@ class ServingPlanner:
         p = self.problem
         if rate is not None and rate != spec.workload.rate:
             p = replace(p, rate=p.rate * (rate / spec.workload.rate))
-        solution = _solve(p, np.ones(len(p.options), dtype=bool), p.budget)
+        allowed = np.array(
+            [only is None or (o.gpu, o.tensor_parallel) in only for o in p.options], dtype=bool
+        )
+        solution = _solve(p, allowed, p.budget)
         if solution is None:
             raise _why_not(spec, p)
         chosen = _chosen(p, *solution)

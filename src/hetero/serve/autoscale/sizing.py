@@ -5,7 +5,8 @@ Each autoscaler type is one planner option: a GPU at a tensor-parallel degree, a
 price, within its ``max_count``. The planner's capacities depend on the request lengths only,
 so they are worked out once and again when the observed lengths have been sampled enough and
 the last refit is older than ``refit_every`` calls; every call re-solves the program for the
-observed rate (a few tens of ms).
+observed rate (a few tens of ms). The answer sticks to the GPUs of the last one while a plan of
+them costs at most ``stickiness`` more than the cheapest.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetero.errors import ConfigError, InfeasiblePlan
-from hetero.plan.serving import ServingPlanner
+from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec
 from hetero.serve.autoscale.policy import Traffic
 
-__all__ = ["MIN_SAMPLES", "PlanSizer", "TypeOption", "with_lengths"]
+__all__ = ["MIN_SAMPLES", "STICKINESS", "PlanSizer", "TypeOption", "with_lengths"]
 
 #: Observed requests needed before their lengths replace the spec's distributions.
 MIN_SAMPLES = 200
+#: How much dearer a plan of the GPUs already in use may be than the cheapest before the
+#: fleet moves to other GPUs.
+STICKINESS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +55,11 @@ class PlanSizer:
     last warm replica and each type's ``min_count``)."""
 
     def __init__(
-        self, spec: ServingPlanSpec, types: Mapping[str, TypeOption], refit_every: int = 10
+        self,
+        spec: ServingPlanSpec,
+        types: Mapping[str, TypeOption],
+        refit_every: int = 10,
+        stickiness: float = STICKINESS,
     ) -> None:
         menu = {d.model: d for d in spec.devices}
         problems = []
@@ -72,8 +80,10 @@ class PlanSizer:
         self.spec = spec.model_copy(update={"devices": devices})
         self.types = dict(types)
         self.refit_every = refit_every
+        self.stickiness = stickiness
         self.planner = ServingPlanner(self.spec)
         self._calls = 0
+        self._kept: set[tuple[str, int]] = set()  # the options of the last answer
 
     def __call__(self, traffic: Traffic) -> dict[str, int]:
         self._calls += 1
@@ -92,8 +102,26 @@ class PlanSizer:
             plan = self.planner.plan(traffic.rate, explain=False)
         except InfeasiblePlan:
             return dict.fromkeys(self.types, 1_000_000)
+        plan = self._sticky(plan, traffic.rate)
         counts = {(o.option.gpu, o.option.tensor_parallel): o.replicas for o in plan.options}
+        self._kept = set(counts)
         return {
             name: counts.get((option.gpu, option.tensor_parallel), 0)
             for name, option in self.types.items()
         }
+
+    def _sticky(self, best: ServingPlan, rate: float) -> ServingPlan:
+        """The plan of the types the last answer used, unless the cheapest costs less than it
+        by more than ``stickiness``: a fleet is not rebuilt from other GPUs for a few per cent
+        (each switch starts replicas and drains others)."""
+        if not self._kept or {(o.option.gpu, o.option.tensor_parallel) for o in best.options} <= (
+            self._kept
+        ):
+            return best
+        try:
+            kept = self.planner.plan(rate, explain=False, only=self._kept)
+        except InfeasiblePlan:
+            return best
+        if kept.price_per_hour <= best.price_per_hour * (1 + self.stickiness):
+            return kept
+        return best
