@@ -198,13 +198,19 @@ def emulator(doc: dict[str, Any]) -> str:
             r["ratio"],
             r["real_ttft_s"],
             r["emulated_ttft_s"],
+            r.get("ttft_ratio", "-"),
+            r.get("real_tpot_s", "-"),
+            r.get("emulated_tpot_s", "-"),
+            r.get("tpot_ratio", "-"),
         ]
         for r in doc["rows"]
     ]
     engine, cal = doc["engine"], doc["calibration"]
     shape = engine["shape"]
+    size = engine["model"].get("size", "large")
+    measured = "latency, TTFT and TPOT" if "tpot_ratio" in doc["rows"][0] else "latency"
     return (
-        "## The engine-faithful emulator against vLLM\n\n"
+        f"## The engine-faithful emulator against vLLM ({size} model)\n\n"
         f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {engine['vllm']} on one core"
         f" of this machine, a model made locally ({engine['model']['parameters']:,} parameters,"
         f" {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']},"
@@ -214,8 +220,8 @@ def emulator(doc: dict[str, Any]) -> str:
         f" {cal['bandwidth_efficiency']}, {cal['step_overhead'] * 1000:.2f} ms a step,"
         f" {cal['request_overhead'] * 1000:.2f} ms a request). Requests of"
         f" {doc['workload']['prompt']} prompt and {doc['workload']['output']} output tokens,"
-        f" {doc['workload']['rounds']} rounds at each concurrency; mean latency and time to"
-        f" first token in seconds. Worst error {doc['worst_error']:.0%} (target: within 25%).\n\n"
+        f" {doc['workload']['rounds']} rounds at each concurrency; means in seconds. Worst error"
+        f" of {measured} {doc['worst_error']:.0%} (target: within 25%).\n\n"
         + _table(
             [
                 "concurrent",
@@ -225,6 +231,10 @@ def emulator(doc: dict[str, Any]) -> str:
                 "emulated / vLLM",
                 "vLLM TTFT",
                 "emulated TTFT",
+                "TTFT ratio",
+                "vLLM TPOT",
+                "emulated TPOT",
+                "TPOT ratio",
             ],
             rows,
         )
@@ -1836,6 +1846,84 @@ def plan_serving(doc: dict[str, Any]) -> str:
     )
 
 
+def autoscale_sim(doc: dict[str, Any]) -> str:
+    t = doc["traffic"]
+    rows = []
+    for name, label in (
+        ("autoscale", "autoscale"),
+        ("static_peak", "static, planned for the peak"),
+        ("static_mean", "static, planned for the mean"),
+    ):
+        r = doc[name]
+        rows.append(
+            [
+                label,
+                f"${r['cost']:,.0f}",
+                f"{r['cost'] / doc['static_peak']['cost']:.2f}×",
+                f"{r['attainment']:.2%}",
+                f"{r['failed']:,}",
+                r.get("actions_max_per_hour", "-"),
+                f"{r['actions_mean_per_hour']:.1f}" if "actions_mean_per_hour" in r else "-",
+                ", ".join(f"{k} {v:,.0f} h" for k, v in r["replica_hours"].items()),
+            ]
+        )
+    singles = ", ".join(
+        f"{g} ${v * t['hours']:,.0f}" if isinstance(v, float) else f"{g} -"
+        for g, v in doc["single_type_at_peak"].items()
+    )
+    slo = doc["slo"]
+    return (
+        "## Autoscaling a simulated day\n\n"
+        f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {doc['model']} replicas as "
+        "`EngineModel`s behind the router's dispatcher (`hetero.sim.engine_fleet`, strategy "
+        f"slo), {t['hours']:.0f} h of Poisson traffic from {t['trough']} requests/s at midnight to "
+        f"{t['peak']} at noon plus three bursts of +{t['burst']} for {t['burst_minutes']:.0f} "
+        f"minutes (mean {t['mean']:.2f}/s); SLO TTFT {slo['ttft']} s and TPOT "
+        f"{slo['tpot'] * 1000:.0f} ms for {slo['percentile']}% of requests. Static plans at "
+        f"the cap `hetero plan --verify` found for the peak ({doc['cap']:.2f}); the autoscaler "
+        f"decides every {doc['tick_s']:.0f} s with the default hysteresis, replicas warm "
+        f"after {', '.join(f'{g} {s:.0f} s' for g, s in doc['startup_s'].items())}. Each GPU "
+        f"alone at the peak would cost for the day: {singles}. Target: autoscale ≤ 0.75× the "
+        "static peak plan at ≥ 99% within the SLO, ≤ 6 scale actions an hour, nothing lost.\n\n"
+        + _table(
+            [
+                "fleet",
+                "cost of the day",
+                "vs static peak",
+                "within SLO",
+                "failed",
+                "actions, worst hour",
+                "actions/hour",
+                "replica-hours",
+            ],
+            rows,
+        )
+    )
+
+
+def autoscale_real(doc: dict[str, Any]) -> str:
+    rows = [[s["replicas"], f"{s['rate']:.2f}", f"{s['seconds']:.0f}"] for s in doc["steps"]]
+    cal = doc["profile"]["calibration"]
+    slo = doc["slo"]
+    return (
+        "## Autoscaling real vLLM engines\n\n"
+        f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {doc['engine']['vllm']}, "
+        f"the small test model, each replica held to {doc['engine']['share']} of a core; "
+        "profiled first (compute efficiency "
+        f"{cal['compute_efficiency']:.3g}, bandwidth efficiency {cal['bandwidth_efficiency']:.3g},"
+        f" worst probe error {doc['profile']['worst_error']:.0%}), then `hetero serve "
+        "--autoscale` with the plan for the catalog's CPU and that profile; Poisson load "
+        "stepping through the rates the planner gives for 1, 2, 3, 2, 1 replicas. SLO TTFT "
+        f"{slo['ttft']} s, TPOT {slo['tpot'] * 1000:.0f} ms.\n\n"
+        + _table(["replicas wanted", "requests/s", "seconds"], rows)
+        + f"\n\n{doc['answered']:,} of {doc['requests']:,} requests answered; "
+        f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
+        f"each step ({doc['attainment']:.1%} overall); at most {doc['max_warm']} replicas warm, "
+        f"{doc['final_warm']} at the end. Timeline: `{doc['plot']}`.\n\n"
+        f"![autoscaling real vLLM engines]({doc['plot'].removeprefix('docs/')})"
+    )
+
+
 def main() -> int:
     parts = [
         "# Benchmarks\n\nGenerated by `python bench/tables.py` from `bench/results/*.json`."
@@ -1852,6 +1940,8 @@ def main() -> int:
         ("quality.json", quality),
         ("plan.json", plan),
         ("plan_serving.json", plan_serving),
+        ("autoscale_sim.json", autoscale_sim),
+        ("autoscale_real.json", autoscale_real),
         ("engine.json", engine),
         ("map.json", first_map),
         ("ray.json", ray_backend),
@@ -1864,6 +1954,7 @@ def main() -> int:
         ("serve_real_single.json", serve_real_prefix),
         ("serve_real_slo.json", serve_real_prefix),
         ("emulator.json", emulator),
+        ("emulator_small.json", emulator),
         ("train.json", train),
         ("batching.json", batching),
     ):
