@@ -101,19 +101,24 @@ sys.exit(1)
 """
 
 
-def test_the_rank_that_failed_first_is_charged_and_the_same_error_twice_stops_it(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "job.py").write_text(RAISING)
-    done = subprocess.run(
+def launch_two(tmp_path: Path, job: str, restarts: int) -> subprocess.CompletedProcess[str]:
+    """``hetero launch --nproc 2`` of the script ``job``, bounded in time."""
+    (tmp_path / "job.py").write_text(job)
+    return subprocess.run(
         [
-            *(sys.executable, "-m", "hetero", "launch", "--nproc", "2", "--max-restarts", "3"),
-            str(tmp_path / "job.py"),
+            *(sys.executable, "-m", "hetero", "launch", "--nproc", "2"),
+            *("--max-restarts", str(restarts), str(tmp_path / "job.py")),
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_the_rank_that_failed_first_is_charged_and_the_same_error_twice_stops_it(
+    tmp_path: Path,
+) -> None:
+    done = launch_two(tmp_path, RAISING, restarts=3)
     assert done.returncode == 1
     assert (
         "local rank 0 raised ValueError: bad config; starting all 2 ranks again (2 restarts left)"
@@ -147,16 +152,7 @@ while True:
 def test_a_rank_that_died_without_raising_is_charged_not_the_peer_its_end_brought_down(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "job.py").write_text(DYING)
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "hetero", "launch", "--nproc", "2", "--max-restarts", "1"),
-            str(tmp_path / "job.py"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = launch_two(tmp_path, DYING, restarts=1)
     assert done.returncode == 1
     assert "local rank 1 exited with status 1; starting all 2 ranks again" in done.stderr
     assert "connection closed by peer" not in done.stderr.split("\n")[0]

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hetero._errors_render import Nested, show, validation_problems
 from hetero.devices.catalog import get_catalog
-from hetero.errors import ConfigError, HeteroError
+from hetero.errors import ConfigError
 from hetero.plan.memory import MAX_TENSOR_PARALLEL
 from hetero.plan.models import ModelShape, parse_params, shape_for_params
-from hetero.plan.sizing_spec import LENGTHS, entry_problems
+from hetero.plan.sizing_spec import LENGTHS, catalog_model, entry_problems
 from hetero.serve.engine_model import Calibration, resolve_shape
 from hetero.sim.trace import read_trace
 from hetero.sim.workload import DrawnSize
@@ -92,10 +92,7 @@ class ServingDevice(_Strict):
     @field_validator("model")
     @classmethod
     def _known(cls, value: str) -> str:
-        try:
-            return get_catalog().get(value).model
-        except HeteroError as exc:
-            raise ValueError(str(exc)) from None
+        return catalog_model(value)
 
     @field_validator("tensor_parallel", mode="before")
     @classmethod

@@ -25,6 +25,7 @@ __all__ = [
     "PlanSLO",
     "PlanSpec",
     "PlanWorkload",
+    "catalog_model",
     "entry_problems",
     "load_plan",
     "merge_overrides",
@@ -36,6 +37,14 @@ __all__ = [
 #: batching. Measured ``tokens_per_second`` replaces the estimate; ``unit_rate`` in the spec
 #: replaces this constant.
 DEFAULT_UNIT_RATE = 2500.0
+
+
+def catalog_model(value: str) -> str:
+    """A menu entry's ``model``: the catalog's name for it (a validator)."""
+    try:
+        return get_catalog().get(value).model
+    except HeteroError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class _Strict(BaseModel):
@@ -73,10 +82,7 @@ class MenuEntry(_Strict):
     @field_validator("model")
     @classmethod
     def _known(cls, value: str) -> str:
-        try:
-            return get_catalog().get(value).model
-        except HeteroError as exc:
-            raise ValueError(str(exc)) from None
+        return catalog_model(value)
 
 
 class PlanSpec(_Strict):
