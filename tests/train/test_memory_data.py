@@ -34,7 +34,11 @@ from tests.train._ranks import Outcome, each, errors, matching_one_process, run_
 WORLD = 3
 STEPS = 5
 SPEEDS = (1.0, 0.5, 0.25)
-SLEEP = 0.005  # seconds each sample of the slow dataset takes to load
+# Seconds each sample of the slow dataset takes to load, and to compute on the emulated
+# device: wide enough that a loaded machine's scheduling (tens of ms) does not blur which
+# waits for which (at 5 ms a sample, a prefetched micro-batch once took 70 ms to hand over).
+SLEEP = 0.02
+SAMPLE_S = 0.04
 
 
 class _SlowData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -117,7 +121,7 @@ def _slow_data(workers: int) -> Callable[[int], Any]:
             shares=(12, 8, 4),
             profile_steps=1,
             speed=1.0,
-            emulate_sample_time=0.02,
+            emulate_sample_time=SAMPLE_S,
             num_workers=workers,
         )
         trainer = Trainer(_model(), sgd, LOSS, _SlowData(), options)
@@ -240,7 +244,7 @@ def test_a_slow_dataset_shows_its_time_as_data_not_compute(
     for report in each(ranks, "slow_data")[0]:
         for r in report["ranks"]:
             loading = r["samples"] * SLEEP
-            emulated = r["samples"] * 0.02
+            emulated = r["samples"] * SAMPLE_S
             # Loaded in the step: the rank waits for every sample to load.
             assert r["data_seconds"] >= loading
             # Compute is the emulated device's: the loading is not in it.
@@ -259,7 +263,7 @@ def test_workers_load_the_next_micro_batches_while_the_rank_computes(
     for report in reports[1:]:
         for r in report["ranks"]:
             assert r["data_seconds"] < r["samples"] * SLEEP, report
-            emulated = r["samples"] * 0.02
+            emulated = r["samples"] * SAMPLE_S
             assert emulated <= r["compute_seconds"] < emulated + r["samples"] * SLEEP
 
 
