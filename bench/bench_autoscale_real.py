@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 from _cgexec import cleanup
-from _common import emit
+from _common import emit, revision
 from _serve_procs import URL, Children
 
 from hetero.commands.launch import free_port
@@ -393,6 +393,7 @@ def main() -> int:
     started = time.perf_counter()
     doc = {
         "benchmark": "autoscale_real",
+        "revision": revision(),
         "command": "python bench/bench_autoscale_real.py"
         + (f" --out {args.out}" if args.out else ""),
         **asyncio.run(main_async(args)),

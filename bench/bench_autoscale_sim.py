@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from _common import emit
+from _common import emit, revision
 
 from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec, parse_serving_plan
@@ -222,6 +222,7 @@ def main() -> int:
     mean_plan = ServingPlanner(replace_utilization(spec(mean), cap)).plan()
     doc: dict[str, Any] = {
         "benchmark": "autoscale_sim",
+        "revision": revision(),
         "command": "python bench/bench_autoscale_sim.py"
         + (f" --out {args.out}" if args.out else ""),
         "model": "llama-3.1-70b",

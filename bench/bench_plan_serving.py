@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import emit
+from _common import emit, revision
 
 from hetero.devices.catalog import get_catalog
 from hetero.errors import InfeasiblePlan
@@ -149,6 +149,7 @@ def main() -> int:
     regimes = [regime(s, t, r, p) for p in PRICES for s in SIZES for t in TPOT for r in RATES]
     doc = {
         "benchmark": "plan_serving",
+        "revision": revision(),
         "command": "python bench/bench_plan_serving.py"
         + (f" --out {args.out}" if args.out else ""),
         "model": MODEL,
