@@ -166,15 +166,20 @@ async def profile_one(model: Path, share: float, folder: Path) -> tuple[Path, di
 class Load:
     """Open-loop Poisson streamed chat completions, each request's TTFT and TPOT."""
 
-    def __init__(self, url: str, prompt: int, output: int, seed: int) -> None:
+    def __init__(self, url: str, model: Path, prompt: int, output: int, seed: int) -> None:
+        from tokenizers import Tokenizer
+
         self.url = url
         self.prompt, self.output = prompt, output
         self.rng = random.Random(seed)
+        # Prompts of ``prompt`` tokens of the model's own tokenizer (the plan's lengths).
+        self.tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
         self.records: list[dict[str, Any]] = []
         self.tasks: set[asyncio.Task[None]] = set()
 
     def body(self) -> dict[str, Any]:
-        words = " ".join(f"w{self.rng.randrange(4000)}" for _ in range(self.prompt))
+        text = " ".join(f"w{self.rng.randrange(4000)}" for _ in range(self.prompt))
+        words = self.tokenizer.decode(self.tokenizer.encode(text).ids[: self.prompt])
         return {
             "model": "small",
             "messages": [{"role": "user", "content": words}],
@@ -328,7 +333,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             env={**engine_env(), "PATH": os.environ.get("PATH", "")},
         )
         url = serve.wait_for_line(URL, timeout=900)[1]
-        load = Load(url, args.prompt, args.output, args.seed)
+        load = Load(url, model, args.prompt, args.output, args.seed)
         stop = asyncio.Event()
         t0 = time.monotonic()
         watcher = asyncio.create_task(watch(url, t0, fleet, stop))
