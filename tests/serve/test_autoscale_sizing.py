@@ -81,7 +81,7 @@ def test_the_policy_grows_and_shrinks_a_simulated_fleet_and_loses_nothing() -> N
         sizer,
         PolicyOptions(up_after=10, down_after=60, cooldown=30),
     )
-    scaler = SimulatedAutoscaler(policy, {"l4": l4})
+    scaler = SimulatedAutoscaler(policy, {"l4": l4}, slo_given=False)
     rng = np.random.default_rng(1)
     busy = np.cumsum(rng.exponential(1 / 4, 1200))  # 4 requests/s, then one every 2 s
     times = np.concatenate((busy[busy < busy_until], np.arange(busy_until, 600.0, 2.0)))
@@ -115,3 +115,24 @@ def test_the_sizer_keeps_its_gpus_while_they_cost_little_more() -> None:
     assert sticky(Traffic(rate=6.0)) == {"a100": 2, "h100": 0}
     # At 9 the A100s would cost more than that: it moves.
     assert sticky(Traffic(rate=9.0)) == {"a100": 0, "h100": 1}
+
+
+def test_replies_that_miss_the_slo_make_the_sizer_ask_for_more_until_they_meet_it() -> None:
+    sizer = PlanSizer(spec(), TYPES)
+    planned = sum(sizer(Traffic(rate=20, attainment=None)).values())
+    missing = [sum(sizer(Traffic(rate=20, attainment=0.5)).values()) for _ in range(6)]
+    assert missing[-1] > missing[0] > planned  # the plan was off: more and more
+    assert sizer.boost > 1
+    meeting = [sum(sizer(Traffic(rate=20, attainment=1.0)).values()) for _ in range(200)]
+    assert meeting[-1] == planned  # eased back once the replies meet it
+    assert sizer.boost == 1.0
+
+
+def test_the_traffic_log_says_how_many_of_the_window_met_the_slo() -> None:
+    log = TrafficLog(window=10.0)
+    log.arrived(0.0)
+    assert log.traffic(1.0).attainment is None  # none finished with an SLO known
+    for t, met in ((1.0, True), (2.0, False), (15.0, True), (16.0, True)):
+        log.finished(100, 10, (t, met))
+    assert log.traffic(5.0).attainment == pytest.approx(0.75)
+    assert log.traffic(17.0).attainment == 1.0  # the miss at 2 s is out of the window

@@ -270,6 +270,19 @@ class Router(Driver):
 
     # ------------------------------------------------------------------ outcomes
 
+    def _met(
+        self, ticket: Ticket, output_tokens: int, latency: float, ttft: float | None
+    ) -> tuple[float, bool] | None:
+        """(now, whether the request met the SLO) where one is set: its TTFT from arrival (the
+        router's queue included) and its TPOT; None without an SLO or a first token."""
+        o = self.options
+        if o.slo_ttft is None or o.slo_tpot is None or ttft is None:
+            return None
+        now = self.clock.now()
+        first = (now - ticket.submitted) - latency + ttft
+        tpot = (latency - ttft) / max(output_tokens - 1, 1)
+        return now, first <= o.slo_ttft and tpot <= o.slo_tpot
+
     def complete(
         self,
         ticket: Ticket,
@@ -290,7 +303,9 @@ class Router(Driver):
             )
             if output_tokens:
                 self.outputs.observe(ticket.model, output_tokens)
-                self.traffic.finished(ticket.prompt, output_tokens)
+                self.traffic.finished(
+                    ticket.prompt, output_tokens, self._met(ticket, output_tokens, latency, ttft)
+                )
                 state.output_tokens += output_tokens
                 self._learn_capacity(state, output_tokens, work, latency, ttft)
         state.completed += 1

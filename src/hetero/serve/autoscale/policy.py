@@ -59,6 +59,9 @@ class Traffic:
     output_tokens: float = 0.0
     prompt_samples: tuple[int, ...] = ()
     output_samples: tuple[int, ...] = ()
+    # The share of the window's finished requests within the SLO (None: none finished, or no
+    # SLO known): what tells a sizer its model of the replicas is off.
+    attainment: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

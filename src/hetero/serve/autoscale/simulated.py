@@ -29,12 +29,18 @@ def type_of(name: str) -> str:
 class SimulatedAutoscaler:
     """Each tick: the traffic of the last ``window`` seconds and the fleet as the simulator
     reports it, to ``policy.decide``; its starts become ``Add`` (warm after the type's
-    ``startup_s``), its drains ``Drain``. ``actions`` keeps every one, with its time."""
+    ``startup_s``), its drains ``Drain``. ``actions`` keeps every one, with its time. With
+    ``slo_given`` (the run was given ``slo=``) the traffic carries the window's attainment."""
 
     def __init__(
-        self, policy: ScalePolicy, specs: Mapping[str, EngineSpec], window: float = 60.0
+        self,
+        policy: ScalePolicy,
+        specs: Mapping[str, EngineSpec],
+        window: float = 60.0,
+        slo_given: bool = True,
     ) -> None:
         self.policy = policy
+        self.slo_given = slo_given  # the run counts requests within the SLO (run(slo=...))
         self.specs = dict(specs)
         self.window = window
         self._seen: deque[FleetSnapshot] = deque()
@@ -53,11 +59,15 @@ class SimulatedAutoscaler:
             self._seen.popleft()
         seconds = sum(s.interval for s in self._seen)
         arrivals = sum(s.arrivals for s in self._seen)
+        finished = sum(s.finished for s in self._seen)
+        met = sum(s.met for s in self._seen)
         traffic = Traffic(
             rate=arrivals / seconds if seconds else 0.0,
             window=seconds,
             prompt_tokens=sum(s.prompt_tokens for s in self._seen) / max(arrivals, 1),
             output_tokens=sum(s.output_tokens for s in self._seen) / max(arrivals, 1),
+            # The simulator counts requests within the SLO when its run was given one.
+            attainment=met / finished if self.slo_given and finished else None,
         )
         by_type: dict[str, dict[str, list[Member]]] = {}
         for r in snap.replicas:

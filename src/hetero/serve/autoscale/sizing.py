@@ -6,7 +6,9 @@ price, within its ``max_count``. The planner's capacities depend on the request 
 so they are worked out once and again when the observed lengths have been sampled enough and
 the last refit is older than ``refit_every`` calls; every call re-solves the program for the
 observed rate (a few tens of ms). The answer sticks to the GPUs of the last one while a plan of
-them costs at most ``stickiness`` more than the cheapest.
+them costs at most ``stickiness`` more than the cheapest. Where the replies miss the SLO the
+plan is asked for more than the observed rate, until they meet it (``_correct``): the planner's
+model of a replica is corrected by what the replicas deliver.
 """
 
 from __future__ import annotations
@@ -22,13 +24,24 @@ from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec
 from hetero.serve.autoscale.policy import Traffic
 
-__all__ = ["MIN_SAMPLES", "STICKINESS", "PlanSizer", "TypeOption", "with_lengths"]
+__all__ = [
+    "BOOST_DOWN",
+    "BOOST_UP",
+    "MAX_BOOST",
+    "MIN_SAMPLES",
+    "STICKINESS",
+    "PlanSizer",
+    "TypeOption",
+    "with_lengths",
+]
 
 #: Observed requests needed before their lengths replace the spec's distributions.
 MIN_SAMPLES = 200
 #: How much dearer a plan of the GPUs already in use may be than the cheapest before the
 #: fleet moves to other GPUs.
 STICKINESS = 0.25
+#: The correction of the plan's capacities by the SLO the replies meet (``PlanSizer._correct``).
+BOOST_UP, BOOST_DOWN, MAX_BOOST = 1.25, 0.97, 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +97,8 @@ class PlanSizer:
         self.planner = ServingPlanner(self.spec)
         self._calls = 0
         self._kept: set[tuple[str, int]] = set()  # the options of the last answer
+        self.target = spec.slo.percentile / 100.0
+        self.boost = 1.0  # the observed rate is planned for at this multiple
 
     def __call__(self, traffic: Traffic) -> dict[str, int]:
         self._calls += 1
@@ -98,17 +113,31 @@ class PlanSizer:
             self.planner = ServingPlanner(lengths)
         if not traffic.rate > 0 or not math.isfinite(traffic.rate):
             return dict.fromkeys(self.types, 0)
+        self._correct(traffic.attainment)
+        rate = traffic.rate * self.boost
         try:
-            plan = self.planner.plan(traffic.rate, explain=False)
+            plan = self.planner.plan(rate, explain=False)
         except InfeasiblePlan:
             return dict.fromkeys(self.types, 1_000_000)
-        plan = self._sticky(plan, traffic.rate)
+        plan = self._sticky(plan, rate)
         counts = {(o.option.gpu, o.option.tensor_parallel): o.replicas for o in plan.options}
         self._kept = set(counts)
         return {
             name: counts.get((option.gpu, option.tensor_parallel), 0)
             for name, option in self.types.items()
         }
+
+    def _correct(self, attainment: float | None) -> None:
+        """Learn how far the plan's capacities are off from what the fleet delivers: while the
+        requests of the last window miss the SLO's percentile the plan is asked for a higher
+        rate (× 1.25 a call, up to × 8), and while they meet it the boost eases back (× 0.97 a
+        call, down to 1). The plan is the roofline of a model; the replies are the truth."""
+        if attainment is None:
+            return
+        if attainment < self.target:
+            self.boost = min(self.boost * BOOST_UP, MAX_BOOST)
+        else:
+            self.boost = max(1.0, self.boost * BOOST_DOWN)
 
     def _sticky(self, best: ServingPlan, rate: float) -> ServingPlan:
         """The plan of the types the last answer used, unless the cheapest costs less than it

@@ -18,6 +18,7 @@ class TrafficLog:
         self.window = window
         self._arrivals: deque[float] = deque()
         self._lengths: deque[tuple[int, int]] = deque(maxlen=samples)
+        self._met: deque[tuple[float, bool]] = deque()  # (when it finished, within the SLO)
         self._first: float | None = None
 
     def arrived(self, now: float) -> None:
@@ -26,12 +27,18 @@ class TrafficLog:
             self._first = now
         self._trim(now)
 
-    def finished(self, prompt: int, output: int) -> None:
+    def finished(self, prompt: int, output: int, met: tuple[float, bool] | None = None) -> None:
+        """A request done: its lengths, and (when an SLO is known) when it finished and whether
+        it met the SLO."""
         self._lengths.append((prompt, output))
+        if met is not None:
+            self._met.append(met)
 
     def _trim(self, now: float) -> None:
         while self._arrivals and self._arrivals[0] <= now - self.window:
             self._arrivals.popleft()
+        while self._met and self._met[0][0] <= now - self.window:
+            self._met.popleft()
 
     def traffic(self, now: float) -> Traffic:
         """The last ``window`` seconds (less, in the first minute of traffic)."""
@@ -48,4 +55,5 @@ class TrafficLog:
             output_tokens=sum(outputs) / n if n else 0.0,
             prompt_samples=prompts,
             output_samples=outputs,
+            attainment=sum(m for _, m in self._met) / len(self._met) if self._met else None,
         )
