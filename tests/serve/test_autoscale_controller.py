@@ -258,6 +258,7 @@ async def test_a_failed_start_is_reported_and_the_need_is_tried_again() -> None:
         await wait_for(lambda: len(controller.failures) >= 2, "two failed starts", 30)
     finally:
         await controller.close()
+        await provider.close()
     failure = controller.status()["failures"][0]
     assert (failure["type"], failure["action"]) == ("cpu", "start")
     assert "(2 attempts)" in failure["reason"] and "weights not found" in failure["reason"]

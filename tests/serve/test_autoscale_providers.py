@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from hetero.errors import ConfigError, ProviderError
+from hetero.runtime.fence import Fence
 from hetero.serve.autoscale.policy import ReplicaType
 from hetero.serve.autoscale.providers import (
     LocalProcessProvider,
@@ -116,6 +117,7 @@ async def test_a_mock_replica_starts_warm_and_stops_with_its_whole_group(
         assert children_running(marker)
     finally:
         await provider.stop(handle)
+        await provider.close()
     assert group_gone(handle.pid)
     assert not children_running(marker)
     assert provider.processes == {}
@@ -138,6 +140,7 @@ async def test_a_replica_that_exits_at_once_fails_after_every_retry_quoting_it()
     assert "CUDA error: no CUDA-capable device is detected" in message
     assert "loading weights" in message
     assert message.count("exited with status 3") == 3
+    await provider.close()
     assert [(f.type_name, f.attempt) for f in provider.failures] == [
         ("gpu", 1),
         ("gpu", 2),
@@ -160,6 +163,7 @@ async def test_a_replica_that_never_answers_times_out_and_is_stopped() -> None:
         await provider.start("cpu")
     assert f"its last output:\n{marker} warming up" in str(err.value)
     assert not children_running(marker)
+    await provider.close()
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace() -> None:
@@ -188,6 +192,48 @@ def test_a_replica_dies_with_the_process_that_started_it() -> None:
     parent.wait()
     parent.stdout.close()
     wait_until(lambda: not running(pid), "the replica gone with its starter")
+
+
+# A replica whose engine starts a worker that leaves the replica's process group (as a
+# process that calls setpgid does) and ignores SIGTERM: only the session sweep reaches it.
+_ENGINE = (
+    "import os, signal, subprocess, sys, time; "
+    "w = subprocess.Popen([sys.executable, '-c', 'import os, signal, time; os.setpgid(0, 0); "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(86397)']); "
+    "print(w.pid, flush=True); time.sleep(600)"
+)
+
+
+def test_an_engine_worker_that_left_the_group_ends_with_its_replica() -> None:
+    fence = Fence("hetero-test-replicas", cgroups=False)
+    proc = ReplicaProcess([sys.executable, "-c", _ENGINE], fence=fence)
+    wait_until(lambda: proc.output().strip().isdigit(), "the engine's worker started")
+    worker = int(proc.output().strip())
+    wait_until(lambda: os.getpgid(worker) == worker, "the worker in a group of its own")
+    proc.stop(grace=0.2)
+    wait_until(lambda: not running(worker), "the worker gone with its replica")
+    fence.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_an_engine_worker_ends_when_the_process_that_started_its_replica_is_killed() -> None:
+    starter = (
+        "import sys, time; from hetero.runtime.fence import Fence; "
+        "from hetero.serve.autoscale.providers import ReplicaProcess; "
+        f"p = ReplicaProcess([sys.executable, '-c', {_ENGINE!r}], "
+        "fence=Fence('t', cgroups=False)); "
+        "print(p.pid, flush=True); time.sleep(600)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    replica = int(parent.stdout.readline())
+    wait_until(lambda: bool(psutil.Process(replica).children()), "the worker started")
+    worker = psutil.Process(replica).children()[0].pid
+    parent.kill()  # as hetero serve killed with SIGKILL: its sentinel sweeps the session
+    parent.wait()
+    parent.stdout.close()
+    wait_until(lambda: not running(worker), "the engine's worker gone with the starter")
+    wait_until(lambda: not running(replica), "the replica gone with the starter")
 
 
 async def test_one_replica_stops_and_the_other_keeps_serving(http: aiohttp.ClientSession) -> None:

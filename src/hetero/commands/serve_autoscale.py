@@ -61,6 +61,7 @@ async def run_autoscaled(
     except BaseException:
         for handle in started:
             await provider.stop(handle)
+        await provider.close()
         raise
     router: Router = server.router
     controller = AutoscaleController(
@@ -93,3 +94,4 @@ async def run_autoscaled(
         print(f"hetero serve: draining {len(router.tickets)} requests", file=sys.stderr, flush=True)
         await server.drain()
         await controller.close(stop_replicas=True)
+        await provider.close()

@@ -8,7 +8,10 @@ replica's process exits. Two providers:
 
 - ``LocalProcessProvider`` runs each replica as a process on this machine, from a command
   template per type (``{host}`` and ``{port}`` filled in), in a session of its own so that
-  stopping it (SIGTERM, then SIGKILL after a grace) ends every process it started.
+  stopping it (SIGTERM, then SIGKILL after a grace) ends every process it started. A fence
+  (``runtime/fence.py``, sessions only) ends what is left of those sessions when the provider
+  closes, and its sentinel does when ``hetero serve`` is killed with SIGKILL: an engine's own
+  workers (vLLM's engine core) do not outlive it.
 - ``RayProvider`` runs the same command from a Ray actor, placed by the type's accelerator, so
   replicas start on the cluster's nodes; the actor reports the URL and stops its process.
 
@@ -38,6 +41,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from hetero.errors import ConfigError, ProviderError
+from hetero.runtime.fence import Fence
 from hetero.serve.autoscale.policy import ReplicaType
 
 __all__ = [
@@ -163,7 +167,9 @@ class ReplicaProcess:
     used on the event loop's thread (start, ``why_exited``) and in threads (``stop``) here,
     and inside a Ray actor."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, fence: Fence | None = None
+    ) -> None:
         self.argv = list(argv)
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         command = self.argv
@@ -178,6 +184,8 @@ class ReplicaProcess:
             env={**os.environ, **env} if env else None,
         )
         self.pid = self.proc.pid
+        self._fence = fence
+        self._fenced = None if fence is None else fence.enclose(self.pid, str(self.pid))
         # Read all along: a full pipe would stall the replica.
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"tail-{self.pid}")
         self._reader.start()
@@ -231,6 +239,8 @@ class ReplicaProcess:
             deadline = time.monotonic() + 5.0  # killed processes end at once; init reaps them
             while self.alive() and time.monotonic() < deadline:
                 time.sleep(0.01)
+        if self._fence is not None and self._fenced is not None:
+            self._fence.release(self._fenced)  # a process that left the group, in the session
         self._reader.join(1.0)
 
     def _signal(self, sig: signal.Signals) -> None:
@@ -330,6 +340,10 @@ class RetryingProvider(ABC):
     @abstractmethod
     async def stop(self, handle: ReplicaHandle) -> None: ...
 
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop every replica it still runs and what it keeps for them; it starts no more."""
+
 
 def _commands(
     types: Sequence[ReplicaType], commands: Mapping[str, Sequence[str]]
@@ -372,12 +386,15 @@ class LocalProcessProvider(RetryingProvider):
         self.env = dict(env or {})
         self.timeouts = {t.name: ready_timeout(t) for t in types} | dict(timeouts or {})
         self.processes: dict[str, ReplicaProcess] = {}  # by replica name, while it runs
+        # Sessions only: a cgroup of the fence's would take a replica out of one its command
+        # put itself in (a CPU quota, as bench/_cgexec.py sets).
+        self.fence = Fence(f"hetero-replicas-{os.getpid()}", cgroups=False)
 
     async def _attempt(self, type_name: str) -> ReplicaHandle:
         port = _free_port(self.host)
         argv = _fill(self.commands[type_name], self.host, port)
         try:
-            proc = ReplicaProcess(argv, self.env)
+            proc = ReplicaProcess(argv, self.env, self.fence)
         except OSError as exc:  # not found, not executable: no retry will change it, but say so
             raise _AttemptFailed(f"cannot run {argv[0]!r}: {exc}") from exc
         url = _url_of(self.host, port)
@@ -408,10 +425,11 @@ class LocalProcessProvider(RetryingProvider):
             await asyncio.to_thread(proc.stop, self.grace)
 
     async def close(self) -> None:
-        """Stop every replica this provider still runs."""
+        """Stop every replica this provider still runs, and the fence's sentinel."""
         procs = list(self.processes.values())
         self.processes.clear()
         await asyncio.gather(*(asyncio.to_thread(p.stop, self.grace) for p in procs))
+        await asyncio.to_thread(self.fence.close)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +455,7 @@ class _ReplicaActor:
 
     def __init__(self) -> None:
         self.proc: ReplicaProcess | None = None
+        self.fence = Fence(f"hetero-replica-{os.getpid()}", cgroups=False)
 
     def launch(
         self, template: Sequence[str], host: str | None, env: Mapping[str, str]
@@ -447,7 +466,7 @@ class _ReplicaActor:
         node: str = import_ray().util.get_node_ip_address()
         host = host or node
         port = _free_port(host)
-        self.proc = ReplicaProcess(_fill(template, host, port), env)
+        self.proc = ReplicaProcess(_fill(template, host, port), env, self.fence)
         return _url_of(host, port), self.proc.pid, node
 
     def why_exited(self) -> str | None:
@@ -459,6 +478,7 @@ class _ReplicaActor:
     def stop(self, grace: float) -> None:
         if self.proc is not None:
             self.proc.stop(grace)
+        self.fence.close()
 
 
 class RayProvider(RetryingProvider):
