@@ -4,6 +4,10 @@ Every problem in a file is reported at once, each as ``field.path: message (got 
 one :class:`~hetero.errors.ConfigError`. Cross-field checks (duplicate ids, memory limits above a
 model's memory, unknown models with suggestions) live here too, so ``hetero config validate`` and
 ``load_config`` give the same answers.
+
+The keys of the design's seed documents that name no hetero setting (``heterogeneous_config``,
+``scheduler.enable_preemption``, …) are aliases: ``parse_config`` maps each to the hetero
+setting it means, or refuses it naming that setting (docs/config.md, "Seed keys").
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -28,11 +33,12 @@ from hetero._data_files import read_data_file
 from hetero._errors_render import lookup, render_path, show
 from hetero.devices.catalog import get_catalog
 from hetero.devices.mig import split_slice_name
-from hetero.devices.spec import DeviceKind
+from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import ConfigError
 from hetero.log import config_log_level
 from hetero.sched.options import DEFAULT_MAX_QUEUE_SIZE as DEFAULT_MAX_QUEUE_SIZE
 from hetero.sched.options import DispatchOptions, QueueOrder
+from hetero.sched.perf import BatchTable, batch_key_kind
 from hetero.units import format_size, parse_size
 
 __all__ = [
@@ -43,6 +49,7 @@ __all__ = [
     "CommunicationConfig",
     "DeviceConfig",
     "HeteroConfig",
+    "HeterogeneousConfig",
     "LoggingConfig",
     "NicConfig",
     "NodeConfig",
@@ -176,7 +183,9 @@ class SchedulerConfig(_Strict):
         description="seconds an item may wait for a device before those that have not pass it",
     )
     batch_sizes: dict[str, int] = Field(
-        default_factory=dict, description="static per-device batch size by device id or model"
+        default_factory=dict,
+        description="static per-device batch size by device id, catalog model or family "
+        "(A100: every A100 variant); the most exact key wins",
     )
     monitoring_interval: float = Field(
         default=1.0, gt=0, le=_DAY, allow_inf_nan=False, description="seconds between device polls"
@@ -212,6 +221,136 @@ class SchedulerConfig(_Strict):
                 "; ".join(f"{p.removeprefix('scheduler.')}: {m}" for p, m in exc.problems)
             ) from None
         return self
+
+
+#: Seed keys that ask, with false, to turn off what hetero always does: what it does instead.
+_ALWAYS_ON = {
+    "heterogeneous_config.capacity_aware": (
+        "under every strategy the dispatcher places an item only on a device whose free memory "
+        "fits its memory (WorkItem.memory, a task's memory=); remove the key, or set "
+        "scheduler.strategy: capacity_aware with options {on_no_fit: reject} to refuse such "
+        "items rather than hold them"
+    ),
+    "heterogeneous_config.auto_adjust_batch_size": (
+        "a map's batches are always sized by each device's measured speed and free memory; to "
+        "fix a device's batch size set scheduler.batch_sizes (by device id, model or family, "
+        "e.g. {A100: 32})"
+    ),
+    "scheduler.enable_monitoring": (
+        "hetero always reads its devices (memory in use, utilization, hetero top); set "
+        "scheduler.monitoring_interval (seconds, up to 86400) to read them less often"
+    ),
+}
+
+
+def _always_on(alias: str) -> tuple[str, str]:
+    return (alias, f"false cannot be honoured: {_ALWAYS_ON[alias]} (got False)")
+
+
+#: ``(alias, scheduler key, value)``: a hetero setting an alias means.
+Setting = tuple[str, str, Any]
+
+
+class HeterogeneousConfig(_Strict):
+    """Seed 000's ``heterogeneous_config`` block, accepted as aliases: ``parse_config`` turns it
+    into ``scheduler`` settings (``mapped``) and drops it."""
+
+    enable_weighted_routing: bool | None = Field(
+        default=None, description="true: weighted (or adaptive); false: round_robin"
+    )
+    weight_calculation: Literal["static", "dynamic"] | None = Field(
+        default=None, description="static: weighted (catalog speed); dynamic: adaptive"
+    )
+    monitoring_interval: float | None = Field(
+        default=None,
+        gt=0,
+        le=_DAY,
+        allow_inf_nan=False,
+        description="scheduler.monitoring_interval",
+    )
+    capacity_aware: bool | None = Field(
+        default=None, description="always on: memory is a hard limit under every strategy"
+    )
+    request_tiering: bool | None = Field(default=None, description="true: strategy tiered")
+    auto_adjust_batch_size: bool | None = Field(
+        default=None, description="always on: map batches follow speed and free memory"
+    )
+
+    def mapped(self) -> tuple[list[Setting], list[tuple[str, str]]]:
+        """The ``scheduler`` settings these aliases mean, and the problems of values and
+        combinations that mean nothing hetero has (each naming what hetero does instead)."""
+        where = "heterogeneous_config."
+        settings: list[Setting] = []
+        problems: list[tuple[str, str]] = []
+        weighted, weights = self.enable_weighted_routing, self.weight_calculation
+        if self.request_tiering:
+            # tiered balances inside a tier by expected delay: speeds the performance model
+            # measures, so weighted, dynamic routing is what it does already.
+            if weighted is False:
+                problems.append(
+                    (
+                        f"{where}enable_weighted_routing",
+                        "false (a uniform split) conflicts with request_tiering: true, whose "
+                        "strategy tiered balances inside a tier by measured speed; remove one",
+                    )
+                )
+            elif weights == "static":
+                problems.append(
+                    (
+                        f"{where}weight_calculation",
+                        "static conflicts with request_tiering: true, whose strategy tiered "
+                        "balances inside a tier by measured (dynamic) speed; set dynamic or "
+                        "remove it",
+                    )
+                )
+            else:
+                settings.append((f"{where}request_tiering", "strategy", "tiered"))
+        elif weighted is False:
+            if weights is not None:
+                problems.append(
+                    (
+                        f"{where}weight_calculation",
+                        f"{weights} applies to weighted routing, which "
+                        "enable_weighted_routing: false turns off; remove one",
+                    )
+                )
+            else:
+                settings.append((f"{where}enable_weighted_routing", "strategy", "round_robin"))
+        elif weighted or weights is not None:
+            alias = "weight_calculation" if weights is not None else "enable_weighted_routing"
+            strategy = "adaptive" if weights == "dynamic" else "weighted"
+            settings.append((f"{where}{alias}", "strategy", strategy))
+        if self.monitoring_interval is not None:
+            settings.append(
+                (f"{where}monitoring_interval", "monitoring_interval", self.monitoring_interval)
+            )
+        for name in ("capacity_aware", "auto_adjust_batch_size"):
+            if getattr(self, name) is False:
+                problems.append(_always_on(f"{where}{name}"))
+        return settings, problems
+
+
+class _SchedulerSeedKeys(_Strict):
+    """Seed 001's ``scheduler_config`` keys that hetero's ``scheduler`` names otherwise."""
+
+    enable_preemption: bool | None = None
+    enable_monitoring: bool | None = None
+
+    def mapped(self) -> tuple[list[Setting], list[tuple[str, str]]]:
+        settings: list[Setting] = []
+        if self.enable_preemption is not None:
+            settings.append(("scheduler.enable_preemption", "preemption", self.enable_preemption))
+        wrong = (
+            [_always_on("scheduler.enable_monitoring")] if self.enable_monitoring is False else []
+        )
+        return settings, wrong
+
+
+#: Alias keys per section, for "allowed keys" and "did you mean" in errors.
+_SEED_KEYS: dict[str, tuple[str, ...]] = {
+    "": ("heterogeneous_config",),
+    "scheduler": tuple(_SchedulerSeedKeys.model_fields),
+}
 
 
 class CommunicationConfig(_Strict):
@@ -343,7 +482,7 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
         raise ConfigError(
             [("", f"{source}: expected a mapping with a 'devices' list, got {show(data)}")]
         )
-    problems: list[tuple[str, str]] = []
+    data, problems = _seed_aliases(data)
     backend = data.get("backend")
     on_ray = isinstance(backend, dict) and backend.get("kind") == "ray"
     if "devices" not in data and not data.get("replicas") and not on_ray:
@@ -363,10 +502,134 @@ def parse_config(data: Any, source: str = "<config>") -> HeteroConfig:
                 valid.append((i, DeviceConfig.model_validate(entry)))
     problems += [p for p in _device_problems(valid) if p not in problems]
     problems += _node_problems(data.get("nodes"), valid)
+    if config is not None:
+        problems += _batch_problems(config)
     if problems:
         raise ConfigError(problems)
     assert config is not None
     return config
+
+
+def _seed_aliases(data: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``data`` with the seed documents' keys replaced by the hetero settings they mean
+    (``HeterogeneousConfig.mapped``, ``scheduler.enable_preemption`` → ``preemption``), and
+    the problems: a bad alias value, or an alias that says one thing where the hetero key
+    beside it says another (both are named; neither is applied)."""
+    block = data.get("heterogeneous_config")
+    if block is None:  # an empty block (YAML: a key with nothing under it) maps nothing
+        block = {}
+    raw_scheduler = data.get("scheduler")
+    scheduler = dict(raw_scheduler) if isinstance(raw_scheduler, dict) else None
+    seed = (
+        {k: scheduler.pop(k) for k in _SEED_KEYS["scheduler"] if k in scheduler}
+        if scheduler
+        else {}
+    )
+    if "heterogeneous_config" not in data and not seed:
+        return data, []
+    out = {k: v for k, v in data.items() if k != "heterogeneous_config"}
+    problems: list[tuple[str, str]] = []
+    settings: list[Setting] = []
+    if "heterogeneous_config" in data:
+        try:
+            mapped = HeterogeneousConfig.model_validate(block)
+        except ValidationError as exc:
+            problems += _problems(exc, block, HeterogeneousConfig, ("heterogeneous_config",))
+        else:
+            more, wrong = mapped.mapped()
+            settings += more
+            problems += wrong
+    # Each independent of the other: one key's bad value hides nothing of the other.
+    for key, value in seed.items():
+        try:
+            keys = _SchedulerSeedKeys.model_validate({key: value})
+        except ValidationError as exc:
+            problems += _problems(exc, {key: value}, _SchedulerSeedKeys, ("scheduler",))
+        else:
+            more, wrong = keys.mapped()
+            settings += more
+            problems += wrong
+    if scheduler is None and settings:
+        if raw_scheduler is not None:  # not a mapping: the model reports it
+            return out, problems
+        scheduler = {}
+    for alias, key, value in settings:
+        assert scheduler is not None
+        if key not in scheduler:
+            problem = _needs(alias, key, value, scheduler)
+            if problem is None:
+                scheduler[key] = value
+            else:
+                problems.append(problem)
+        elif not _same(key, scheduler[key], value):
+            problems.append(
+                (
+                    alias,
+                    f"{_as_written(lookup(data, alias.split('.')))} means scheduler.{key}: "
+                    f"{_as_written(value, quote=False)}, but scheduler.{key} is "
+                    f"{_as_written(scheduler[key])}; remove one or make them agree",
+                )
+            )
+    if scheduler is not None:
+        out["scheduler"] = scheduler
+    return out, problems
+
+
+def _needs(alias: str, key: str, value: Any, scheduler: dict[str, Any]) -> tuple[str, str] | None:
+    """What a strategy an alias sets needs and the file lacks: ``tiered`` has no default
+    tiers (which devices are small is the user's to say)."""
+    options = scheduler.get("options")
+    if (key, value) == ("strategy", "tiered") and not (
+        isinstance(options, dict) and {"thresholds", "tiers"} <= set(options)
+    ):
+        return (
+            alias,
+            "true means scheduler.strategy: tiered, which needs scheduler.options.thresholds "
+            "(complexity bounds, e.g. prompt tokens [1024]) and scheduler.options.tiers "
+            "(device selectors per tier, smallest first, e.g. [[V100-32GB], [A100-80GB]])",
+        )
+    return None
+
+
+def _as_written(value: Any, quote: bool = True) -> str:
+    """A value as YAML spells it (``true``), strings quoted unless ``quote`` is false."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return show(value) if quote or not isinstance(value, str) else value
+
+
+def _same(key: str, given: Any, value: Any) -> bool:
+    """Whether the hetero key's own ``given`` value is ``value``; a value the field refuses
+    counts as the same (the field's own error says what is wrong with it)."""
+    annotation = SchedulerConfig.model_fields[key].annotation
+    assert annotation is not None
+    try:
+        ours = TypeAdapter[Any](annotation).validate_python(given)
+    except ValidationError:
+        return True
+    return bool(ours == value)
+
+
+def _batch_problems(config: HeteroConfig) -> list[tuple[str, str]]:
+    """Keys of ``scheduler.batch_sizes`` that name nothing, or the same model twice. A key the
+    catalog does not know may be a device id: checked against the fleet where the file alone
+    gives every id (emulated devices), else when the fleet is built (``PerfModel``)."""
+    table = config.scheduler.batch_sizes
+    unknown = [key for key in table if batch_key_kind(key) is None]
+    fleet: list[Device] = []
+    if unknown:
+        ids_known = config.devices and all(d.emulate for d in config.devices)
+        if config.backend.kind != "local" or not ids_known:
+            table = {k: v for k, v in table.items() if k not in unknown}
+        else:
+            from hetero.devices.fleet import build_fleet
+
+            fleet = build_fleet(config)
+    try:
+        BatchTable.resolve(table, fleet)
+    except ConfigError as exc:
+        return exc.problems
+    return []
 
 
 def load_config(path: str | Path) -> HeteroConfig:
@@ -384,8 +647,10 @@ def load_config(path: str | Path) -> HeteroConfig:
 # --- error rendering ------------------------------------------------------------------------
 
 
-def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
-    model: type[BaseModel] = HeteroConfig
+def _fields_of(
+    data: Any, loc: tuple[int | str, ...], root: type[BaseModel] | None = None
+) -> list[str]:
+    model: type[BaseModel] = root or HeteroConfig
     for part in loc:
         if isinstance(part, int) or str(part) not in model.model_fields:
             continue  # a list index, or a key of a mapping (``nodes.<name>``)
@@ -403,7 +668,14 @@ def _fields_of(data: Any, loc: tuple[int | str, ...]) -> list[str]:
 _TAGS = frozenset({"int", "str", "float", "bool"})
 
 
-def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
+def _problems(
+    exc: ValidationError,
+    data: Any,
+    root: type[BaseModel] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> list[tuple[str, str]]:
+    """Each error of ``exc`` as ``(path, message)``; ``data`` is what ``root`` (default
+    ``HeteroConfig``) validated, found at ``prefix`` in the file."""
     problems: list[tuple[str, str]] = []
     for err in exc.errors():
         # Pydantic appends the tag of the union member that failed ('int', 'str',
@@ -411,10 +683,12 @@ def _problems(exc: ValidationError, data: Any) -> list[tuple[str, str]]:
         loc = tuple(
             p for p in err["loc"] if isinstance(p, int) or (p.isidentifier() and p not in _TAGS)
         )
-        path = render_path(loc)
+        path = render_path(prefix + loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            key, fields = str(loc[-1]), _fields_of(data, loc[:-1])
+            key, fields = str(loc[-1]), _fields_of(data, loc[:-1], root)
+            if root is None:  # the aliases parse_config accepts there are allowed too
+                fields = sorted([*fields, *_SEED_KEYS.get(render_path(loc[:-1]), ())])
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" did you mean {close[0]!r}?" if close else ""
             allowed = ", ".join(fields)

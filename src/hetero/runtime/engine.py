@@ -227,6 +227,8 @@ class Engine(Driver):
         options = task.options
         if options.cost is not None and not task.declared:
             task.cost, task.declared = options.cost_of(task.args, task.kwargs)
+        if options.complexity is not None:  # from the arguments, before packing drops them
+            task.complexity = options.complexity_of(task.args, task.kwargs)
         try:
             task.packed = self.ledger.pack_arguments(
                 task.id, (task.args, task.kwargs), inline=not self.backend.shared_memory

@@ -324,6 +324,11 @@ class MapRun(Iterator[Any]):
         spec = self._batch_spec
         if memory != spec.options.memory:
             spec = spec.with_options(memory=memory)
+        if options.complexity is not None:
+            # A batch is as complex as its most complex item (a long sequence pads the rest).
+            spec = spec.with_options(
+                complexity=max(options.complexity_of((x,), {}) or 0.0 for x in chunk)
+            )
         future = self._host.submit(
             spec,
             (chunk, first),

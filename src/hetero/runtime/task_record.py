@@ -39,6 +39,7 @@ class Task:
     packed: Packed | None = None
     cost: float = 1.0
     declared: bool = False
+    complexity: float | None = None  # the tier it asks for (TaskOptions.complexity)
     batch: bool = False  # of a map or a task graph: placed for the makespan (WorkItem.batch)
     attempt: int = 0
     device: int = -1
@@ -64,6 +65,7 @@ def work_item(task: Task) -> WorkItem:
         kind=options.kind if task.declared else options.speed_kind(task.name),
         memory=options.memory,
         priority=options.priority,
+        complexity=task.complexity,
         tags=options.tags,
         id=task.id,
         batch=task.batch,

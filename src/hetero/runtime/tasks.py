@@ -28,7 +28,9 @@ VARIANT_KEYS = (*(k.value for k in DeviceKind), "default")
 class TaskOptions:
     """How a task is scheduled. ``cost`` is in work units (a number, or a function of the
     task's arguments); ``None`` counts each task as 1 unit and lets emulated devices pace by
-    the CPU time measured on this host."""
+    the CPU time measured on this host. ``complexity`` (a number, or a function of the
+    arguments) is what the ``tiered`` strategy tiers a call by (``WorkItem.complexity``; its
+    sequence length, say); ``None``: its cost."""
 
     memory: int = 0
     cost: float | Callable[..., float] | None = None
@@ -42,6 +44,7 @@ class TaskOptions:
     name: str | None = None
     devices: tuple[str, ...] | None = None
     batch: BatchOptions | None = None  # calls coalesce into one call with lists (batching.py)
+    complexity: float | Callable[..., float] | None = None
 
     def cost_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[float, bool]:
         """The work units of one call and whether they were declared."""
@@ -54,6 +57,18 @@ class TaskOptions:
         if not 0 <= value < math.inf:
             raise ConfigError([("cost", f"must be a finite number >= 0, got {value!r}")])
         return float(value), True
+
+    def complexity_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> float | None:
+        """The complexity of one call (``None``: not declared, so a tier is chosen by cost)."""
+        complexity = self.complexity
+        if complexity is None:
+            return None
+        value = complexity(*args, **kwargs) if callable(complexity) else complexity
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError([("complexity", f"must return a number, got {value!r}")])
+        if not math.isfinite(value):
+            raise ConfigError([("complexity", f"must be a finite number, got {value!r}")])
+        return float(value)
 
     def speed_kind(self, name: str) -> str:
         """The row of the performance model that times this task, named ``name``: its
@@ -76,6 +91,7 @@ def make_options(
     name: str | None = None,
     devices: Iterable[str] | None = None,
     batch: BatchOptions | None = None,
+    complexity: float | Callable[..., float] | None = None,
 ) -> TaskOptions:
     """Validated ``TaskOptions`` (``ConfigError`` naming every bad option)."""
     problems: list[tuple[str, str]] = []
@@ -93,6 +109,16 @@ def make_options(
             problems.append(("cost", f"must be a number or a function of the args, got {cost!r}"))
         elif not 0 <= cost < math.inf:
             problems.append(("cost", f"must be a finite number >= 0, got {cost!r}"))
+    if complexity is not None and not callable(complexity):
+        if isinstance(complexity, bool) or not isinstance(complexity, (int, float)):
+            problems.append(
+                (
+                    "complexity",
+                    f"must be a number or a function of the args, got {complexity!r}",
+                )
+            )
+        elif not math.isfinite(complexity):
+            problems.append(("complexity", f"must be a finite number, got {complexity!r}"))
     if isinstance(priority, bool) or not isinstance(priority, int):
         problems.append(("priority", f"must be an integer (higher runs first), got {priority!r}"))
     if retries is not None and (
@@ -153,6 +179,7 @@ def make_options(
         name=name,
         devices=selectors,
         batch=batch,
+        complexity=complexity,
     )
 
 
@@ -198,6 +225,7 @@ class TaskFunction(Generic[P, R]):
             "name": self.options.name,
             "devices": self.options.devices,
             "batch": self.options.batch,
+            "complexity": self.options.complexity,
         }
         unknown = sorted(set(options) - set(current))
         if unknown:
@@ -228,6 +256,7 @@ def task(
     name: str | None = ...,
     devices: Iterable[str] | None = ...,
     batch: BatchOptions | None = ...,
+    complexity: float | Callable[..., float] | None = ...,
 ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
 
@@ -240,9 +269,11 @@ def task(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     (of work, for speeds per kind), ``devices`` (where it may run: device ids, catalog models,
     kinds such as "gpu", or "tag:NAME"), ``tags`` (for an ``affinity`` policy), ``variants``
     (``{"gpu": f, "cpu": g}``: per-device-kind code; the task runs only on kinds it has code
-    for, or everywhere with ``"default"``), ``name`` and ``batch`` (a ``BatchOptions``: calls
+    for, or everywhere with ``"default"``), ``name``, ``batch`` (a ``BatchOptions``: calls
     that arrive together run as one call of the function, each argument a list of the calls'
-    values, and it returns one result per call; see ``hetero.runtime.batching``).
+    values, and it returns one result per call; see ``hetero.runtime.batching``) and
+    ``complexity`` (a number, or a function of the arguments: what the ``tiered`` strategy
+    tiers a call by, e.g. ``lambda seq: len(seq)``; default: its cost).
     """
     opts = make_options(**options)
     if fn is not None:

@@ -150,7 +150,8 @@ class WorkItem:
     ``cost`` is in work units (FLOPs, tokens, a user's estimate): a device of speed ``s`` takes
     ``cost / s`` seconds. ``memory`` is the bytes the item holds on its device while placed there.
     Higher ``priority`` runs first. ``complexity`` selects a tier for the ``tiered`` policy
-    (defaults to ``cost``), ``tags`` bind it to devices for ``affinity``, and ``deadline`` is an
+    (defaults to ``cost``; a task's ``complexity=`` option, a routed request's prompt tokens),
+    ``tags`` bind it to devices for ``affinity``, and ``deadline`` is an
     absolute clock time after which it fails with a timeout. ``batch`` marks an item of a
     closed batch (a map, a task graph) whose measure is the batch's makespan, not its own
     latency: policies that trade latency for the tail place it where it finishes soonest.

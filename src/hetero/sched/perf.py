@@ -22,10 +22,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import REFERENCE_TFLOPS, Device
 from hetero.errors import ConfigError
 
-__all__ = ["REFERENCE_BANDWIDTH_GBS", "PerfModel"]
+__all__ = [
+    "REFERENCE_BANDWIDTH_GBS",
+    "BatchTable",
+    "PerfModel",
+    "batch_key_kind",
+    "model_families",
+]
 
 # How far the fleet's unit may move before the devices not measured yet move with it.
 _UNIT_TOLERANCE = 0.01
@@ -59,6 +66,121 @@ class _Unit:
         return math.exp(self.log_sum / self.count) if self.count else 1.0
 
 
+def model_families(model: str) -> list[str]:
+    """The families a model name belongs to, widest first: ``H100-SXM-80GB`` is an ``H100``
+    and an ``H100-SXM``. A MIG slice (``A100-80GB/3g.40gb``) belongs to none: it holds a
+    fraction of its GPU's memory, so what suits the whole GPU does not suit it."""
+    if "/" in model:
+        return []
+    parts = model.split("-")
+    return ["-".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def batch_key_kind(key: str) -> tuple[str, str] | None:
+    """What ``key`` of a batch table names in the catalog: ``("model", CANONICAL)`` for a
+    model's canonical name, ``("family", NAME)`` for a family of models (``A100``: every A100
+    variant), ``("model", CANONICAL)`` for another name the catalog knows (a driver's name, a
+    MIG slice); ``None`` for a name the catalog does not know. A family wins over an alias,
+    so ``H100`` (also a driver's name of the SXM part) means every H100."""
+    catalog = get_catalog()
+    folded = key.strip().casefold()
+    for name in catalog.names:
+        if name.casefold() == folded:
+            return ("model", name)
+    if any(folded in (f.casefold() for f in model_families(name)) for name in catalog.names):
+        return ("family", key.strip())
+    if key in catalog:
+        return ("model", catalog.get(key).model)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTable:
+    """A static batch table (``scheduler.batch_sizes``) resolved against a fleet: sizes by
+    device id, by model and by family (case-folded). The most exact key wins for a device:
+    its id, then its model, then its narrowest family."""
+
+    by_id: Mapping[str, int]
+    by_model: Mapping[str, int]
+    by_family: Mapping[str, int]
+
+    @classmethod
+    def resolve(
+        cls,
+        table: Mapping[str, int],
+        devices: Sequence[Device],
+        field: str = "scheduler.batch_sizes",
+    ) -> BatchTable:
+        """Classify every key of ``table``; ``ConfigError`` naming each key that matches no
+        device id of ``devices`` nor a catalog (or fleet) model or family, with the candidates,
+        and each pair of keys that name the same model or family."""
+        ids = {d.id for d in devices}
+        fleet_models = {d.model.casefold(): d.model for d in devices}
+        fleet_families = {f.casefold(): f for d in devices for f in model_families(d.model)}
+        by_id: dict[str, int] = {}
+        by_model: dict[str, int] = {}
+        by_family: dict[str, int] = {}
+        named: dict[str, str] = {}  # ("model:"|"family:") + folded name -> the key that named it
+        problems: list[tuple[str, str]] = []
+        for key, size in table.items():
+            if key in ids:
+                by_id[key] = size
+                continue
+            kind = batch_key_kind(key)
+            folded = key.strip().casefold()
+            if kind is None and folded in fleet_models:  # a model the catalog lacks
+                kind = ("model", fleet_models[folded])
+            elif kind is None and folded in fleet_families:
+                kind = ("family", fleet_families[folded])
+            if kind is None:
+                problems.append((f"{field}.{key}", _unmatched(key, devices)))
+                continue
+            what, name = kind
+            slot = f"{what}:{name.casefold()}"
+            if slot in named:
+                problems.append(
+                    (
+                        f"{field}.{key}",
+                        f"names the same {what} {name} as key {named[slot]!r}; keep one",
+                    )
+                )
+                continue
+            named[slot] = key
+            (by_model if what == "model" else by_family)[name.casefold()] = size
+        if problems:
+            raise ConfigError(problems)
+        return cls(by_id, by_model, by_family)
+
+    def cap(self, device: Device) -> int | None:
+        """The static batch size of ``device`` (``None``: the table does not name it)."""
+        size = self.by_id.get(device.id)
+        if size is None:
+            size = self.by_model.get(device.model.casefold())
+        if size is None:
+            for family in reversed(model_families(device.model)):  # narrowest first
+                size = self.by_family.get(family.casefold())
+                if size is not None:
+                    break
+        return size
+
+
+def _shown(names: Iterable[str], most: int = 8) -> str:
+    names = list(dict.fromkeys(names))
+    more = f", … ({len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more or "none"
+
+
+def _unmatched(key: str, devices: Sequence[Device]) -> str:
+    close = get_catalog().closest(key)
+    hint = f"; closest catalog names: {', '.join(close)}" if close else ""
+    return (
+        f"{key!r} matches no device and no catalog model or family{hint}; allowed: a device "
+        f"id ({_shown(d.id for d in devices)}), a model ({_shown(d.model for d in devices)}) "
+        f"or a family ({_shown(f for d in devices for f in model_families(d.model)[:1])}) "
+        "of this fleet, or any catalog model or family (`hetero catalog list`)"
+    )
+
+
 class PerfModel:
     """Speed per (device, kind of work), prior from the catalog, corrected by observation."""
 
@@ -82,6 +204,9 @@ class PerfModel:
         self.unit_rate = unit_rate
         self.alpha = alpha
         self.batch_table = dict(batch_table or {})
+        # Resolved once against the fleet (an unknown key is refused here, not ignored); a
+        # device that joins later is matched by the same keys.
+        self._batch = BatchTable.resolve(self.batch_table, self.devices)
         self._usable = np.ones(len(self.devices), dtype=bool)
         self._scale = np.ones(len(self.devices))  # of the priors, by rescale
         self._speed: dict[str, FloatArray] = {}
@@ -240,7 +365,8 @@ class PerfModel:
         free_memory: Sequence[int] | None = None,
     ) -> list[int]:
         """Split ``global_batch`` over the devices in proportion to speed, each capped by what its
-        free memory holds (``sample_bytes`` per sample) or by the static ``batch_table``.
+        free memory holds (``sample_bytes`` per sample) or by the static ``batch_table`` (keyed
+        by device id, catalog model or family: ``BatchTable``).
 
         Uses largest-remainder rounding and hands what a capped device cannot take to the others,
         so the sizes sum to ``global_batch`` unless the whole fleet cannot hold it
@@ -251,10 +377,9 @@ class PerfModel:
         n = len(self.devices)
         caps = np.full(n, global_batch, dtype=np.int64)
         for i, d in enumerate(self.devices):
-            if d.id in self.batch_table:
-                caps[i] = self.batch_table[d.id]
-            elif d.model in self.batch_table:
-                caps[i] = self.batch_table[d.model]
+            static = self._batch.cap(d)
+            if static is not None:
+                caps[i] = static
             elif sample_bytes > 0:
                 free = free_memory[i] if free_memory is not None else d.state.memory_free
                 caps[i] = free // sample_bytes

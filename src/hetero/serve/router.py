@@ -48,7 +48,15 @@ from hetero.serve.records import DEFAULT_STRATEGY, ReplicaState, RouterOptions, 
 from hetero.serve.replicas import Replica
 from hetero.serve.router_status import router_status, state_word
 
-__all__ = ["DEFAULT_STRATEGY", "NoReplica", "Router", "RouterOptions", "Ticket", "UnknownModel"]
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "NoReplica",
+    "Router",
+    "RouterOptions",
+    "Ticket",
+    "UnknownModel",
+    "request_item",
+]
 
 log = logging.getLogger("hetero.serve")
 
@@ -56,6 +64,27 @@ log = logging.getLogger("hetero.serve")
 _PASSING = frozenset({Hold.SATURATED})
 #: Model names a 404 lists at most: its answer stays small however many are served.
 _LISTED_MODELS = 10
+
+
+def request_item(
+    ticket: Ticket,
+    cost: float,
+    priority: int = 0,
+    prefix: Prefix | None = None,
+    tokens: Tokens | None = None,
+) -> WorkItem:
+    """The work item of one request: its ``cost`` in work units, and its prompt tokens (the
+    router's estimate, ``ticket.prompt``) as its complexity, so that the ``tiered`` strategy
+    tiers requests by prompt length (long prompts to the big replicas) rather than by cost,
+    which the expected output dominates."""
+    return WorkItem(
+        cost=cost,
+        priority=priority,
+        complexity=ticket.prompt,
+        id=ticket.id,
+        prefix=prefix,
+        tokens=tokens,
+    )
 
 
 def _some(names: list[str]) -> str:
@@ -227,7 +256,7 @@ class Router(Driver):
         tokens = None
         if self.slo_policy is not None:
             tokens = Tokens(prompt, self.outputs.expected(model, max_tokens))
-        item = WorkItem(cost=cost, priority=priority, id=ticket.id, prefix=prefix, tokens=tokens)
+        item = request_item(ticket, cost, priority, prefix, tokens)
         self.tickets[ticket.id] = ticket
         try:
             # Always restricted: a replica that joins later may serve other models.
