@@ -1,4 +1,5 @@
-"""``hetero profile``: run a Python script with every ``hetero.Context`` in it profiled."""
+"""``hetero profile``: run a Python script with every ``hetero.Context`` in it profiled, and the
+collectives of every rank it starts (``hetero.comm``) merged into one report."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def profile(
 
     SCRIPT runs as `python SCRIPT ARGS...` would. Each Context writes NAME.html (open it in a
     browser) and NAME.trace.json (open it at ui.perfetto.dev) into --out; a second Context in
-    the script writes NAME-2.*, and so on.
+    the script writes NAME-2.*, and so on. When the script, or ranks it starts, make
+    hetero.comm collectives, one more report shows each rank's time in them.
 
     Examples: `hetero profile train.py --epochs 3`, `hetero profile --out runs/a job.py`.
     """
@@ -58,7 +60,11 @@ def profile(
     name = name or script.stem
     out = out.resolve()  # the script may change directory
     before = _reports(out, name)
+    ranks_before = _rank_files(out, name)
     code = _run(script, args or [], {PROFILE_DIR_ENV: str(out), PROFILE_NAME_ENV: name})
+    ranks = [p for p, stamp in _rank_files(out, name).items() if ranks_before.get(p) != stamp]
+    if ranks:
+        _merge_ranks(out, name, ranks)
     written = sorted(p for p, stamp in _reports(out, name).items() if before.get(p) != stamp)
     if written:
         console.print("profile written:", highlight=False)
@@ -67,7 +73,8 @@ def profile(
             console.print(f"  {path}  ({how})", markup=False, highlight=False, soft_wrap=True)
     else:
         err_console.print(
-            f"no profile was written to {out}: the script created no hetero.Context",
+            f"no profile was written to {out}: the script created no hetero.Context and "
+            "joined no process group with hetero.comm.init",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -125,3 +132,37 @@ def _reports(directory: Path, name: str) -> dict[Path, tuple[int, int]]:
             stat = path.stat()
             found[path] = (stat.st_mtime_ns, stat.st_size)
     return found
+
+
+def _rank_files(directory: Path, name: str) -> dict[Path, tuple[int, int]]:
+    """The files ranks leave for ``name`` in ``directory`` (``hetero.comm`` writes
+    ``<name>.collectives.<pid>.json`` at ``destroy()``), with their (mtime, size)."""
+    pattern = re.compile(rf"{re.escape(name)}\.collectives\.\d+\.json")
+    if not directory.is_dir():
+        return {}
+    return {
+        path: (path.stat().st_mtime_ns, path.stat().st_size)
+        for path in directory.iterdir()
+        if pattern.fullmatch(path.name)
+    }
+
+
+def _merge_ranks(directory: Path, name: str, paths: list[Path]) -> None:
+    """One report of every rank's collectives from the files this run's ranks left, which it
+    replaces."""
+    from hetero.errors import HeteroError
+    from hetero.runtime.profiling import unique_name
+    from hetero.telemetry import Profile
+    from hetero.telemetry.collectives import read_rank_files
+
+    try:
+        ranks = read_rank_files(sorted(paths))
+        started = min(r.started for r in ranks)
+        ended = max(r.ended for r in ranks)
+        Profile([], [], started, ended, collectives=ranks).save(
+            directory, unique_name(directory, name)
+        )
+    except HeteroError as exc:
+        fail(f"the ranks' collective times could not be reported: {exc}")
+    for path in paths:
+        path.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Profiles of a running ``Context``: each open session records every task attempt as a
-``TaskTrace``; a finished one is written as a Chrome trace and an HTML report
-(``hetero.telemetry.Profile``)."""
+``TaskTrace``, and this process's time in ``hetero.comm`` collectives over its window; a
+finished one is written as a Chrome trace and an HTML report (``hetero.telemetry.Profile``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetero.devices.spec import Device
 from hetero.runtime.worker import TaskReply
+from hetero.telemetry.collectives import RECORDER, RankCollectives
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
 if TYPE_CHECKING:
@@ -27,12 +28,15 @@ log = logging.getLogger("hetero.runtime")
 
 @dataclass
 class ProfileSession:
-    """One profile being recorded: written as ``<directory>/<name>.*`` when it ends."""
+    """One profile being recorded: written as ``<directory>/<name>.*`` when it ends.
+    ``collectives`` is this process's collective record as it began (``hetero.comm`` calls made
+    while it is open count by difference, whichever thread makes them)."""
 
     name: str
     directory: Path
     started: float
     traces: list[TaskTrace] = field(default_factory=list)
+    collectives: RankCollectives = field(default_factory=RECORDER.snapshot)
 
 
 class Profiler:
@@ -84,8 +88,15 @@ class Profiler:
         with self._lock:
             if session in self._sessions:
                 self._sessions.remove(session)
-        profile = Profile(session.traces, devices(), session.started, time.monotonic())
-        paths = profile.save(session.directory, _unique_name(session.directory, session.name))
+        comm = RECORDER.snapshot().since(session.collectives)
+        profile = Profile(
+            session.traces,
+            devices(),
+            session.started,
+            time.monotonic(),
+            collectives=[comm] if comm.ops else [],
+        )
+        paths = profile.save(session.directory, unique_name(session.directory, session.name))
         log.info("profile written: %s", ", ".join(str(p) for p in paths))
         return profile, paths
 
@@ -120,7 +131,7 @@ class ProfileBlock:
         self.paths = tuple(paths)
 
 
-def _unique_name(directory: Path, name: str) -> str:
+def unique_name(directory: Path, name: str) -> str:
     """``name``, or ``name-2``, ``name-3``… when a report of that name exists already."""
     if not (directory / f"{name}.html").exists():
         return name

@@ -4,7 +4,9 @@ A :class:`Profile` is a window of :class:`TaskTrace` records (one per task attem
 devices that could run them. :meth:`Profile.summary` reduces them to a few numbers (makespan
 against the ideal, efficiency, load balance, per-device utilization and time split);
 :meth:`Profile.write_chrome_trace` writes a timeline that Perfetto opens and
-:meth:`Profile.write_html` one self-contained report. ``docs/profiling.md`` defines each number.
+:meth:`Profile.write_html` one self-contained report. Beside the attempts, a profile may hold
+each rank's time in ``hetero.comm`` collectives (:mod:`hetero.telemetry.collectives`), which
+the report shows per rank. ``docs/profiling.md`` defines each number.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from hetero.errors import HeteroError
+from hetero.telemetry.collectives import RankCollectives
 from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
@@ -76,6 +79,8 @@ class ProfileSummary:
     lower for each device left idle; ``None`` when no device was busy. The simulator's
     ``FleetMetrics`` computes both the same way (:mod:`hetero.telemetry.measures`).
     ``done``, ``failed``, ``retried`` and ``cancelled`` count attempts by status.
+    ``collectives`` is each rank's time in ``hetero.comm`` calls, in rank order (empty when
+    none were made).
     """
 
     makespan: float
@@ -88,6 +93,7 @@ class ProfileSummary:
     retried: int
     cancelled: int
     devices: tuple[DeviceSummary, ...]
+    collectives: tuple[RankCollectives, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -98,7 +104,9 @@ class Profile:
     """The task attempts of one profiled window and the devices that could run them.
 
     ``started`` and ``ended`` bound the window in ``time.monotonic()`` seconds, the clock of
-    the traces; ``name`` titles the reports.
+    the traces; ``name`` titles the reports. ``collectives`` holds each rank's time in
+    ``hetero.comm`` calls over the window (one entry for a profile of one process; one per rank
+    for ``hetero profile`` of a script whose ranks it ran); a profile may hold them alone.
     """
 
     traces: list[TaskTrace]
@@ -106,6 +114,7 @@ class Profile:
     started: float
     ended: float
     name: str = "run"
+    collectives: list[RankCollectives] = field(default_factory=list)
 
     def window(self) -> tuple[float, float]:
         """``(start, end)`` of the run: the profiled window, or, when it is empty, first submit
@@ -145,12 +154,15 @@ class Profile:
             retried=counts["retried"],
             cancelled=counts["cancelled"],
             devices=tuple(devices),
+            collectives=tuple(sorted(self.collectives, key=lambda r: r.rank)),
         )
 
     def chrome_trace(self) -> dict[str, object]:
         """The profile in Chrome's Trace Event Format (``{"traceEvents": [...]}``): one process
         for the run, one thread per device, a complete (``X``) event per attempt with times in
-        µs from the window's start, and a ``running`` counter of attempts in progress."""
+        µs from the window's start, and a ``running`` counter of attempts in progress. Each
+        rank's collective times, which have no timeline, ride along under ``"collectives"``
+        (trace viewers ignore keys they do not know)."""
         origin, _ = self.window()
 
         def us(t: float) -> float:
@@ -205,7 +217,12 @@ class Profile:
                         "args": {"attempts": running},
                     }
                 )
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        trace: dict[str, object] = {"traceEvents": events, "displayTimeUnit": "ms"}
+        if self.collectives:
+            trace["collectives"] = [
+                r.to_dict() for r in sorted(self.collectives, key=lambda r: r.rank)
+            ]
+        return trace
 
     def write_chrome_trace(self, path: str | Path) -> Path:
         """Write :meth:`chrome_trace` as JSON to ``path``; open it at ui.perfetto.dev."""

@@ -1,6 +1,7 @@
 """The profile as one self-contained HTML file: headline numbers, a per-device timeline, a table
-and a utilization chart, drawn as inline SVG so the file needs no network, script or plotting
-library. Every string from the run (task names, device ids and models) is escaped.
+and a utilization chart, and each rank's time in collectives where the profile has it, drawn as
+inline SVG so the file needs no network, script or plotting library. Every string from the run
+(task names, device ids and models, op names) is escaped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hetero._html import BASE_STYLE
 from hetero.units import format_size
 
 if TYPE_CHECKING:
+    from hetero.telemetry.collectives import RankCollectives
     from hetero.telemetry.profile import DeviceSummary, Profile, ProfileSummary
     from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
@@ -63,13 +65,25 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
     """The whole report for ``profile`` (whose ``summary()`` is ``summary``)."""
     title = f"hetero profile: {profile.name}"
     rows = profile.rows()
-    gutter = _gutter([_label(info.id, info.model) for info, _ in rows[:MAX_ROWS]])
-    parts = [
+    head = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
-        _table(None, _headline(summary)),
+    ]
+    if not rows and summary.collectives:  # ranks' collectives alone: no fleet to chart
+        return "\n".join(
+            [
+                *head,
+                _table(None, _collective_headline(summary)),
+                _collectives(summary.collectives),
+                "</body></html>",
+            ]
+        )
+    gutter = _gutter([_label(info.id, info.model) for info, _ in rows[:MAX_ROWS]])
+    parts = [
+        *head,
+        _table(None, _headline(summary) + _collective_headline(summary)[1:]),
         "<h2>Timeline</h2>",
         _legend([t for _, traces in rows for t in traces]),
         _timeline(profile, summary, rows[:MAX_ROWS], gutter),
@@ -103,8 +117,10 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
         "from hand-off to the engine to start, per attempt.</p>",
         "<h2>Utilization</h2>",
         _utilization(summary.devices[:MAX_ROWS], gutter),
-        "</body></html>",
     ]
+    if summary.collectives:
+        parts.append(_collectives(summary.collectives))
+    parts.append("</body></html>")
     return "\n".join(parts)
 
 
@@ -121,6 +137,85 @@ def _headline(s: ProfileSummary) -> list[list[str]]:
         ["attempts cancelled", f"{s.cancelled:,}"],
         ["devices", f"{len(s.devices):,}"],
     ]
+
+
+def _collective_headline(s: ProfileSummary) -> list[list[str]]:
+    """The window, then (when ranks made collectives) their time in them: the mean rank and the
+    one that spent the most."""
+    out = [["window", seconds(s.makespan)]]
+    if s.collectives:
+        most = max(s.collectives, key=lambda r: r.seconds)
+        mean = sum(r.seconds for r in s.collectives) / len(s.collectives)
+        out += [
+            ["ranks with collectives (hetero.comm)", f"{len(s.collectives):,}"],
+            [
+                "time in collectives, mean rank / most",
+                f"{seconds(mean)} / {seconds(most.seconds)} (rank {most.rank}, "
+                f"{percent(most.share)} of its time)",
+            ],
+        ]
+    return out
+
+
+def _collectives(ranks: Sequence[RankCollectives]) -> str:
+    """Per rank: its time in collectives, in all and by op (the slowest first), and a bar of
+    the share of its time that was."""
+    rows: list[list[str]] = []
+    for r in ranks:
+        span = r.ended - r.started
+        rows.append(
+            [
+                str(r.rank),
+                "all",
+                f"{r.calls:,}",
+                seconds(r.seconds),
+                percent(r.share),
+                seconds(r.seconds / r.calls if r.calls else None),
+                format_size(r.bytes),
+            ]
+        )
+        for name, op in sorted(r.ops.items(), key=lambda kv: (-kv[1].seconds, kv[0])):
+            rows.append(
+                [
+                    "",
+                    name,
+                    f"{op.count:,}",
+                    seconds(op.seconds),
+                    percent(op.seconds / span if span > 0 else None),
+                    seconds(op.seconds / op.count if op.count else None),
+                    format_size(op.bytes),
+                ]
+            )
+    shown = ranks[:MAX_ROWS]
+    gutter = _gutter([f"rank {r.rank}" for r in shown])
+    bars = [_svg_open(gutter + UTIL_W + 60, len(shown) * ROW_H + 4)]
+    for i, r in enumerate(shown):
+        y = i * ROW_H
+        share = r.share or 0.0
+        bars += [
+            f'<text class="label" x="{gutter - 6:.1f}" y="{y + ROW_H - 5}" text-anchor="end">'
+            f"rank {r.rank}</text>",
+            f'<rect x="{gutter:.1f}" y="{y + 3}" width="{UTIL_W}" height="{BAR_H}" fill="#eee"/>',
+            f'<rect x="{gutter:.1f}" y="{y + 3}" width="{max(0.0, min(share, 1.0)) * UTIL_W:.1f}" '
+            f'height="{BAR_H}" fill="{_COLOURS["retried"]}"/>',
+            f'<text x="{gutter + UTIL_W + 6:.1f}" y="{y + ROW_H - 5}">{percent(r.share)}</text>',
+        ]
+    bars.append("</svg>")
+    return "\n".join(
+        [
+            "<h2>Collective communication</h2>",
+            _table(
+                ["rank", "op", "calls", "time", "share of its time", "per call", "bytes"],
+                rows,
+            ),
+            '<p class="note">time: what the rank spent blocked in hetero.comm calls (an '
+            "async call: issuing it and its wait()); share: of the rank's profiled time; "
+            "bytes: the tensors it passed. Communication inside DDP or FSDP (the Trainer's "
+            "gradient reduction) is not made through hetero.comm and is not counted here.</p>",
+            "<h3>Share of each rank's time in collectives</h3>",
+            "\n".join(bars),
+        ]
+    )
 
 
 def _device_row(d: DeviceSummary) -> list[str]:

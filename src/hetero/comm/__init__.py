@@ -2,9 +2,15 @@
 
 A thin facade: ``init`` picks the backend from the config's ``communication`` section, every call
 checks its arguments and that the process group exists before torch sees them, and failures inside
-torch come out as :class:`~hetero.errors.BackendError`. Beyond torch, ``all_reduce`` takes a
-per-rank ``weight`` (the weighted sum or mean that uneven batch shares need), and
-``reduce_scatter`` also works on gloo.
+torch come out as :class:`~hetero.errors.BackendError`. Beyond torch, ``all_reduce`` and
+``reduce`` take a per-rank ``weight`` (the weighted sum or mean that uneven batch shares need),
+``all_to_all`` sends uneven shares without the receivers knowing their sizes, ``reduce_scatter``
+also works on gloo, and ``reduce`` leaves the other ranks' tensors as they were.
+
+Every call takes ``group=`` (a :class:`Group` from :func:`new_group`; on a rank outside it the
+call does nothing), and those torch can run in the background take ``async_op=True``, which
+returns a :class:`Handle` to ``wait()`` on. Every call is timed: :func:`stats` gives this rank's
+calls, seconds and bytes per op, which the profiler reports (``docs/profiling.md``).
 
 Every rank must make the same calls in the same order with tensors of the same shape and dtype,
 as with torch.distributed itself; a rank that skips a call leaves the others waiting until the
@@ -17,10 +23,8 @@ import datetime
 import gc
 import math
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hetero._torch import torch_missing
 
@@ -30,25 +34,50 @@ except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 import torch.distributed as dist
 
+from hetero.comm import _stats
+from hetero.comm._base import STATE, Handle, require
+from hetero.comm._collectives import (
+    all_gather,
+    all_gather_object,
+    all_reduce,
+    all_to_all,
+    barrier,
+    broadcast,
+    recv,
+    reduce,
+    reduce_scatter,
+    send,
+)
+from hetero.comm._groups import Group, new_group
+from hetero.comm._stats import gather_stats, reset_stats, stats
 from hetero.errors import BackendError, ConfigError, HeteroError
+from hetero.telemetry.collectives import RECORDER
 from hetero.units import format_size
 
 if TYPE_CHECKING:
     from hetero.config import HeteroConfig
 
 __all__ = [
+    "Group",
+    "Handle",
     "all_gather",
     "all_gather_object",
     "all_reduce",
+    "all_to_all",
     "barrier",
     "broadcast",
     "destroy",
+    "gather_stats",
     "init",
     "is_initialized",
+    "new_group",
     "rank",
     "recv",
+    "reduce",
     "reduce_scatter",
+    "reset_stats",
     "send",
+    "stats",
     "world_size",
 ]
 
@@ -57,13 +86,6 @@ __all__ = [
 _BACKENDS = {"gloo": "gloo", "tcp": "gloo", "nccl": "nccl", "rdma": "nccl", "mpi": "mpi"}
 #: Where Linux lists RDMA devices (InfiniBand HCAs and RoCE NICs).
 _RDMA_DEVICES = Path("/sys/class/infiniband")
-_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "mean": dist.ReduceOp.SUM,  # then divided here: gloo has no AVG
-    "max": dist.ReduceOp.MAX,
-    "min": dist.ReduceOp.MIN,
-    "product": dist.ReduceOp.PRODUCT,
-}
 _DEFAULT_PORT = 29500  # torch's own default
 
 
@@ -137,6 +159,9 @@ def init(
             f"rank {rank} of {world_size} could not join the {name} process group at "
             f"{addr}:{port}: {exc}"
         ) from exc
+    STATE.timeout = datetime.timedelta(seconds=timeout)
+    RECORDER.join(rank, world_size)
+    _stats.joined()
 
 
 def is_initialized() -> bool:
@@ -144,136 +169,25 @@ def is_initialized() -> bool:
 
 
 def rank() -> int:
-    _require()
+    require()
     return dist.get_rank()
 
 
 def world_size() -> int:
-    _require()
+    require()
     return dist.get_world_size()
-
-
-def barrier() -> None:
-    _require()
-    with _boundary("barrier"):
-        dist.barrier()
 
 
 def destroy() -> None:
     """Leave the process group; does nothing when there is none, so it is safe in teardown."""
     if is_initialized():
+        _stats.leaving()
         # DDP leaves reference cycles; freed after the group is gone, gloo may abort the
         # process at exit. Free them while it is still up.
         gc.collect()
         dist.destroy_process_group()
-
-
-def send(tensor: torch.Tensor, dst: int) -> None:
-    """Send ``tensor`` to rank ``dst``, which must ``recv`` a tensor of the same shape and dtype."""
-    _peer("dst", dst)
-    with _boundary(f"send to rank {dst}"):
-        dist.send(tensor, dst)
-
-
-def recv(tensor: torch.Tensor, src: int) -> None:
-    """Receive into ``tensor`` what rank ``src`` sends."""
-    _peer("src", src)
-    with _boundary(f"recv from rank {src}"):
-        dist.recv(tensor, src)
-
-
-def broadcast(tensor: torch.Tensor, src: int = 0) -> None:
-    """Overwrite ``tensor`` on every rank with rank ``src``'s."""
-    _rank_arg("src", src)
-    with _boundary("broadcast"):
-        dist.broadcast(tensor, src)
-
-
-def all_reduce(tensor: torch.Tensor, op: str = "sum", weight: float | None = None) -> None:
-    """Reduce ``tensor`` over all ranks in place: ``op`` is sum, mean, max, min or product.
-
-    With ``weight`` (this rank's; every rank passes one or none does) the result is
-    Σ_i weight_i · tensor_i, and with ``op="mean"`` that divided by Σ_i weight_i: the mean of
-    per-rank means over uneven batches, weighted by batch size, is the mean over all samples.
-    """
-    reduce_op = _op(op)
-    _require()
-    if weight is not None:
-        if op not in ("sum", "mean"):
-            raise ConfigError([("weight", f"applies to op 'sum' or 'mean', not {op!r}")])
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ConfigError([("weight", f"must be a number, got {weight!r}")])
-        if not math.isfinite(weight):
-            raise ConfigError([("weight", f"must be finite, got {weight!r}")])
-    if op == "mean" or weight is not None:
-        _floating(tensor, "tensor", f"op={op!r}" if weight is None else "weight")
-    if weight is not None:
-        tensor.mul_(weight)
-    with _boundary(f"all_reduce({op})"):
-        dist.all_reduce(tensor, op=reduce_op)
-        if op == "mean" and weight is not None:
-            total = torch.tensor([float(weight)], dtype=torch.float64, device=tensor.device)
-            dist.all_reduce(total)
-    if op != "mean":
-        return
-    divisor = float(total.item()) if weight is not None else dist.get_world_size()
-    if divisor == 0.0:
-        raise HeteroError("all_reduce(op='mean'): the ranks' weights sum to 0; nothing to divide")
-    tensor.div_(divisor)
-
-
-def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's ``tensor`` (same shape and dtype on all), in rank order."""
-    _require()
-    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    with _boundary("all_gather"):
-        dist.all_gather(out, tensor)
-    return out
-
-
-def all_gather_object(obj: Any) -> list[Any]:
-    """Every rank's picklable ``obj``, in rank order."""
-    _require()
-    out: list[Any] = [None] * dist.get_world_size()
-    with _boundary("all_gather_object"):
-        dist.all_gather_object(out, obj)
-    return out
-
-
-def reduce_scatter(output: torch.Tensor, inputs: Sequence[torch.Tensor], op: str = "sum") -> None:
-    """Reduce ``inputs[i]`` over all ranks into rank i's ``output``: one input per rank, each of
-    ``output``'s shape and dtype.
-
-    On gloo this is one all_reduce of the stacked inputs of which each rank keeps its slice:
-    torch before 2.8 has no gloo reduce_scatter (and since then runs one all_reduce per rank), so
-    this works on every torch, at world_size times the traffic of a true reduce-scatter.
-    """
-    reduce_op = _op(op)
-    n = world_size()
-    if len(inputs) != n:
-        raise ConfigError([("inputs", f"needs one tensor per rank ({n}), got {len(inputs)}")])
-    for i, piece in enumerate(inputs):
-        if piece.shape != output.shape or piece.dtype != output.dtype:
-            raise ConfigError(
-                [
-                    (
-                        f"inputs[{i}]",
-                        f"must match output ({tuple(output.shape)}, {output.dtype}), got "
-                        f"({tuple(piece.shape)}, {piece.dtype})",
-                    )
-                ]
-            )
-    if op == "mean":
-        _floating(output, "output", "op='mean'")
-    with _boundary(f"reduce_scatter({op})"):
-        if dist.get_backend() == "gloo":
-            stacked = torch.stack(list(inputs))
-            dist.all_reduce(stacked, op=reduce_op)
-            output.copy_(stacked[dist.get_rank()])
-        else:
-            dist.reduce_scatter(output, list(inputs), op=reduce_op)
-    if op == "mean":
-        output.div_(n)
+        STATE.generation += 1  # its groups go with it
+        STATE.timeout = None
 
 
 def _protocol(backend: str | None, config: HeteroConfig | None) -> str:
@@ -358,43 +272,3 @@ def _from_env(name: str, value: int | None, env: str, default: int | None = None
         return int(raw)
     except ValueError:
         raise ConfigError([(name, f"${env} must be an integer, got {raw!r}")]) from None
-
-
-def _require() -> None:
-    if not is_initialized():
-        raise HeteroError("the process group is not initialised; call hetero.comm.init() first")
-
-
-def _rank_arg(name: str, value: int) -> None:
-    _require()
-    n = dist.get_world_size()
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-        raise ConfigError([(name, f"must be a rank in [0, {n}), got {value!r}")])
-
-
-def _peer(name: str, value: int) -> None:
-    _rank_arg(name, value)
-    if value == dist.get_rank():
-        raise ConfigError([(name, f"must be another rank than this one ({value})")])
-
-
-def _op(op: str) -> dist.ReduceOp.RedOpType:
-    if op not in _OPS:
-        raise ConfigError([("op", f"unknown op {op!r}; expected one of {', '.join(sorted(_OPS))}")])
-    return _OPS[op]
-
-
-def _floating(tensor: torch.Tensor, name: str, why: str) -> None:
-    if not (tensor.is_floating_point() or tensor.is_complex()):
-        raise ConfigError(
-            [(name, f"{why} needs a floating-point tensor, got dtype {tensor.dtype}")]
-        )
-
-
-@contextmanager
-def _boundary(what: str) -> Iterator[None]:
-    """torch's failures (a peer gone, a timeout, mismatched shapes) as BackendError."""
-    try:
-        yield
-    except RuntimeError as exc:
-        raise BackendError(f"{what} failed: {exc}") from exc
