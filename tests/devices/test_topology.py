@@ -298,7 +298,13 @@ def test_missing_driver_or_library_gives_an_empty_topology(
     monkeypatch.setitem(sys.modules, "pynvml", None)
     empty = read_topology(environ={})
     assert len(empty) == 0 and empty.format_matrix() == "no GPUs"
-    assert empty.to_dict() == {"devices": [], "links": [], "bandwidth_gbs": []}
+    assert empty.to_dict() == {
+        "devices": [],
+        "links": [],
+        "bandwidth_gbs": [],
+        "latency_us": [],
+        "hops": [],
+    }
 
 
 def test_nvml_failing_midway_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
@@ -386,7 +392,14 @@ def test_cli_json(cli: typer.Typer) -> None:
     assert data["links"][2][3] == "PXB"
     assert data["group"] == {
         "ids": ["gpu:0", "gpu:1"],
-        "bottleneck": {"kind": "PIX", "label": "PIX", "nvlinks": 0, "gbs": 64.0},
+        "bottleneck": {
+            "kind": "PIX",
+            "label": "PIX",
+            "nvlinks": 0,
+            "gbs": 64.0,
+            "latency_us": 1.0,
+            "hops": 2,
+        },
         "search": "exact",
     }
 
@@ -588,10 +601,11 @@ def test_node_links_take_the_best_shared_fabric_at_the_slower_node() -> None:
             "dark": [],
         }
     )
-    assert nodes.link("dgx-a", "dgx-b") == NodeLink("infiniband", 400)
+    # No racks known: NCCL's network latency, hops unknown.
+    assert nodes.link("dgx-a", "dgx-b") == NodeLink("infiniband", 400, 2.7, None)
     assert nodes.link("dgx-a", "dgx-b").label == "IB 400G"
     assert nodes.link("dgx-a", "dgx-b").gbs == 100  # 400 Gb/s each way: 100 GB/s both ways
-    assert nodes.link("edge", "dgx-b") == NodeLink("ethernet", 25)
+    assert nodes.link("edge", "dgx-b") == NodeLink("ethernet", 25, 2.7, None)
     assert (
         nodes.link("dark", "edge") == NodeLink(None, 0) and nodes.link("dark", "edge").label == "-"
     )
@@ -599,11 +613,12 @@ def test_node_links_take_the_best_shared_fabric_at_the_slower_node() -> None:
     text = nodes.format_matrix()
     assert text.splitlines()[0].split() == ["dgx-a", "dgx-b", "edge", "dark"]
     assert text.splitlines()[1].split() == ["dgx-a", "X", "IB", "400G", "ETH", "25G", "-"]
-    assert "dark   none known" in text
+    assert ["dark", "-", "none", "known"] in [line.split() for line in text.splitlines()]
     data = json.loads(json.dumps(nodes.to_dict()))
     assert data["links"][2] == ["ETH 25G", "ETH 25G", "X", "-"]
     assert data["nodes"][2] == {
         "name": "edge",
+        "rack": None,
         "nics": [{"name": "eth0", "fabric": "ethernet", "gbps": 25}],
     }
     with pytest.raises(DeviceError, match="no node 'x' in this topology; it has dgx-a"):

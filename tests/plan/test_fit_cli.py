@@ -142,5 +142,5 @@ def test_help_gives_an_example_for_every_option() -> None:
     assert result.exit_code == 0
     lines = [line for line in result.stdout.splitlines() if "│ --" in line]
     options = [line for line in lines if not line.startswith(("│ --json", "│ --help"))]
-    assert len(options) == 14
+    assert len(options) == 15
     assert all("e.g." in line for line in options)

@@ -1,4 +1,5 @@
-"""``hetero catalog list|show|compare``: the accelerator catalog, its specs, prices and value."""
+"""``hetero catalog list|show|compare``: the accelerator catalog, its specs, prices and value,
+and the slices of a TPU pod (``show v5p --slice 4x4x4``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from rich.table import Table
 from hetero._cli_util import JsonOpt, console, fail, parse_kinds, print_json
 from hetero._format import count
 from hetero._tables import SplitTable
-from hetero.devices.catalog import get_catalog
+from hetero.devices.catalog import USE_CLASSES, best_for, get_catalog
 from hetero.devices.spec import DTYPES, DeviceKind, DeviceSpec
+from hetero.devices.tpu_pod import PodSlice
 from hetero.errors import HeteroError
 from hetero.units import format_size
 
@@ -84,10 +86,15 @@ def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
 
 
 def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
+    layout = get_catalog().pod_layout(spec.model)
     return {
         "model": spec.model,
         "kind": spec.kind.value,
         "vendor": spec.vendor,
+        "architecture": spec.architecture or None,
+        "compute_capability": spec.compute_capability or None,
+        "cuda_cores": spec.cuda_cores,
+        "tensor_cores": spec.tensor_cores,
         "aliases": list(spec.aliases),
         "tflops": dict(spec.tflops),
         "memory_bytes": spec.memory_bytes,
@@ -97,6 +104,9 @@ def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
         "tdp_w": spec.tdp_w,
         "price_per_hour": spec.price_per_hour,
         "capabilities": sorted(spec.capabilities),
+        "best_for": list(best_for(spec)),
+        "pod_chips": spec.pod_chips,
+        "pod_slices": layout.names if layout is not None else None,
         "source": spec.source,
         "notes": spec.notes,
     }
@@ -105,13 +115,30 @@ def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
 @catalog_app.command("show")
 def catalog_show(
     name: Annotated[str, typer.Argument(help="Canonical name or a driver-reported name.")],
+    slice_: Annotated[
+        str | None,
+        typer.Option(
+            "--slice",
+            metavar="TOPOLOGY",
+            help="A TPU pod slice by its topology: its chips, hosts, HBM and TFLOPS in all. "
+            "Example: hetero catalog show v5p --slice 4x4x4",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show one model's full spec."""
+    """Show one model's full spec, or with --slice one slice of a TPU pod."""
     try:
         spec = get_catalog().get(name)
     except HeteroError as exc:
         fail(str(exc))
+    if slice_ is not None:
+        try:
+            pod = get_catalog().tpu_slice(spec.model, slice_)
+        except HeteroError as exc:
+            fail(f"--slice {slice_}: {exc}")
+        _show_slice(pod, as_json)
+        return
     data = _spec_dict(spec)
     if as_json:
         print_json(data)
@@ -120,13 +147,39 @@ def catalog_show(
     table.add_column("field")
     table.add_column("value", overflow="fold")  # a source URL has no space to wrap at
     for key, value in data.items():
+        if key.startswith("pod_") and value is None:
+            continue  # not a TPU
         if key == "memory_bytes":
             value = format_size(value)
         elif isinstance(value, dict):
             value = ", ".join(f"{k} {v:g}" for k, v in value.items())
         elif isinstance(value, list):
             value = ", ".join(value) or "-"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        elif value is None:
+            value = "-"
         table.add_row(key, str(value))
+    console.print(table)
+
+
+def _show_slice(pod: PodSlice, as_json: bool) -> None:
+    if as_json:
+        print_json(pod.to_dict())
+        return
+    table = Table(title=f"{pod.model} slice {pod.topology}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    hosts = pod.hosts_text + (" (part of one host)" if pod.hosts < 1 else "")
+    for key, value in (
+        ("topology", pod.topology),
+        ("chips", f"{pod.chips:,} of a {pod.pod_chips:,}-chip pod"),
+        ("hosts", hosts),
+        ("HBM", format_size(pod.memory_bytes)),
+        ("HBM bandwidth", f"{pod.memory_bandwidth_gbs:,.0f} GB/s"),
+        ("dense TFLOPS", ", ".join(f"{k} {v:,.0f}" for k, v in pod.tflops.items())),
+    ):
+        table.add_row(key, value)
     console.print(table)
 
 
@@ -155,22 +208,39 @@ def catalog_compare(
     if as_json:
         print_json([r.to_dict() for r in rows])
         return
-    table = SplitTable(title=f"catalog compared on {dtype}, ranked by {by}", key_columns=2)
+    legend = [f"TFLOPS: dense {dtype}"]
+    if any(r.fallback for r in rows):
+        # A device without the dtype would otherwise rank on another format's figure unmarked.
+        legend[0] += (
+            f". A format after the figure, as in 65 (fp16): the model publishes no {dtype} "
+            f"figure, so this is the format it runs {dtype} work in; such rows rank after "
+            f"every model that has {dtype}"
+        )
+    legend += [f"best for {u.name}: {u.rule}" for u in USE_CLASSES]
+    table = SplitTable(
+        title=f"catalog compared on {dtype}, ranked by {by}",
+        caption="\n".join(legend),
+        caption_justify="left",
+        key_columns=2,
+    )
     for col in ("#", "model", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS", "kind"):
         table.add_column(col, justify="left" if col in ("model", "kind") else "right")
+    table.add_wrapping_column("best for", width=24)
 
     def fmt(v: float | None, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
     for rank, r in enumerate(rows, 1):
+        tflops = f"{r.tflops:g}" + (f" ({r.tflops_dtype})" if r.fallback else "")
         table.add_row(
             str(rank),
             r.model,
-            f"{r.tflops:g}",
+            tflops,
             fmt(r.price_per_hour, ".2f"),
             fmt(r.tflops_per_dollar, ".1f"),
             fmt(r.tflops_per_watt, ".3f"),
             fmt(r.gb_per_tflops, ".3f"),
             r.kind,
+            ", ".join(r.best_for) or "-",
         )
     console.print(table)

@@ -23,7 +23,16 @@ from hetero.plan.memory import (
     fit_memory,
     kv_bytes_per_token,
 )
-from hetero.plan.models import ModelShape, builtin_models, get_model, load_hf_config
+from hetero.plan.models import (
+    MAX_PARAMS,
+    MIN_PARAMS,
+    ModelShape,
+    builtin_models,
+    get_model,
+    load_hf_config,
+    parse_params,
+    shape_for_params,
+)
 from hetero.units import format_size, parse_size
 
 __all__ = ["register"]
@@ -41,7 +50,7 @@ def fit(
         str | None,
         typer.Argument(
             help="Built-in model name or Hugging Face id, any case (see --list), "
-            "e.g. llama-3-8b or Qwen/Qwen2.5-72B. Leave out when using --config.",
+            "e.g. llama-3-8b or Qwen/Qwen2.5-72B. Leave out when using --config or --params.",
             show_default=False,
         ),
     ] = None,
@@ -125,6 +134,15 @@ def fit(
             show_default=False,
         ),
     ] = None,
+    params: Annotated[
+        str | None,
+        typer.Option(
+            "--params",
+            help="A model known only by its parameter count, as a dense Llama-style shape of "
+            "that size (1B to 10T), instead of MODEL, e.g. --params 70B.",
+            show_default=False,
+        ),
+    ] = None,
     context_memory: Annotated[
         str,
         typer.Option(
@@ -156,7 +174,7 @@ def fit(
         _list(as_json)
         return
     try:
-        shape = _model(model, config)
+        shape = _model(model, config, params)
         if device is None:
             raise ConfigError([("--device", "required, e.g. --device A100-80GB")])
         try:
@@ -186,14 +204,47 @@ def fit(
         print_json(result.to_dict())
         return
     _show(result)
-
-
-def _model(name: str | None, config: Path | None) -> ModelShape:
-    if (name is None) == (config is None):
-        raise ConfigError(
-            [("model", "give a built-in model name or --config path/to/config.json (not both)")]
+    if params is not None:
+        m = result.model
+        console.print(
+            f"note: {m.name} is {m.source} ({m.layers} layers, {m.hidden} wide, {m.kv_heads} KV "
+            "heads): weights follow the count closely, the KV cache only roughly",
+            highlight=False,
+            style="dim",
         )
+
+
+def _model(name: str | None, config: Path | None, params: str | None) -> ModelShape:
+    choices = (("MODEL", name), ("--config", config), ("--params", params))
+    given = [what for what, value in choices if value is not None]
+    if len(given) != 1:
+        got = f" (got {' and '.join(given)})" if given else ""
+        raise ConfigError(
+            [
+                (
+                    "model",
+                    "give a built-in model name or --config path/to/config.json or --params "
+                    f"70B: one of them, not both{got}",
+                )
+            ]
+        )
+    if params is not None:
+        return _params_shape(params)
     return load_hf_config(config) if config is not None else get_model(str(name))
+
+
+def _params_shape(text: str) -> ModelShape:
+    """The dense shape of ``--params``: a count such as 70B, 1.5B, 500M or 7e9."""
+    count = parse_params(text)
+    if count is None:
+        raise ConfigError(
+            [("--params", f"expected a parameter count such as 70B, 1.5B or 7e9, got {text!r}")]
+        )
+    if not MIN_PARAMS <= count <= MAX_PARAMS:
+        raise ConfigError(
+            [("--params", f"a parameter count must be from 1B to 10T, got {text!r} ({count:,.0f})")]
+        )
+    return shape_for_params(count)
 
 
 def _list(as_json: bool) -> None:

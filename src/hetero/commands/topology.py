@@ -1,5 +1,6 @@
 """``hetero topology``: how a machine's GPUs are wired and the best group of k of them, or
-how the nodes of a fleet or of a Ray cluster reach each other."""
+how the nodes of a fleet, of a nodes file or of a Ray cluster reach each other (with their
+racks, where a nodes file gives them)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from hetero.config import load_config
 from hetero.devices.fake_nvml import FakeNVML, mixed_box, nvswitch_box, pcie_box
 from hetero.devices.network import Nic, read_nics
 from hetero.devices.topology import DeviceGroup, NodeTopology, Topology
-from hetero.devices.topology_file import read_topology_file
+from hetero.devices.topology_file import read_any_topology_file
 from hetero.devices.topology_nvml import read_topology
 from hetero.errors import ConfigError, HeteroError
 
@@ -66,7 +67,8 @@ def topology(
         typer.Option(
             "--file",
             help="Describe the GPUs of a topology file (what --json prints, JSON or YAML) "
-            "instead of this machine. Example: --file box.json",
+            "instead of this machine; a file of nodes (each with its rack and NICs) shows "
+            "the nodes. Example: --file box.json",
             show_default=False,
         ),
     ] = None,
@@ -129,7 +131,16 @@ def topology(
             fail("--group picks GPUs of one machine; it does not apply to --config")
         _nodes(config, json_out)
         return
-    found = _gpus(fake, file)
+    if file is not None:
+        described = _read_file(file)
+        if isinstance(described, NodeTopology):
+            if group is not None:
+                fail("--group picks GPUs of one machine; it does not apply to a file of nodes")
+            _print_nodes(described, f"file:{file}", json_out)
+            return
+        found = described
+    else:
+        found = _gpus(fake)
     chosen = _group(found, group) if group is not None else None
     source = f"fake:{fake.value}" if fake is not None else f"file:{file}" if file else "nvml"
     if json_out:
@@ -150,13 +161,15 @@ def topology(
         console.print(_describe(chosen), markup=False, highlight=False, soft_wrap=True)
 
 
-def _gpus(fake: FakeBox | None, file: Path | None) -> Topology:
-    if file is not None:
-        try:
-            return read_topology_file(file)
-        except ConfigError as exc:
-            print_problems(exc, "error: --file ")
-            raise typer.Exit(1) from None
+def _read_file(file: Path) -> Topology | NodeTopology:
+    try:
+        return read_any_topology_file(file)
+    except ConfigError as exc:
+        print_problems(exc, "error: --file ")
+        raise typer.Exit(1) from None
+
+
+def _gpus(fake: FakeBox | None) -> Topology:
     nvml = _BUILDERS[fake]() if fake is not None else None
     # A fake describes a whole box; this shell's CUDA_VISIBLE_DEVICES is about the real one.
     return read_topology(nvml, environ={} if nvml is not None else None)
@@ -248,7 +261,11 @@ def _describe(chosen: DeviceGroup) -> str:
     if chosen.bottleneck is None:
         return f"{head} (a single GPU: no links)"
     how = "" if chosen.exact else "; greedy search, may not be the best"
-    return f"{head}; slowest link {chosen.bottleneck.label}, {chosen.bottleneck.gbs:g} GB/s{how}"
+    slowest = chosen.bottleneck
+    return (
+        f"{head}; slowest link {slowest.label}, {slowest.gbs:g} GB/s, "
+        f"{slowest.latency_us:g} µs, {slowest.hops} hop{'' if slowest.hops == 1 else 's'}{how}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -4,7 +4,11 @@ Lookups accept the canonical name (``A100-80GB``) or any name a driver reports
 (``NVIDIA A100-SXM4-80GB``), ignoring case, spaces, dashes and underscores. An unknown name
 gets the generic spec of its kind with a warning, never a crash, so a new GPU still schedules.
 A MIG slice is named by its GPU and profile (``A100-80GB/3g.40gb``, or the driver's
-``NVIDIA A100-SXM4-80GB MIG 3g.40gb``): its GPU's spec scaled (``hetero.devices.mig``).
+``NVIDIA A100-SXM4-80GB MIG 3g.40gb``): its GPU's spec scaled (``hetero.devices.mig``). A TPU
+pod slice is asked for by its topology (``tpu_slice("v5p", "4x4x4")``, ``hetero.devices.tpu_pod``).
+
+``compare`` ranks models by value for one dtype, each on the figure it really has for it, and
+``best_for`` names the uses a model suits, by rules on its figures (``USE_CLASSES``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import dataclasses
 import difflib
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -23,10 +27,19 @@ from typing import Any
 import yaml
 
 from hetero.devices.mig import MigLayout, profile_key, slice_spec, split_slice_name
-from hetero.devices.spec import DeviceKind, DeviceSpec
+from hetero.devices.spec import _DTYPE_FALLBACK, DeviceKind, DeviceSpec
+from hetero.devices.tpu_pod import PodLayout, PodSlice
 from hetero.errors import DeviceError
 
-__all__ = ["Catalog", "CatalogComparison", "get_catalog"]
+__all__ = [
+    "USE_CLASSES",
+    "Catalog",
+    "CatalogComparison",
+    "UseClass",
+    "best_for",
+    "figure_dtype",
+    "get_catalog",
+]
 
 log = logging.getLogger("hetero.catalog")
 
@@ -45,33 +58,125 @@ def _shared_start(a: str, b: str) -> int:
     )
 
 
+def figure_dtype(spec: DeviceSpec, dtype: str) -> str | None:
+    """The dtype whose figure ``spec.peak_tflops(dtype)`` gives: ``dtype`` itself when the vendor
+    publishes it, else the format the device runs such work in (a T4 runs bf16 work as fp16);
+    ``None`` when it publishes neither."""
+    spec.peak_tflops(dtype)  # an unknown dtype is a ConfigError naming the known ones
+    return next((d for d in (dtype, *_DTYPE_FALLBACK[dtype]) if spec.tflops.get(d)), None)
+
+
+# --- use classes --------------------------------------------------------------------------------
+
+#: Thresholds of the use classes (docs/catalog.md#best-for quotes them).
+TRAINING_TFLOPS = 150.0  # dense 16-bit TFLOPS the device publishes (bf16 or fp16)
+TRAINING_GIB = 32.0
+TRAINING_LINK_GBS = 300.0  # device-to-device: NVLink, ICI, Infinity Fabric, RoCE on chip
+LARGE_GIB = 80.0
+LARGE_GBS = 2000.0
+SMALL_GIB = 16.0
+SMALL_GBS = 300.0
+SMALL_TFLOPS = 50.0
+BUDGET_PRICE = 1.0
+
+
+def _tflops16(spec: DeviceSpec) -> float:
+    # Training and serving run in bf16 or fp16, whichever the chip has: only published figures.
+    return max(spec.tflops.get("bf16", 0.0), spec.tflops.get("fp16", 0.0))
+
+
+def _gib(spec: DeviceSpec) -> float:
+    return spec.memory_bytes / _GIB
+
+
+@dataclass(frozen=True, slots=True)
+class UseClass:
+    """A use a device suits (``name``), the rule in words, and the rule as a test of a spec."""
+
+    name: str
+    rule: str
+    test: Callable[[DeviceSpec], bool]
+
+
+#: The uses ``best_for`` names, each a rule on published figures, not a label per device.
+USE_CLASSES: tuple[UseClass, ...] = (
+    UseClass(
+        "training",
+        f">= {TRAINING_TFLOPS:g} dense bf16/fp16 TFLOPS, >= {TRAINING_GIB:g} GiB and a "
+        f"device-to-device link of >= {TRAINING_LINK_GBS:g} GB/s",
+        lambda s: (
+            _tflops16(s) >= TRAINING_TFLOPS
+            and _gib(s) >= TRAINING_GIB
+            and s.interconnect_gbs >= TRAINING_LINK_GBS
+        ),
+    ),
+    UseClass(
+        "inference-large",
+        f">= {LARGE_GIB:g} GiB at >= {LARGE_GBS:g} GB/s (a 70B model's bf16 weights on two)",
+        lambda s: _gib(s) >= LARGE_GIB and s.memory_bandwidth_gbs >= LARGE_GBS,
+    ),
+    UseClass(
+        "inference-small",
+        f">= {SMALL_GIB:g} and < {LARGE_GIB:g} GiB at >= {SMALL_GBS:g} GB/s and "
+        f">= {SMALL_TFLOPS:g} dense bf16/fp16 TFLOPS",
+        lambda s: (
+            SMALL_GIB <= _gib(s) < LARGE_GIB
+            and s.memory_bandwidth_gbs >= SMALL_GBS
+            and _tflops16(s) >= SMALL_TFLOPS
+        ),
+    ),
+    UseClass(
+        "budget",
+        f"<= ${BUDGET_PRICE:.2f} an hour on demand",
+        lambda s: s.price_per_hour is not None and s.price_per_hour <= BUDGET_PRICE,
+    ),
+)
+
+
+def best_for(spec: DeviceSpec) -> tuple[str, ...]:
+    """The ``USE_CLASSES`` whose rule ``spec`` meets, in their order; ``()`` for none."""
+    return tuple(use.name for use in USE_CLASSES if use.test(spec))
+
+
 @dataclass(frozen=True, slots=True)
 class CatalogComparison:
-    """Value-for-money figures of one catalog model for one dtype."""
+    """Value-for-money figures of one catalog model for one dtype.
+
+    ``tflops`` is the figure of ``tflops_dtype``: the dtype asked for, or, when the vendor
+    publishes none for it, the format the device runs that work in (``fallback`` is then true,
+    and the row ranks after every model that has the dtype); ``None`` when it has neither.
+    """
 
     model: str
     kind: str
     tflops: float
+    tflops_dtype: str | None
+    fallback: bool
     price_per_hour: float | None
     tdp_w: float
     memory_gib: float
     tflops_per_dollar: float | None
     tflops_per_watt: float | None
     gb_per_tflops: float | None
+    best_for: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["best_for"] = list(self.best_for)
+        return data
 
 
 class Catalog:
-    """An immutable set of ``DeviceSpec`` rows with name and alias lookup, and the MIG layouts
-    of the GPUs that have one (``mig``: model -> layout), whose slices it names too."""
+    """An immutable set of ``DeviceSpec`` rows with name and alias lookup, the MIG layouts of
+    the GPUs that have one (``mig``: model -> layout), whose slices it names too, and the pod
+    layouts of the TPUs (``pods``: model -> layout)."""
 
     def __init__(
         self,
         specs: list[DeviceSpec],
         price_date: str = "",
         mig: Mapping[str, MigLayout] | None = None,
+        pods: Mapping[str, PodLayout] | None = None,
     ) -> None:
         self.price_date = price_date
         self._specs: dict[str, DeviceSpec] = {}
@@ -93,13 +198,23 @@ class Catalog:
             if model not in self._specs:
                 raise DeviceError(f"catalog: MIG layout for {model!r}, which has no row")
             for profile in layout.profiles:
-                self._slices[model, profile.name] = slice_spec(
+                piece = slice_spec(
                     self._specs[model],
                     profile.name,
                     layout.share(profile),
                     profile.memory_bytes,
                     layout.source,
                 )
+                # Cores sit in SMs (a fixed number per SM): a slice has its SMs' share of them.
+                self._slices[model, profile.name] = dataclasses.replace(
+                    piece,
+                    cuda_cores=_sm_share(piece.cuda_cores, profile.sms, layout.sms),
+                    tensor_cores=_sm_share(piece.tensor_cores, profile.sms, layout.sms),
+                )
+        self._pods = dict(pods or {})
+        for model in self._pods:
+            if model not in self._specs:
+                raise DeviceError(f"catalog: pod layout for {model!r}, which has no row")
 
     @classmethod
     def from_yaml(cls, text: str) -> Catalog:
@@ -109,7 +224,10 @@ class Catalog:
         mig = {
             row["name"]: MigLayout.from_row(row["name"], row["mig"]) for row in rows if "mig" in row
         }
-        return cls(specs, price_date=str(data.get("price_date", "")), mig=mig)
+        pods = {
+            row["name"]: PodLayout.from_row(row["name"], row["pod"]) for row in rows if "pod" in row
+        }
+        return cls(specs, price_date=str(data.get("price_date", "")), mig=mig, pods=pods)
 
     def __len__(self) -> int:
         return len(self._specs)
@@ -154,6 +272,24 @@ class Catalog:
     def mig_layout(self, model: str) -> MigLayout | None:
         """How the catalog model ``model`` divides into MIG slices; ``None`` when unrecorded."""
         return self._mig.get(model)
+
+    def pod_layout(self, model: str) -> PodLayout | None:
+        """How the pod of TPU model ``model`` divides into slices; ``None`` when unrecorded."""
+        return self._pods.get(model)
+
+    def tpu_slice(self, name: str, topology: str) -> PodSlice:
+        """The pod slice of the TPU ``name`` (any of its names: ``v5p``, ``TPU-v5p``) laid out
+        as ``topology`` (``"4x4x4"``): its chips, hosts, HBM and TFLOPS. ``DeviceError`` for an
+        unknown name, a model without a pod, or a topology the vendor does not publish (naming
+        those it does)."""
+        spec = self.get(name)
+        layout = self._pods.get(spec.model)
+        if layout is None:
+            raise DeviceError(
+                f"{spec.model} has no pod slices; models with pod slices: "
+                f"{', '.join(self._pods) or 'none'}"
+            )
+        return layout.slice(spec, topology)
 
     def _unknown(self, name: str) -> str:
         close = self.closest(name)
@@ -242,7 +378,12 @@ class Catalog:
         kinds: set[DeviceKind] | None = None,
         by: str = "tflops_per_dollar",
     ) -> list[CatalogComparison]:
-        """Models ranked by ``by`` (a ``CatalogComparison`` field), best first."""
+        """Models ranked by ``by`` (a ``CatalogComparison`` field), best first.
+
+        A model ranks on what it really has: those that publish ``dtype`` come first, then
+        those that run it in another format (``fallback``, their figure marked with it), then
+        those without any figure; each group best first.
+        """
         if by not in ("tflops_per_dollar", "tflops_per_watt", "gb_per_tflops"):
             raise ValueError(
                 f"unknown ranking {by!r}; expected tflops_per_dollar, tflops_per_watt "
@@ -253,6 +394,7 @@ class Catalog:
             if kinds and spec.kind not in kinds:
                 continue
             tflops = spec.peak_tflops(dtype)
+            used = figure_dtype(spec, dtype)
             gib = spec.memory_bytes / _GIB
             price = spec.price_per_hour
             rows.append(
@@ -260,6 +402,8 @@ class Catalog:
                     model=spec.model,
                     kind=spec.kind.value,
                     tflops=tflops,
+                    tflops_dtype=used,
+                    fallback=used is not None and used != dtype,
                     price_per_hour=price,
                     tdp_w=spec.tdp_w,
                     memory_gib=round(gib, 1),
@@ -268,10 +412,14 @@ class Catalog:
                     if spec.tdp_w and tflops
                     else None,
                     gb_per_tflops=round(gib / tflops, 3) if tflops else None,
+                    best_for=best_for(spec),
                 )
             )
-        # Rows without the figure go last; among the rest, higher is better.
-        return sorted(rows, key=lambda r: (getattr(r, by) is None, -(getattr(r, by) or 0.0)))
+        # Rows that have the dtype, then fallbacks, then rows without the figure; higher first.
+        return sorted(
+            rows,
+            key=lambda r: (getattr(r, by) is None, r.fallback, -(getattr(r, by) or 0.0)),
+        )
 
 
 def _spec_from_row(row: dict[str, Any]) -> DeviceSpec:
@@ -290,7 +438,27 @@ def _spec_from_row(row: dict[str, Any]) -> DeviceSpec:
         aliases=tuple(row.get("aliases", ())),
         source=str(row.get("source", "")),
         notes=str(row.get("notes", "")),
+        architecture=str(row.get("architecture", "")),
+        compute_capability=str(row.get("compute_capability", "")),
+        cuda_cores=_count(row, "cuda_cores"),
+        tensor_cores=_count(row, "tensor_cores"),
+        pod_chips=row["pod"]["chips"] if isinstance(row.get("pod"), dict) else None,
     )
+
+
+def _sm_share(cores: int | None, sms: int, of: int) -> int | None:
+    return None if cores is None else round(cores * sms / of)
+
+
+def _count(row: dict[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DeviceError(
+            f"catalog: {row['name']}: {key}: expected a whole number >= 0, got {value!r}"
+        )
+    return value
 
 
 @cache

@@ -71,6 +71,12 @@ class DeviceSpec:
     aliases: tuple[str, ...] = ()
     source: str = ""
     notes: str = ""
+    # What the vendor publishes about the chip itself; empty or None where it publishes nothing.
+    architecture: str = ""  # "Ampere", "Hopper", "CDNA 3"
+    compute_capability: str = ""  # CUDA's "8.0", kept as text so that "10.0" stays "10.0"
+    cuda_cores: int | None = None
+    tensor_cores: int | None = None
+    pod_chips: int | None = None  # chips in one full pod (a TPU's ICI domain)
 
     def __post_init__(self) -> None:
         # Freeze the mapping so a shared catalog spec cannot be edited through one device.

@@ -7,10 +7,12 @@ affinity). The result is a ``Topology``: link kinds, a bandwidth matrix, and ``b
 k GPUs whose slowest link is the fastest. A topology that contradicts itself (a device listed twice,
 a link that differs by direction) is refused. ``rank_order`` (``rings.py``) orders the ranks of a
 job so that ring neighbours share the fastest links; ``NodeTopology`` links the nodes of a cluster
-through the NICs each reports.
+through the NICs each reports, and says which rack each node is in.
 
 Bandwidths are bidirectional GB/s, the convention of the catalog's ``interconnect_gbs``; they are
-nominal link rates, not measurements. docs/topology.md gives the figures and their sources.
+nominal link rates, not measurements. Beside each link's bandwidth are its latency (NCCL's
+figure for the medium) and hops (the links a transfer crosses). docs/topology.md gives the
+figures and their sources.
 """
 
 from __future__ import annotations
@@ -32,9 +34,15 @@ from hetero.devices.spec import DeviceSpec
 from hetero.errors import AllocationError, ConfigError, DeviceError
 
 __all__ = [
+    "CROSS_RACK_HOPS",
     "EXACT_SEARCH_LIMIT",
+    "LINK_HOPS",
+    "NET_LATENCY_US",
     "NVLINK_GBS_PER_LINK",
+    "NVLINK_LATENCY_US",
+    "PCIE_LATENCY_US",
     "PCIE_PATH_FACTOR",
+    "SAME_RACK_HOPS",
     "DeviceGroup",
     "Link",
     "LinkKind",
@@ -44,6 +52,7 @@ __all__ = [
     "TopologyDevice",
     "best_group_indices",
     "catalog_pcie_generation",
+    "link_latency_us",
     "nvlink_gbs_per_link",
     "pcie_gbs",
 ]
@@ -92,6 +101,36 @@ DEFAULT_PCIE_WIDTH = 16
 #: Largest number of devices ``best_group_indices`` searches exactly; above it, greedy.
 EXACT_SEARCH_LIMIT = 16
 
+#: Latency in µs of one step of a small message over each medium: NCCL's hardware latencies
+#: (``hwLat`` in ``src/graph/tuning.cc``, ring algorithm, LL protocol): NVLink 0.6, PCIe 1.0,
+#: the network 2.7. NCCL gives every PCIe path one figure, and so does hetero.
+NVLINK_LATENCY_US = 0.6
+PCIE_LATENCY_US = 1.0
+NET_LATENCY_US = 2.7
+
+#: The fewest links a transfer crosses on each kind of path: NV goes GPU to GPU; NVS and PIX
+#: through one switch; PHB through the host bridge; PXB through two PCIe switches; NODE
+#: through two host bridges of one socket; SYS through both sockets.
+LINK_HOPS: Mapping[LinkKind, int] = {
+    LinkKind.SELF: 0,
+    LinkKind.NVLINK: 1,
+    LinkKind.NVSWITCH: 2,
+    LinkKind.PIX: 2,
+    LinkKind.PXB: 3,
+    LinkKind.PHB: 2,
+    LinkKind.NODE: 3,
+    LinkKind.SYS: 3,
+}
+
+
+def link_latency_us(kind: LinkKind) -> float:
+    """Nominal latency of a link of ``kind`` (0 for a device and itself)."""
+    if kind is LinkKind.SELF:
+        return 0.0
+    if kind in (LinkKind.NVLINK, LinkKind.NVSWITCH):
+        return NVLINK_LATENCY_US
+    return PCIE_LATENCY_US
+
 
 def nvlink_gbs_per_link(spec: DeviceSpec) -> float:
     """Bidirectional GB/s of one NVLink of ``spec``'s generation (from its ``interconnect``)."""
@@ -127,11 +166,21 @@ def catalog_pcie_generation(spec: DeviceSpec) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """The connection between two GPUs: its kind, NVLink count (0 on PCIe) and GB/s."""
+    """The connection between two GPUs: its kind, NVLink count (0 on PCIe), GB/s, latency in
+    µs and hops; latency and hops left out (negative) are the kind's nominal ones
+    (``link_latency_us``, ``LINK_HOPS``)."""
 
     kind: LinkKind
     gbs: float
     nvlinks: int = 0
+    latency_us: float = -1.0
+    hops: int = -1
+
+    def __post_init__(self) -> None:
+        if self.latency_us < 0:
+            object.__setattr__(self, "latency_us", link_latency_us(self.kind))
+        if self.hops < 0:
+            object.__setattr__(self, "hops", LINK_HOPS[self.kind])
 
     @property
     def label(self) -> str:
@@ -146,6 +195,8 @@ class Link:
             "label": self.label,
             "nvlinks": self.nvlinks,
             "gbs": round(self.gbs, 3),
+            "latency_us": self.latency_us,
+            "hops": self.hops,
         }
 
 
@@ -256,13 +307,20 @@ class Topology:
             for d, row in zip(self.devices, self.links, strict=True)
         ]
         gbs = [[_format_gbs(link) for link in row] for row in self.links]
+        latency = [
+            [_format_latency(link.latency_us, link.hops) for link in row] for row in self.links
+        ]
         legend = "\n".join(f"  {label:<5} {meaning}" for label, meaning in _LEGEND)
         return (
             _grid("", [*self.ids, "NUMA", "CPU affinity", "model"], self.ids, kinds)
             + "\n\n"
             + _grid("GB/s", self.ids, self.ids, gbs)
+            + "\n\n"
+            + _grid("µs/hops", self.ids, self.ids, latency)
             + "\n\nLegend:\n"
             + legend
+            + "\n"
+            + _LATENCY_LEGEND
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,6 +328,8 @@ class Topology:
             "devices": [d.to_dict() for d in self.devices],
             "links": [[link.label for link in row] for row in self.links],
             "bandwidth_gbs": [[round(link.gbs, 3) for link in row] for row in self.links],
+            "latency_us": [[link.latency_us for link in row] for row in self.links],
+            "hops": [[link.hops for link in row] for row in self.links],
         }
 
 
@@ -283,6 +343,10 @@ _LEGEND = (
     ("NODE", "several host bridges within one NUMA node"),
     ("SYS", "across NUMA nodes (the sockets' interconnect)"),
 )
+_LATENCY_LEGEND = (
+    "µs/hops: latency of one small step over the link (NCCL's figure for NVLink or PCIe) / "
+    "links a transfer crosses"
+)
 
 
 def _dash(value: object) -> str:
@@ -291,6 +355,14 @@ def _dash(value: object) -> str:
 
 def _format_gbs(link: Link) -> str:
     return "-" if link.kind is LinkKind.SELF else f"{round(link.gbs, 1):g}"
+
+
+def _format_latency(latency_us: float | None, hops: int | None) -> str:
+    """``0.6/1``; ``-`` for a device and itself, ``?`` for what is not known."""
+    if hops == 0:
+        return "-"
+    us = "?" if latency_us is None else f"{latency_us:g}"
+    return f"{us}/{'?' if hops is None else hops}"
 
 
 def _grid(corner: str, header: Sequence[str], rows: Sequence[str], cells: list[list[str]]) -> str:
@@ -330,20 +402,36 @@ def _contradictions(
                     (f"links[{i}][{j}]", f"X (a device itself) between two devices, {a} and {b}")
                 )
             elif i < j and link != links[j][i]:
-                # Same label, other rate: the bandwidth is what contradicts itself.
-                matrix = "bandwidth_gbs" if link.label == links[j][i].label else "links"
+                # The first of label, rate, latency and hops that differs is what contradicts
+                # itself, in the matrix a topology file gives it in.
+                back = links[j][i]
+                matrix = next(
+                    (
+                        name
+                        for name, x, y in (
+                            ("links", link.label, back.label),
+                            ("bandwidth_gbs", link.gbs, back.gbs),
+                            ("latency_us", link.latency_us, back.latency_us),
+                            ("hops", link.hops, back.hops),
+                        )
+                        if x != y
+                    ),
+                    "links",
+                )
+                timing = matrix in ("latency_us", "hops")
                 problems.append(
                     (
                         f"{matrix}[{j}][{i}]",
-                        f"{a} → {b} is {_in_words(link)} but {b} → {a} is "
-                        f"{_in_words(links[j][i])}; a link is the same both ways",
+                        f"{a} → {b} is {_in_words(link, timing)} but {b} → {a} is "
+                        f"{_in_words(back, timing)}; a link is the same both ways",
                     )
                 )
     return problems
 
 
-def _in_words(link: Link) -> str:
-    return f"{link.label} at {link.gbs:g} GB/s"
+def _in_words(link: Link, timing: bool = False) -> str:
+    words = f"{link.label} at {link.gbs:g} GB/s"
+    return f"{words}, {link.latency_us:g} µs, {link.hops} hops" if timing else words
 
 
 # --- between nodes -------------------------------------------------------------------------------
@@ -353,14 +441,25 @@ def _in_words(link: Link) -> str:
 _FABRIC_LABEL: Mapping[str, str] = {"infiniband": "IB", "ethernet": "ETH"}
 
 
+#: Switch-to-switch links a transfer between two nodes crosses: within one rack, node → the
+#: rack's top-of-rack switch → node; across racks, up to a spine and down again (a two-tier
+#: leaf-spine network, the racks' switches as its leaves).
+SAME_RACK_HOPS = 2
+CROSS_RACK_HOPS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class NodeLink:
     """How two nodes reach each other: the fabric they share and its rate, Gb/s each way (the
     slower node's NICs on that fabric, summed); ``fabric`` is ``None`` when they share none, or
-    for a node and itself."""
+    for a node and itself. ``latency_us`` is NCCL's network figure (``NET_LATENCY_US``) when
+    they share a fabric; ``hops`` the links crossed (``SAME_RACK_HOPS``, ``CROSS_RACK_HOPS``),
+    ``None`` when a node's rack is not known."""
 
     fabric: str | None
     gbps: float
+    latency_us: float | None = None
+    hops: int | None = None
 
     @property
     def gbs(self) -> float:
@@ -375,24 +474,39 @@ class NodeLink:
         return f"{_FABRIC_LABEL.get(self.fabric, self.fabric)} {self.gbps:g}G"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fabric": self.fabric, "label": self.label, "gbps": self.gbps, "gbs": self.gbs}
+        return {
+            "fabric": self.fabric,
+            "label": self.label,
+            "gbps": self.gbps,
+            "gbs": self.gbs,
+            "latency_us": self.latency_us,
+            "hops": self.hops,
+        }
 
 
-_NO_NODE_LINK = NodeLink(None, 0.0)
+_SAME_NODE = NodeLink(None, 0.0, 0.0, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeTopology:
-    """The nodes of a cluster and the NICs each reports; ``link(a, b)`` is the best fabric
-    both have (see ``NodeLink``). A node with no NICs known reaches no other."""
+    """The nodes of a cluster, the NICs each reports and the rack each is in (``racks``, one
+    per node, ``None`` where unknown; left out, none is known); ``link(a, b)`` is the best
+    fabric both have (see ``NodeLink``). A node with no NICs known reaches no other."""
 
     nodes: tuple[str, ...]
     nics: tuple[tuple[Nic, ...], ...]
+    racks: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.nics) != len(self.nodes):
             raise DeviceError(
                 f"node topology: {len(self.nodes)} nodes but NICs for {len(self.nics)}"
+            )
+        if not self.racks:
+            object.__setattr__(self, "racks", (None,) * len(self.nodes))
+        elif len(self.racks) != len(self.nodes):
+            raise DeviceError(
+                f"node topology: {len(self.nodes)} nodes but racks for {len(self.racks)}"
             )
         problems: list[tuple[str, str]] = []
         first: dict[str, int] = {}
@@ -402,13 +516,54 @@ class NodeTopology:
                     (f"nodes[{i}]", f"{node!r} is listed twice (also nodes[{first[node]}])")
                 )
             first.setdefault(node, i)
+        for i, rack in enumerate(self.racks):
+            if rack is not None and (not isinstance(rack, str) or not rack.strip()):
+                problems.append(
+                    (f"nodes[{i}].rack", f"expected a rack name or None (unknown), got {rack!r}")
+                )
         if problems:
             raise ConfigError(problems)
 
     @classmethod
-    def from_nics(cls, nics: Mapping[str, Sequence[Nic]]) -> NodeTopology:
-        """Nodes in the mapping's order, each with its NICs."""
-        return cls(tuple(nics), tuple(tuple(n) for n in nics.values()))
+    def from_nics(
+        cls, nics: Mapping[str, Sequence[Nic]], racks: Mapping[str, str] | None = None
+    ) -> NodeTopology:
+        """Nodes in the mapping's order, each with its NICs and its rack in ``racks`` (a node
+        missing there: unknown). A rack for a node not in ``nics`` is an error."""
+        racks = dict(racks or {})
+        stray = [node for node in racks if node not in nics]
+        if stray:
+            raise ConfigError(
+                [
+                    (
+                        f"racks[{node!r}]",
+                        f"no node {node!r}; the nodes are {', '.join(nics) or 'none'}",
+                    )
+                    for node in stray
+                ]
+            )
+        return cls(
+            tuple(nics),
+            tuple(tuple(n) for n in nics.values()),
+            tuple(racks.get(node) for node in nics),
+        )
+
+    def rack(self, node: str) -> str | None:
+        """The rack ``node`` is in; ``None`` when not known."""
+        return self.racks[self.index(node)]
+
+    def same_rack(self, a: str, b: str) -> bool | None:
+        """Whether nodes ``a`` and ``b`` share a rack; ``None`` when either's is unknown (a
+        node is always in its own rack)."""
+        if self.index(a) == self.index(b):
+            return True
+        ra, rb = self.rack(a), self.rack(b)
+        return None if ra is None or rb is None else ra == rb
+
+    @property
+    def rack_of(self) -> dict[str, str]:
+        """Node -> rack, for the nodes whose rack is known."""
+        return {n: r for n, r in zip(self.nodes, self.racks, strict=True) if r is not None}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -425,7 +580,9 @@ class NodeTopology:
         total Gb/s on it; the fastest such fabric (InfiniBand on a tie)."""
         i, j = self.index(a), self.index(b)
         if i == j:
-            return _NO_NODE_LINK
+            return _SAME_NODE
+        together = self.same_rack(a, b)
+        hops = None if together is None else SAME_RACK_HOPS if together else CROSS_RACK_HOPS
         totals = [_fabric_totals(self.nics[i]), _fabric_totals(self.nics[j])]
         shared = [
             (min(totals[0][f], totals[1][f]), f == "infiniband", f)
@@ -433,9 +590,9 @@ class NodeTopology:
             if f in totals[1]
         ]
         if not shared:
-            return _NO_NODE_LINK
+            return NodeLink(None, 0.0, None, hops)
         gbps, _, fabric = max(shared)
-        return NodeLink(fabric, gbps)
+        return NodeLink(fabric, gbps, NET_LATENCY_US, hops)
 
     @property
     def bandwidth(self) -> npt.NDArray[np.float64]:
@@ -451,28 +608,43 @@ class NodeTopology:
             ["-" if a == b else f"{round(self.link(a, b).gbs, 1):g}" for b in self.nodes]
             for a in self.nodes
         ]
+        latency = [
+            [_format_latency(self.link(a, b).latency_us, self.link(a, b).hops) for b in self.nodes]
+            for a in self.nodes
+        ]
         nics = [
-            [", ".join(f"{n.name} {n.fabric} {n.gbps:g} Gb/s" for n in node_nics) or "none known"]
-            for node_nics in self.nics
+            [
+                rack or "-",
+                ", ".join(f"{n.name} {n.fabric} {n.gbps:g} Gb/s" for n in node_nics)
+                or "none known",
+            ]
+            for rack, node_nics in zip(self.racks, self.nics, strict=True)
         ]
         return (
             _grid("", self.nodes, self.nodes, self._labels())
             + "\n\n"
             + _grid("GB/s", self.nodes, self.nodes, gbs)
             + "\n\n"
-            + _grid("node", ["NICs"], self.nodes, nics)
+            + _grid("µs/hops", self.nodes, self.nodes, latency)
+            + "\n\n"
+            + _grid("node", ["rack", "NICs"], self.nodes, nics)
             + "\n\nIB #G / ETH #G: the fabric both nodes have, # Gb/s each way (the slower "
-            "node's NICs on it, summed); -: no shared fabric; GB/s: both ways, as GPU links"
+            "node's NICs on it, summed); -: no shared fabric; GB/s: both ways, as GPU links; "
+            "µs/hops: NCCL's network latency / links crossed (2 within a rack, 4 across racks, "
+            "? where a rack is not known)"
         )
 
     def to_dict(self) -> dict[str, Any]:
+        links = [[self.link(a, b) for b in self.nodes] for a in self.nodes]
         return {
             "nodes": [
-                {"name": node, "nics": [n.to_dict() for n in nics]}
-                for node, nics in zip(self.nodes, self.nics, strict=True)
+                {"name": node, "rack": rack, "nics": [n.to_dict() for n in nics]}
+                for node, rack, nics in zip(self.nodes, self.racks, self.nics, strict=True)
             ],
             "links": self._labels(),
             "bandwidth_gbs": [[round(v, 3) for v in row] for row in self.bandwidth.tolist()],
+            "latency_us": [[link.latency_us for link in row] for row in links],
+            "hops": [[link.hops for link in row] for row in links],
         }
 
     def _labels(self) -> list[list[str]]:

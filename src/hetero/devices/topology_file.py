@@ -1,10 +1,13 @@
-"""Topology files: a machine's GPU topology written down and read back.
+"""Topology files: a machine's GPU topology, or a cluster's nodes, written down and read back.
 
 The format is what ``hetero topology --json`` prints: ``devices`` (id, model, and optionally PCI
 bus id, NUMA node and CPU affinity), ``links`` (an n×n matrix of ``nvidia-smi topo -m`` labels:
 ``X``, ``NVS18``, ``NV12``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS``) and optionally
-``bandwidth_gbs`` (GB/s per pair; derived from the labels and the catalog when left out), in JSON
-or YAML. Every problem, a file that contradicts itself included, is reported at once as a
+``bandwidth_gbs`` (GB/s per pair; derived from the labels and the catalog when left out),
+``latency_us`` and ``hops`` (per pair; each link kind's nominal figures when left out), in JSON
+or YAML. A file of ``nodes`` instead (what ``hetero topology --config … --json`` prints: each
+node's ``name``, ``rack`` and ``nics``) describes the nodes of a cluster and the rack each is
+in. Every problem, a file that contradicts itself included, is reported at once as a
 ``ConfigError`` naming the file, the place in it and what is wrong.
 """
 
@@ -15,16 +18,18 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hetero._data_files import read_data_file
 from hetero._errors_render import show
 from hetero.devices.catalog import get_catalog
+from hetero.devices.network import FABRICS, Nic
 from hetero.devices.spec import DeviceKind
 from hetero.devices.topology import (
     PCIE_PATH_FACTOR,
     Link,
     LinkKind,
+    NodeTopology,
     Topology,
     TopologyDevice,
     catalog_pcie_generation,
@@ -33,22 +38,52 @@ from hetero.devices.topology import (
 )
 from hetero.errors import ConfigError
 
-__all__ = ["read_topology_file", "topology_from_dict"]
+__all__ = [
+    "node_topology_from_dict",
+    "read_any_topology_file",
+    "read_node_topology_file",
+    "read_topology_file",
+    "topology_from_dict",
+]
 
 Problems = list[tuple[str, str]]
+_T = TypeVar("_T")
 
 # ``source`` and ``group`` are what ``hetero topology --json`` prints beside the topology.
-_KEYS = ("devices", "links", "bandwidth_gbs", "source", "group")
+_KEYS = ("devices", "links", "bandwidth_gbs", "latency_us", "hops", "source", "group")
 _DEVICE_KEYS = ("id", "model", "pci_bus_id", "numa_node", "cpu_affinity")
 _LABELS = "X, NVS<n>, NV<n>, " + ", ".join(kind.value for kind in PCIE_PATH_FACTOR)
+# A nodes file: what ``hetero topology --config … --json`` prints; the matrices are derived.
+_NODE_FILE_KEYS = ("nodes", "links", "bandwidth_gbs", "latency_us", "hops", "source")
+_NODE_KEYS = ("name", "rack", "nics")
+_NIC_KEYS = ("name", "fabric", "gbps")
 
 
 def read_topology_file(path: str | os.PathLike[str]) -> Topology:
     """The topology a JSON or YAML file describes; ``ConfigError`` naming every problem."""
+    return _read(path, topology_from_dict)
+
+
+def read_node_topology_file(path: str | os.PathLike[str]) -> NodeTopology:
+    """The nodes (their NICs and racks) a JSON or YAML file describes; ``ConfigError`` naming
+    every problem."""
+    return _read(path, node_topology_from_dict)
+
+
+def read_any_topology_file(path: str | os.PathLike[str]) -> Topology | NodeTopology:
+    """A GPU topology, or with a ``nodes`` key a cluster's nodes, as the file describes."""
+    data = read_data_file(Path(path), "topology")
+    if isinstance(data, dict) and "nodes" in data and "devices" not in data:
+        return _read(path, node_topology_from_dict, data)
+    return _read(path, topology_from_dict, data)
+
+
+def _read(path: str | os.PathLike[str], parse: Callable[[Any], _T], data: Any = None) -> _T:
     path = Path(path)
-    data = read_data_file(path, "topology")
+    if data is None:
+        data = read_data_file(path, "topology")
     try:
-        return topology_from_dict(data)
+        return parse(data)
     except ConfigError as exc:
         raise ConfigError(
             [(f"{path}: {where}" if where else str(path), msg) for where, msg in exc.problems]
@@ -76,14 +111,104 @@ def topology_from_dict(data: Any) -> Topology:
     bandwidth = None
     if data.get("bandwidth_gbs") is not None:
         bandwidth = _matrix(data["bandwidth_gbs"], "bandwidth_gbs", n, problems, _gbs)
+    latency = hops = None
+    if data.get("latency_us") is not None:
+        latency = _matrix(data["latency_us"], "latency_us", n, problems, _latency)
+    if data.get("hops") is not None:
+        hops = _matrix(data["hops"], "hops", n, problems, _hops)
     if problems or devices is None or labels is None:
         raise ConfigError(problems)
     gbs = bandwidth or _derived_bandwidth(devices, labels)
+    # -1: the link kind's nominal latency or hops (``Link``).
     links = tuple(
-        tuple(Link(kind, gbs[i][j], count) for j, (kind, count) in enumerate(row))
+        tuple(
+            Link(
+                kind,
+                gbs[i][j],
+                count,
+                -1.0 if latency is None else latency[i][j],
+                -1 if hops is None else hops[i][j],
+            )
+            for j, (kind, count) in enumerate(row)
+        )
         for i, row in enumerate(labels)
     )
     return Topology(tuple(devices), links)
+
+
+def node_topology_from_dict(data: Any) -> NodeTopology:
+    """The nodes ``data`` (parsed JSON or YAML, as ``NodeTopology.to_dict`` writes it) describes:
+    each node's name, rack (optional) and NICs; ``ConfigError`` naming every problem. The
+    matrices beside them are derived from the NICs and racks, so they are not read."""
+    if not isinstance(data, dict):
+        raise ConfigError([("", f"expected a mapping with 'nodes', got {show(data)}")])
+    problems: Problems = [
+        (str(key), f"unknown key {key!r}; allowed keys: {', '.join(_NODE_FILE_KEYS)}")
+        for key in data
+        if key not in _NODE_FILE_KEYS
+    ]
+    entries = data.get("nodes")
+    if not isinstance(entries, list):
+        problems.append(("nodes", f"expected a list of nodes, got {show(entries)}"))
+        entries = []
+    nics: dict[str, list[Nic]] = {}
+    racks: dict[str, str] = {}
+    for i, entry in enumerate(entries):
+        where = f"nodes[{i}]"
+        if not isinstance(entry, dict):
+            problems.append((where, f"expected a mapping with name and nics, got {show(entry)}"))
+            continue
+        for key in entry:
+            if key not in _NODE_KEYS:
+                allowed = ", ".join(_NODE_KEYS)
+                problems.append((f"{where}.{key}", f"unknown key {key!r}; allowed keys: {allowed}"))
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            problems.append((f"{where}.name", _expected("a non-empty string", entry, "name")))
+            continue
+        if name in nics:
+            problems.append((f"{where}.name", f"{name!r} is listed twice"))
+            continue
+        rack = entry.get("rack")
+        if rack is not None and (not isinstance(rack, str) or not rack.strip()):
+            problems.append(
+                (f"{where}.rack", f"expected a rack name (left out: unknown), got {show(rack)}")
+            )
+        elif rack is not None:
+            racks[name] = rack
+        nics[name] = _nics(entry.get("nics", []), f"{where}.nics", problems)
+    if problems:
+        raise ConfigError(problems)
+    return NodeTopology.from_nics(nics, racks)
+
+
+def _nics(value: Any, where: str, problems: Problems) -> list[Nic]:
+    if not isinstance(value, list):
+        problems.append((where, f"expected a list of NICs, got {show(value)}"))
+        return []
+    found = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(
+                (at, f"expected a mapping with name, fabric and gbps, got {show(entry)}")
+            )
+            continue
+        unknown = [key for key in entry if key not in _NIC_KEYS]
+        for key in unknown:
+            problems.append(
+                (f"{at}.{key}", f"unknown key {key!r}; allowed keys: {', '.join(_NIC_KEYS)}")
+            )
+        missing = [key for key in ("name", "gbps") if key not in entry]
+        for key in missing:
+            problems.append((f"{at}.{key}", "required field is missing"))
+        if missing:
+            continue
+        try:
+            found.append(Nic(entry["name"], entry.get("fabric", FABRICS[0]), entry["gbps"]))
+        except ConfigError as exc:
+            problems.extend((f"{at}.{field}", msg) for field, msg in exc.problems)
+    return found
 
 
 def _devices(value: Any, problems: Problems) -> list[TopologyDevice]:
@@ -154,6 +279,18 @@ def _gbs(value: Any) -> float | str:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return f"expected GB/s as a number >= 0, got {show(value)}"
     return float(value) if value >= 0 else f"expected GB/s as a number >= 0, got {show(value)}"
+
+
+def _latency(value: Any) -> float | str:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return f"expected µs as a number >= 0, got {show(value)}"
+    return float(value) if value >= 0 else f"expected µs as a number >= 0, got {show(value)}"
+
+
+def _hops(value: Any) -> int | str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"expected hops as a whole number >= 0, got {show(value)}"
+    return value
 
 
 def _matrix(

@@ -63,12 +63,17 @@ def lease_problems(value: object, path: str = "lease") -> Problems:
 class Affinity:
     """Where the chosen devices must be.
 
-    ``same_node``: all on one node. ``interconnect``: all on one node and with this interconnect
-    family in their spec (``"nvlink"`` matches NVLink2 to NVLink5, ``"nvlink4"`` only NVLink4).
-    ``devices``: only these device ids. ``tags``: only devices that carry every one of these tags.
+    ``same_node``: all on one node. ``same_rack``: all on nodes of one rack (a node says its
+    rack in a nodes file, ``NodeTopology.racks``; a node whose rack is not known shares none
+    with another), looser than ``same_node``; ``hetero.plan.racks.pick_in_one_rack`` applies it
+    (``DevicePool`` takes no racks yet). ``interconnect``: all on one node and with this
+    interconnect family in their spec (``"nvlink"`` matches NVLink2 to NVLink5, ``"nvlink4"``
+    only NVLink4). ``devices``: only these device ids. ``tags``: only devices that carry every
+    one of these tags.
     """
 
     same_node: bool = False
+    same_rack: bool = False
     interconnect: str | None = None
     devices: Collection[str] = ()
     tags: Collection[str] = ()
@@ -76,6 +81,7 @@ class Affinity:
     def __post_init__(self) -> None:
         problems: Problems = []
         _flag(self.same_node, "affinity.same_node", problems)
+        _flag(self.same_rack, "affinity.same_rack", problems)
         if self.interconnect is not None and (
             not isinstance(self.interconnect, str) or not norm_name(self.interconnect)
         ):
@@ -96,6 +102,11 @@ class Affinity:
     def one_node(self) -> bool:
         """Whether every chosen device must sit on one node."""
         return self.same_node or self.interconnect is not None
+
+    @property
+    def one_rack(self) -> bool:
+        """Whether every chosen device must sit in one rack (one node is in one rack)."""
+        return self.same_rack or self.one_node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -274,6 +285,8 @@ class AllocationRequest:
             parts.append(f"on one node over {affinity.interconnect}")
         elif affinity.same_node:
             parts.append("on one node")
+        elif affinity.same_rack:
+            parts.append("in one rack")
         if anti.spread_nodes:
             parts.append("each on a different node")
         if affinity.tags:
