@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 import typer
 
 from hetero._cli_util import fail, print_problems
+from hetero.commands.serve import check_port
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:  # the server (and aiohttp) is imported when the command runs, not for --help
@@ -56,7 +57,8 @@ def mock_replica(
     port: Annotated[
         int,
         typer.Option(
-            min=0, max=65535, help="Port to listen on; 0 picks a free one (printed on start)."
+            callback=check_port,
+            help="Port to listen on; 0 picks a free one (printed on start).",
         ),
     ] = 0,
     seed: Annotated[

@@ -20,13 +20,24 @@ from hetero.serve.router import DEFAULT_STRATEGY
 if TYPE_CHECKING:
     from hetero.sched.capacity import CapacityOptions
     from hetero.serve.app import Server
+    from hetero.serve.replicas import Replica
 
-__all__ = ["register"]
+__all__ = ["check_port", "register"]
 
 
 def register(app: typer.Typer) -> None:
     """Add ``serve`` to ``app``."""
     app.command("serve")(serve)
+
+
+def check_port(value: int | None) -> int | None:
+    """A ``--port`` option's value: a TCP port, or 0 for a free one (else the socket's bind
+    would fail with a traceback, not a message)."""
+    if value is not None and not 0 <= value <= 65535:
+        raise typer.BadParameter(
+            f"{value} is not a port; allowed: 1 to 65535, or 0 to pick a free one"
+        )
+    return value
 
 
 def serve(
@@ -38,8 +49,10 @@ def serve(
             metavar="URL[=GPU|speed:N][,slots=N,models=a|b,name=X,fit_model=M,context=N]",
             help="A replica: its base URL, which is enough. Repeat for each. Its speed and "
             "capacity are learned from its replies and its engine's load (vLLM, SGLang); a GPU "
-            "(catalog name), a per-request speed (V100 = 1.0) or slots (requests at once; or "
-            "from `hetero fit` with fit_model) are priors that only make the start faster. "
+            "(catalog name), a per-request speed (V100 = 1.0) or slots are priors that only "
+            "make the start faster. Options follow a comma (URL,slots=8 or URL=T4,slots=8). "
+            "Slots, the requests at once to start with, default to `hetero fit`'s for "
+            "fit_model on its GPU, else the engine's published cap, else --capacity-initial. "
             "Models: default asked at its /v1/models.",
             show_default=False,
         ),
@@ -56,7 +69,9 @@ def serve(
     host: Annotated[
         str, typer.Option(help="Address to listen on (0.0.0.0 to accept other machines).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one.")] = 8080,
+    port: Annotated[
+        int, typer.Option(callback=check_port, help="Port to listen on; 0 picks a free one.")
+    ] = 8080,
     strategy: Annotated[
         str | None,
         typer.Option(
@@ -133,7 +148,12 @@ def serve(
     admin_host: Annotated[str, typer.Option(help="Address of the admin API.")] = "127.0.0.1",
     admin_port: Annotated[
         int | None,
-        typer.Option(help="Port of the admin API (default: --port + 1).", show_default=False),
+        typer.Option(
+            callback=check_port,
+            help="Port of the admin API; 0 picks a free one (default: --port + 1, or a free "
+            "one with --port 0).",
+            show_default=False,
+        ),
     ] = None,
     health_interval: Annotated[
         float, typer.Option(help="Seconds between health checks of each replica.")
@@ -172,9 +192,11 @@ def serve(
     capacity_initial: Annotated[
         int,
         typer.Option(
-            help="Requests at once, to start with, on a replica that declares no slots and "
-            "whose engine publishes no cap; it doubles each round trip while the replica "
-            "keeps up."
+            help="Requests at once, to start with, on a replica that declares no slots (nor "
+            "fit_model with a GPU) and whose engine publishes no cap; it doubles each round "
+            "trip while the replica keeps up. Strategy slo keeps no such count: a replica "
+            "takes up to its engine's published cap, else its slots (declared or from "
+            "fit_model), else 4096."
         ),
     ] = 1,
     capacity_tolerance: Annotated[
@@ -233,7 +255,7 @@ def serve(
     """
     from hetero.serve.app import ServeOptions, Server
     from hetero.serve.autoscale.config import load_autoscale
-    from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
+    from hetero.serve.replicas import parse_replica_flag, replica_from_config
     from hetero.serve.router import Router, RouterOptions
 
     try:
@@ -288,7 +310,12 @@ def serve(
             load_interval=load_interval,
             load_reads=load_reads,
         )
+        if admin_key and admin_port is None and port == 65535:
+            raise ConfigError(
+                [("--admin-port", "the default, --port + 1, is 65536: give --admin-port")]
+            )
         static = [replica_from_config(e) for e in entries]
+        _one_replica_per_engine(static)
 
         def build(replicas: list[Replica]) -> Server:
             return Server(Router(replicas, options), serve_options)
@@ -313,6 +340,25 @@ def serve(
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     except HeteroError as exc:  # a first replica the provider could not start
         fail(str(exc))
+
+
+def _one_replica_per_engine(replicas: list[Replica]) -> None:
+    """Refuse a URL given twice (in the config, the flags or both): one engine counted as two
+    replicas gets twice its share of requests."""
+    from hetero.serve.replicas import same_engine
+
+    for i, replica in enumerate(replicas):
+        first = same_engine(replica.url, replicas[:i])
+        if first is not None:
+            raise ConfigError(
+                [
+                    (
+                        "--replica",
+                        f"{replica.url} is given twice (replicas {first.name!r} and "
+                        f"{replica.name!r}); one engine is one replica",
+                    )
+                ]
+            )
 
 
 def _capacity(initial: int, tolerance: float) -> CapacityOptions:

@@ -49,7 +49,10 @@ def fetch_status(url: str, key: str | None = None, timeout: float = 5.0) -> dict
 def serve_view(
     status: dict[str, Any], url: str, rates: dict[str, float] | None = None
 ) -> RenderableType:
-    """The router's totals and a table of its replicas; ``rates``: output tokens/s each."""
+    """The router's totals and a table of its replicas; ``rates``: output tokens/s each since
+    the previous view. Without them (one view: ``--once``, or the first of a watch) a replica's
+    rate is its output tokens over the router's uptime, which ``/status`` gives: a single read
+    has no other, and a dash there would say nothing is known when the tokens are."""
     head = Text(
         f"hetero serve {url} · strategy {status['strategy']} · up {status['uptime_s']:.0f}s"
         f"{' · shutting down' if status.get('closing') else ''}\n"
@@ -58,14 +61,17 @@ def serve_view(
     )
     table = SplitTable(
         caption="speed: learned / declared per request (V100 = 1.0); slots: learned capacity; "
-        "load: the engine's running + waiting requests and KV cache use; latency: mean seconds",
+        "load: the engine's running + waiting requests and KV cache use; tok/s: output tokens "
+        "per second "
+        + ("since the last refresh" if rates is not None else "since the router started")
+        + "; latency: mean seconds",
         caption_justify="left",
     )
     for header in _COLUMNS:
         table.add_column(header, justify="left" if header in _TEXT else "right")
     for r in status["replicas"]:
         style = _STATE_STYLE.get(r["state"], "white")
-        rate = (rates or {}).get(r["name"])
+        rate = rates.get(r["name"]) if rates is not None else _mean_rate(r, status)
         latency = r.get("mean_latency_s")
         table.add_row(
             Text(r["name"]),
@@ -79,7 +85,7 @@ def serve_view(
             f"{r['slots']:,}",
             f"{r['completed']:,}",
             f"{r['failed']:,}",
-            "—" if rate is None else f"{rate:,.0f}",
+            _rate_text(rate),
             "—" if latency is None else f"{latency:.2f}",
         )
     parts: list[RenderableType] = [head, table]
@@ -89,6 +95,20 @@ def serve_view(
     if status.get("autoscale"):
         parts.append(_autoscale_table(status["autoscale"]))
     return Group(*parts)
+
+
+def _mean_rate(replica: dict[str, Any], status: dict[str, Any]) -> float | None:
+    """Output tokens per second over the router's uptime (None: not known)."""
+    tokens, uptime = replica.get("output_tokens"), status.get("uptime_s")
+    if not isinstance(tokens, int | float) or not isinstance(uptime, int | float) or uptime <= 0:
+        return None
+    return tokens / uptime
+
+
+def _rate_text(rate: float | None) -> str:
+    if rate is None:
+        return "—"
+    return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"
 
 
 def _autoscale_table(auto: dict[str, Any]) -> SplitTable:

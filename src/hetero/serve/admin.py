@@ -3,15 +3,15 @@ one; every call with the admin key. It listens on an address of its own (``Serve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from hetero.config import ReplicaConfig
 from hetero.errors import ConfigError
 from hetero.serve.client_requests import api_key, error_response, same_key
 from hetero.serve.records import ReplicaState
-from hetero.serve.replicas import replica_from_config
+from hetero.serve.replicas import replica_config, replica_from_config, same_engine
 from hetero.serve.router import Router
 
 __all__ = ["AdminApi"]
@@ -55,10 +55,26 @@ class AdminApi:
         if denied:
             return denied
         try:
-            data = await request.json()
-            replica = replica_from_config(ReplicaConfig.model_validate(data))
-        except ValueError as exc:  # bad JSON, pydantic's ValidationError, ConfigError
-            return error_response(400, f"bad replica: {exc}", "invalid_request_error")
+            data = json.loads(await request.text())
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+            why = "nested too deep to read" if isinstance(exc, RecursionError) else str(exc)
+            return _bad_replica(ConfigError([("", f"the body is not JSON ({why})")]))
+        try:
+            replica = replica_from_config(replica_config(data))
+        except ValueError as exc:  # ConfigError, naming the field; anything else, as it says
+            return _bad_replica(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
+        live = [s.replica for s in self.router.replicas if not s.removed]
+        existing = same_engine(replica.url, live)
+        if existing is not None:
+            # A second replica at one address counts one engine twice: twice its share of
+            # requests, each replica learning half its speed.
+            return error_response(
+                409,
+                f"{replica.url} is already in the fleet as replica {existing.name!r} "
+                f"({existing.url}); one engine is one replica (remove it first to add it again "
+                "with other fields)",
+                "conflict",
+            )
         try:
             state = self.router.add(replica)
         except ConfigError as exc:
@@ -85,3 +101,17 @@ class AdminApi:
 
     async def _remove(self, request: web.Request) -> web.Response:
         return await self._member(request, "remove")
+
+
+def _bad_replica(exc: ConfigError) -> web.Response:
+    """400 naming each bad field (its value and what is allowed): ``param`` is the first
+    field, as in OpenAI's errors, and ``problems`` lists every one."""
+    problems = [{"field": field, "message": why} for field, why in exc.problems]
+    error = {
+        "message": f"bad replica: {exc}",
+        "type": "invalid_request_error",
+        "code": 400,
+        "param": exc.problems[0][0] or None,
+        "problems": problems,
+    }
+    return web.json_response({"error": error}, status=400)

@@ -11,11 +11,15 @@ replica becomes a device of speed ``per-request speed × slots``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from hetero._errors_render import show, validation_problems
 from hetero.config import ReplicaConfig
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
@@ -23,7 +27,15 @@ from hetero.errors import ConfigError
 from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS
 
-__all__ = ["UNKNOWN_SPEED", "Replica", "parse_replica_flag", "replica_from_config"]
+__all__ = [
+    "REPLICA_GRAMMAR",
+    "UNKNOWN_SPEED",
+    "Replica",
+    "parse_replica_flag",
+    "replica_config",
+    "replica_from_config",
+    "same_engine",
+]
 
 #: Per-request speed assumed, until replies tell, of a replica whose GPU and speed are not given.
 UNKNOWN_SPEED = 1.0
@@ -39,6 +51,14 @@ _UNKNOWN_GPU = DeviceSpec(
 )
 
 _FLAG_KEYS = ("slots", "models", "name", "fit_model", "context", "speed", "device")
+
+#: What ``hetero serve --replica`` accepts, and an example of it: every error of the flag ends
+#: with them, since a misplaced ``=`` or ``,`` otherwise reads as some other part gone wrong.
+REPLICA_GRAMMAR = (
+    "URL or URL=GPU or URL=speed:N, then any of ,key=value (keys: "
+    + ", ".join(_FLAG_KEYS)
+    + "), e.g. http://10.0.0.5:8000=A100-80GB,slots=8 or http://10.0.0.6:8000,slots=8"
+)
 
 
 @dataclass(slots=True)
@@ -98,13 +118,18 @@ def replica_from_config(config: ReplicaConfig) -> Replica:
     speed = config.speed
     if speed is None and config.device is not None:
         speed = get_catalog().get(config.device).memory_bandwidth_gbs / REFERENCE_BANDWIDTH_GBS
-    slots = config.slots or _fit_slots(config)
-    parts = urlsplit(config.url)
-    prior = None
-    if config.device is not None and config.fit_model is not None:
-        from hetero.serve.engine_model import engine_spec
+    try:
+        slots = config.slots or _fit_slots(config)
+        prior = None
+        if config.device is not None and config.fit_model is not None:
+            from hetero.serve.engine_model import engine_spec
 
-        prior = engine_spec(config.fit_model, config.device).prior()
+            prior = engine_spec(config.fit_model, config.device).prior()
+    except ConfigError as exc:  # hetero fit's own field is "model": here it is fit_model
+        raise ConfigError(
+            [("fit_model" if field == "model" else field, why) for field, why in exc.problems]
+        ) from None
+    parts = urlsplit(config.url)
     return Replica(
         name=config.name or f"{parts.hostname}:{parts.port or 80}",
         url=config.url,
@@ -117,50 +142,123 @@ def replica_from_config(config: ReplicaConfig) -> Replica:
     )
 
 
+#: The fields of a replica's config, as the admin API and a ``replicas:`` entry take them.
+_FIELDS = tuple(ReplicaConfig.model_fields)
+
+
+def replica_config(data: Any) -> ReplicaConfig:
+    """``data`` (a JSON object: the admin API's body) as a replica's config; ``ConfigError``
+    names each bad field with its value and what is allowed."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                (
+                    "",
+                    f"expected a JSON object of a replica's fields ({', '.join(_FIELDS)}; url "
+                    f'required, e.g. {{"url": "http://10.0.0.5:8000", "slots": 8}}), '
+                    f"got {show(data)}",
+                )
+            ]
+        )
+    # Pydantic reads true as 1: a flag where a count belongs is a mistake, not one slot.
+    problems = [
+        (key, f"must be a number, not true or false (got {show(value)})")
+        for key, value in data.items()
+        if key in ("speed", "slots", "context") and isinstance(value, bool)
+    ]
+    try:
+        config = ReplicaConfig.model_validate(data)
+    except ValidationError as exc:
+        problems += [
+            (path, _allowed(path, message))
+            for path, message in validation_problems(exc, data, ReplicaConfig, {})
+        ]
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return config
+
+
+def _allowed(path: str, message: str) -> str:
+    """A problem's message saying what is allowed: for an unknown field, the fields (the
+    closest first); for a missing URL, what one looks like."""
+    if path == "url" and message == "required field is missing":
+        return "required: the replica's base URL, e.g. http://10.0.0.5:8000"
+    if not message.startswith("unknown key"):
+        return message
+    close = difflib.get_close_matches(path, _FIELDS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown field {path!r}; {hint}allowed: {', '.join(_FIELDS)}"
+
+
+def _address(url: str) -> tuple[str, str, int, str]:
+    """What identifies the server behind a base URL: scheme, host (any case), port (the
+    scheme's default when none is written) and path, so ``http://H`` and ``http://h:80/`` are
+    one engine."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port, parts.path.rstrip("/")
+
+
+def same_engine(url: str, replicas: Iterable[Replica]) -> Replica | None:
+    """The replica of ``replicas`` at the same address as ``url``, if one is: a second replica
+    there would count one engine twice (twice its share of requests, half its speed learned
+    per replica)."""
+    address = _address(url)
+    return next((r for r in replicas if _address(r.url) == address), None)
+
+
 def parse_replica_flag(text: str) -> ReplicaConfig:
     """``URL[=WHAT][,key=value...]`` from ``hetero serve --replica``.
 
-    The URL alone is enough. ``WHAT`` is a catalog GPU name (``A100-80GB``) or ``speed:2.5``;
-    keys: ``slots``, ``models`` (``a|b``), ``name``, ``fit_model``, ``context``, ``speed``,
-    ``device``. Raises ``ConfigError`` on field ``--replica`` naming the bad part.
+    The URL alone is enough; it ends at the first ``=`` or ``,``. ``WHAT`` is a catalog GPU name
+    (``A100-80GB``) or ``speed:2.5``; keys: ``slots``, ``models`` (``a|b``), ``name``,
+    ``fit_model``, ``context``, ``speed``, ``device``. Raises ``ConfigError`` on field
+    ``--replica`` naming the bad part and ending with what the flag accepts
+    (``REPLICA_GRAMMAR``).
     """
-    url, sep, rest = text.partition("=")
-    if sep and not rest:
-        raise ConfigError(
-            [("--replica", f"expected URL or URL=GPU or URL=speed:N[,slots=N,...], got {text!r}")]
-        )
+
+    def bad(*whys: str) -> ConfigError:
+        *first, last = whys
+        lines = [*first, f"{last}; expected {REPLICA_GRAMMAR}"]
+        return ConfigError([("--replica", f"{text!r}: {why}") for why in lines])
+
+    cut = min((i for i in (text.find("="), text.find(",")) if i >= 0), default=len(text))
+    url, sep, rest = text[:cut], text[cut : cut + 1], text[cut + 1 :]
     data: dict[str, object] = {"url": url}
-    options: list[str] = []
-    if rest:
-        what, *options = rest.split(",")
+    options = rest.split(",") if sep else []
+    if sep == "=":
+        what = options.pop(0)
+        if not what:
+            raise ConfigError(
+                [("--replica", f"expected {REPLICA_GRAMMAR}; got {text!r}, nothing after '='")]
+            )
         if what.startswith("speed:"):
             data["speed"] = what.removeprefix("speed:")
         elif "=" in what:
             options.insert(0, what)  # URL=slots=4: no GPU, only options
+        elif what.partition(":")[0] in _FLAG_KEYS:  # URL=slots:8
+            key, _, value = what.partition(":")
+            raise bad(
+                f"{what!r} is neither a GPU nor speed:N; options are key=value after a comma, "
+                f"as in URL,{key}={value or 'N'}"
+            )
         else:
             data["device"] = what
     for option in options:
         key, eq, value = option.partition("=")
+        if not option:
+            raise bad("an empty option (two commas in a row, or one at the end)")
         if not eq or key not in _FLAG_KEYS:
-            raise ConfigError(
-                [
-                    (
-                        "--replica",
-                        f"bad option {option!r} in {text!r}; allowed: "
-                        + ", ".join(f"{k}=..." for k in _FLAG_KEYS),
-                    )
-                ]
-            )
+            close = difflib.get_close_matches(key, _FLAG_KEYS, n=1)
+            hint = f" (did you mean {close[0]}=...?)" if close and key != close[0] else ""
+            why = "not key=value" if not eq else f"unknown key {key!r}"
+            raise bad(f"bad option {option!r}: {why}{hint}")
+        if key in data:
+            raise bad(f"{key} is given twice")
         data[key] = value.split("|") if key == "models" else value
     try:
         return ReplicaConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [
-            (
-                "--replica",
-                f"{text!r}: {'.'.join(str(p) for p in err['loc']) or 'value'}: "
-                + str(err["msg"]).removeprefix("Value error, "),
-            )
-            for err in exc.errors()
-        ]
-        raise ConfigError(problems) from None
+        raise bad(
+            *(f"{path}: {why}" for path, why in validation_problems(exc, data, ReplicaConfig, {}))
+        ) from None
