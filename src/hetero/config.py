@@ -110,6 +110,7 @@ class DeviceConfig(_Strict):
     cores: int | None = Field(default=None, ge=1)
     name: str | None = Field(default=None, min_length=1)
     node: str = Field(default="localhost", min_length=1)
+    rack: str | None = Field(default=None, description="the rack of its node (unset: unknown)")
     tags: list[str] = Field(default_factory=list)
 
     @field_validator("model")
@@ -125,6 +126,13 @@ class DeviceConfig(_Strict):
             hint = f"; closest catalog names: {', '.join(close)}" if close else ""
             raise ValueError(f"unknown model {value!r}{hint} (see `hetero catalog list`)")
         return catalog.get(value).model
+
+    @field_validator("rack")
+    @classmethod
+    def _rack_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"expected a rack name (left out: unknown), got {value!r}")
+        return value
 
     @field_validator("id")
     @classmethod
@@ -732,8 +740,20 @@ def _device_problems(devices: list[tuple[int, DeviceConfig]]) -> list[tuple[str,
     problems: list[tuple[str, str]] = []
     seen_ids: dict[tuple[str, str, str], int] = {}
     seen_names: dict[str, int] = {}
+    # A node is in one rack, so every entry on it that names a rack names the same one.
+    racks: dict[str, tuple[str, int]] = {}
     for i, dev in devices:
         where = f"devices[{i}]"
+        if dev.rack is not None:
+            rack, first = racks.setdefault(dev.node, (dev.rack, i))
+            if rack != dev.rack:
+                problems.append(
+                    (
+                        f"{where}.rack",
+                        f"{dev.rack!r} contradicts devices[{first}].rack {rack!r} for node "
+                        f"{dev.node!r}: a node is in one rack; allowed: {rack!r} or left out",
+                    )
+                )
         if dev.emulate:
             if dev.model is None:
                 problems.append((f"{where}.model", "an emulated device needs a catalog model"))

@@ -695,6 +695,25 @@ nodes:
     assert data["bandwidth_gbs"][0] == [0.0, 100.0, 0.0]
 
 
+def test_cli_node_view_takes_racks_from_the_device_entries(
+    cli: typer.Typer, tmp_path: Path
+) -> None:
+    path = tmp_path / "racks.yaml"
+    path.write_text(
+        """
+devices:
+  - {type: gpu, model: A100-80GB, emulate: true, node: a, rack: r1}
+  - {type: gpu, model: A100-80GB, emulate: true, node: b, rack: r1}
+  - {type: gpu, model: T4, emulate: true, node: c}
+"""
+    )
+    result = runner.invoke(cli, ["topology", "--config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [n["rack"] for n in data["nodes"]] == ["r1", "r1", None]
+    assert data["hops"][0][1] == 2  # one rack
+
+
 def test_cli_node_matrix_reads_this_machines_nics_for_localhost(
     cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

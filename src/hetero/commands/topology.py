@@ -194,7 +194,7 @@ def _nodes(path: Path, json_out: bool) -> None:
             read_here = True
         else:
             nics[name] = []
-    nodes = NodeTopology.from_nics(nics)
+    nodes = NodeTopology.from_nics(nics, {d.node: d.rack for d in config.devices if d.rack})
     _print_nodes(nodes, f"config:{path}", json_out)
     if json_out:
         return

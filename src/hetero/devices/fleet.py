@@ -45,6 +45,11 @@ def build_fleet(config: HeteroConfig, discovered: list[Device] | None = None) ->
             fleet.append(_real(i, entry, discovered or []))
         except DeviceError as exc:
             unbuilt.append(str(exc))
+    # A rack is a node's: one entry naming it places every device on that node (the config
+    # refuses two entries of one node naming different racks).
+    racks = {entry.node: entry.rack for entry in config.devices if entry.rack is not None}
+    for device in fleet:
+        device.rack = racks.get(device.node)
     if len(unbuilt) == 1:
         raise DeviceError(unbuilt[0])
     if unbuilt:

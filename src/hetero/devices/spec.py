@@ -142,6 +142,8 @@ class Device:
     ``speed`` is the device's relative speed (a V100 is 1.0). It comes from the catalog unless the
     fleet config sets it; an emulated device paces its work by it. ``parent`` names the physical
     GPU a MIG slice is carved from (its UUID): slices of one GPU never join one collective.
+    ``rack`` names the rack of its node, where known (a fleet config's ``rack:``), for
+    ``Affinity.same_rack``.
     """
 
     id: str
@@ -157,6 +159,7 @@ class Device:
     pci_bus_id: str | None = None
     tags: frozenset[str] = frozenset()
     parent: str | None = None
+    rack: str | None = None
 
     def __post_init__(self) -> None:
         if self.state.memory_total == 0:
@@ -194,6 +197,7 @@ class Device:
         return {
             "id": self.id,
             "node": self.node,
+            "rack": self.rack,
             "kind": spec.kind.value,
             "model": spec.model,
             "vendor": spec.vendor,

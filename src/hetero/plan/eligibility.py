@@ -1,7 +1,9 @@
 """Which devices of a ``DevicePool`` may take a request: its fixed constraints as tests of
 devices (unknown device ids and allocation names refused), the devices usable now, and the
 errors that say which constraint a request fails, never or only now. The pool calls these under
-its lock; ``plan/placement.py`` then picks among the usable devices."""
+its lock; ``plan/placement.py`` (within one rack: ``plan/racks.py``) then picks among the
+usable devices. ``rack_of`` is the pool's ``{node: rack}``; a node missing there is a rack of
+its own."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from hetero.devices.spec import Device
 from hetero.errors import AllocationError
 from hetero.plan.allocation import Allocation
 from hetero.plan.holdings import Holdings
-from hetero.plan.placement import Usable, one_slice_per_gpu, pick
+from hetero.plan.placement import Usable, one_slice_per_gpu
+from hetero.plan.racks import pick_placed, rack_key, rack_label
 from hetero.plan.request import AllocationRequest, AntiAffinity, closest, norm_name
 from hetero.units import format_size
 
@@ -70,12 +73,18 @@ def static_filters(request: AllocationRequest, holdings: Holdings) -> Filters:
     return filters
 
 
-def candidates(request: AllocationRequest, holdings: Holdings, filters: Filters) -> list[int]:
+def candidates(
+    request: AllocationRequest,
+    holdings: Holdings,
+    filters: Filters,
+    rack_of: Mapping[str, str] | None = None,
+) -> list[int]:
     """Positions of the devices that pass ``filters`` (the request's fixed constraints).
 
     Raises ``AllocationError`` for a request that these devices could never meet, even with
-    nothing held.
+    nothing held (in one rack of ``rack_of`` where it asks for one).
     """
+    rack_of = rack_of or {}
     devices = holdings.devices
     positions = list(range(len(devices)))
     funnel = [f"the pool has {count(len(positions), 'device')}"]
@@ -89,9 +98,9 @@ def candidates(request: AllocationRequest, holdings: Holdings, filters: Filters)
         funnel.append(
             f"{len(distinct)} on distinct GPUs (MIG slices of one GPU never share an allocation)"
         )
-    if pick(distinct, request) is None:
+    if pick_placed(distinct, request, rack_of) is None:
         usable = [p for _, p, _ in distinct]
-        detail = _grouping_detail(request, devices, positions, usable, "")
+        detail = _grouping_detail(request, devices, positions, usable, "", rack_of)
         raise AllocationError(
             f"request can never be met by this pool: need {request.describe()}; "
             f"{', '.join(funnel)}{detail}"
@@ -124,14 +133,18 @@ def usable(
 
 
 def busy_error(
-    request: AllocationRequest, holdings: Holdings, candidates: list[int], timeout: float | None
+    request: AllocationRequest,
+    holdings: Holdings,
+    candidates: list[int],
+    timeout: float | None,
+    rack_of: Mapping[str, str] | None = None,
 ) -> AllocationError:
     """Why ``request`` cannot be met now (``timeout``: after waiting that long)."""
     now, reasons = usable(request, holdings, candidates)
     why = ", ".join(f"{n} {reason}" for reason, n in reasons.items())
     of = f"of {len(candidates)} matching devices, {why}" if why else ""
     detail = _grouping_detail(
-        request, holdings.devices, candidates, [p for _, p, _ in now], " usable"
+        request, holdings.devices, candidates, [p for _, p, _ in now], " usable", rack_of or {}
     )
     if timeout is None:
         head = f"cannot allocate {request.describe()} now"
@@ -193,8 +206,11 @@ def _grouping_detail(
     candidates: list[int],
     usable: list[int],
     what: str,
+    rack_of: Mapping[str, str],
 ) -> str:
     """How many ``usable`` devices each node of the ``candidates`` has, when that matters."""
+    if request.affinity.same_rack and not request.affinity.one_node:
+        return _rack_detail(request, devices, candidates, usable, what, rack_of)
     if request.grouping == "any":
         return f"; {len(usable)}{what} in all" if what else ""
     per_node = dict.fromkeys((devices[p].node for p in candidates), 0)
@@ -209,3 +225,30 @@ def _grouping_detail(
     shown = ", ".join(f"node {node!r} has {n}" for node, n in list(per_node.items())[:8])
     more = f" and {len(per_node) - 8} more nodes" if len(per_node) > 8 else ""
     return f"; {head}: {shown}{more}" if per_node else f"; {head}"
+
+
+def _rack_detail(
+    request: AllocationRequest,
+    devices: list[Device],
+    candidates: list[int],
+    usable: list[int],
+    what: str,
+    rack_of: Mapping[str, str],
+) -> str:
+    """What each rack of the ``candidates`` could give a same-rack request: its ``usable``
+    devices, or with ``spread_nodes`` its nodes that have one."""
+    nodes: dict[str, set[str]] = {rack_key(devices[p].node, rack_of): set() for p in candidates}
+    gives = dict.fromkeys(nodes, 0)
+    for position in usable:
+        node = devices[position].node
+        key = rack_key(node, rack_of)
+        nodes[key].add(node)
+        gives[key] += 1
+    spread = request.anti_affinity.spread_nodes
+    if spread:
+        gives = {key: len(names) for key, names in nodes.items()}
+    head = f"no rack has {request.count} {what.strip() or 'fitting'} devices"
+    head += " on distinct nodes" if spread else ""
+    shown = ", ".join(f"{rack_label(key)} has {n}" for key, n in list(gives.items())[:8])
+    more = f" and {len(gives) - 8} more racks" if len(gives) > 8 else ""
+    return f"; {head}: {shown}{more}" if gives else f"; {head}"

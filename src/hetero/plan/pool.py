@@ -1,15 +1,17 @@
 """Allocation: holding devices of a pool for a request, all or nothing, until it ends.
 
 A request (``AllocationRequest``) asks for ``count`` devices of a kind or model with some memory
-(and compute) each, shared or exclusive, with affinity (one node, an interconnect, named devices,
-tags) and anti-affinity (one device per node, devices to avoid, the devices or nodes of named
-allocations). ``DevicePool.allocate`` computes the whole pick from the current state before it
-changes anything and commits it in one step, so a request holds every device it asked for or
-none; where links are known it takes the best-connected group (``plan/placement.py``). With a
-``timeout`` it waits for releases. Devices join and leave at run time; an allocation ends when
-released, when one of its devices leaves, or when its lease runs out. One lock guards all
-state: the books (``plan/holdings.py``) and the waits, leases and ends kept here; which devices
-may take a request is ``plan/eligibility.py``'s. See ``docs/allocation.md``.
+(and compute) each, shared or exclusive, with affinity (one node, one rack, an interconnect,
+named devices, tags) and anti-affinity (one device per node, devices to avoid, the devices or
+nodes of named allocations). ``DevicePool.allocate`` computes the whole pick from the current
+state before it changes anything and commits it in one step, so a request holds every device
+it asked for or none; where links are known it takes the best-connected group
+(``plan/placement.py``), and for ``same_rack`` it picks within one rack (``plan/racks.py``).
+With a ``timeout`` it waits for releases. Devices join and leave at run time; an allocation
+ends when released, when one of its devices leaves, or when its lease runs out. One lock
+guards all state: the books (``plan/holdings.py``), the racks, and the waits, leases and ends
+kept here; which devices may take a request is ``plan/eligibility.py``'s. See
+``docs/allocation.md``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import numpy.typing as npt
 
 from hetero.devices.rings import device_bandwidth
 from hetero.devices.spec import Device
-from hetero.devices.topology import Topology
+from hetero.devices.topology import NodeTopology, Topology
 from hetero.errors import AllocationError, ConfigError
 from hetero.plan.allocation import Allocation, AllocationEnd, EndCause, PoolSnapshot
 from hetero.plan.eligibility import busy_error, candidates, static_filters, usable
 from hetero.plan.holdings import Holdings
-from hetero.plan.placement import pick
+from hetero.plan.racks import pick_placed, rack_key
 from hetero.plan.request import AllocationRequest, Problems, lease_problems
 from hetero.sched.clock import Clock, MonotonicClock
 
@@ -43,8 +45,11 @@ class DevicePool:
     set it (and wake waiters). Memory is the pool's own reservations against
     ``Device.memory_bytes``, not the driver's live usage. ``topology`` gives the GPU topology of
     each node (``{node: Topology}``, e.g. ``read_topology()`` on that node), which the pick
-    uses to prefer the best-connected group. ``clock`` (a ``Clock``, real time by default)
-    times leases and waits.
+    uses to prefer the best-connected group. ``racks`` gives the rack of each node
+    (``{node: rack}``, or a ``NodeTopology`` such as ``read_node_topology_file(path)``), beside
+    the ``Device.rack`` a fleet config sets; a ``same_rack`` request stays in one rack, and a
+    node whose rack neither says is a rack of its own. ``clock`` (a ``Clock``, real time by
+    default) times leases and waits.
     """
 
     def __init__(
@@ -52,11 +57,18 @@ class DevicePool:
         devices: Sequence[Device],
         *,
         topology: Mapping[str, Topology] | None = None,
+        racks: Mapping[str, str] | NodeTopology | None = None,
         clock: Clock | None = None,
     ) -> None:
         problems = _device_problems(devices) + _topology_problems(topology)
+        rack_of = _racks_given(racks, problems)
+        if not problems:
+            for i, device in enumerate(devices):
+                problems += _rack_problems(device, f"devices[{i}]", rack_of)
         if problems:
             raise ConfigError(problems)
+        # Node -> rack for the nodes whose rack is known; devices that join may add to it.
+        self._rack_of = rack_of
         self._holdings = Holdings(devices)
         self._topology: Mapping[str, Topology] = dict(topology or {})
         self._clock: Clock = clock or MonotonicClock()
@@ -69,6 +81,12 @@ class DevicePool:
         """The devices in the pool now, in the order they joined."""
         with self._changed:
             return tuple(self._holdings.devices)
+
+    @property
+    def racks(self) -> dict[str, str]:
+        """``{node: rack}`` of the nodes whose rack the pool knows (a copy)."""
+        with self._changed:
+            return dict(self._rack_of)
 
     @property
     def waiting(self) -> int:
@@ -90,7 +108,7 @@ class DevicePool:
             filters = static_filters(request, self._holdings)
             while True:
                 self._expire_due()
-                found = candidates(request, self._holdings, filters)
+                found = candidates(request, self._holdings, filters, self._rack_of)
                 # Checked on every pass: another thread may take the name while this one waits.
                 self._check_name(request)
                 picked = self._pick_now(request, found)
@@ -98,7 +116,7 @@ class DevicePool:
                     return self._commit(request, picked)
                 now = self._clock.now()
                 if deadline <= now:
-                    raise busy_error(request, self._holdings, found, timeout)
+                    raise busy_error(request, self._holdings, found, timeout, self._rack_of)
                 # Wake for a lease that ends before the deadline: it frees devices too.
                 wait = min(deadline, self._next_expiry()) - now
                 self._waiting += 1
@@ -116,7 +134,8 @@ class DevicePool:
         with self._changed:
             self._expire_due()
             self._check_name(request)
-            found = candidates(request, self._holdings, static_filters(request, self._holdings))
+            filters = static_filters(request, self._holdings)
+            found = candidates(request, self._holdings, filters, self._rack_of)
             picked = self._pick_now(request, found)
             return None if picked is None else self._commit(request, picked)
 
@@ -170,7 +189,8 @@ class DevicePool:
     def add_device(self, device: Device) -> None:
         """Add ``device`` to the pool (after the others) and wake waiters that may now fit.
 
-        ``ConfigError`` for something that is not a ``Device`` or an id already in the pool.
+        ``ConfigError`` for something that is not a ``Device``, an id already in the pool, or a
+        ``rack`` other than the one the pool knows for its node.
         """
         with self._changed:
             if not isinstance(device, Device):
@@ -179,6 +199,9 @@ class DevicePool:
                 raise ConfigError(
                     [("device.id", f"duplicate id {device.id!r}: the pool has a device with it")]
                 )
+            problems = _rack_problems(device, "device", self._rack_of)
+            if problems:
+                raise ConfigError(problems)
             self._holdings.add(device)
             self._changed.notify_all()
 
@@ -229,6 +252,12 @@ class DevicePool:
         with self._changed:
             self._expire_due()
             self._holdings.validate()
+            for allocation in self._holdings.allocations.values():
+                if allocation.request.affinity.same_rack:
+                    racks = {rack_key(d.node, self._rack_of) for d in allocation.devices}
+                    assert len(racks) == 1, (
+                        f"{allocation.name!r} asked for one rack but spans {sorted(racks)}"
+                    )
 
     # -- ending (all under the lock) ---------------------------------------------------------
 
@@ -300,7 +329,8 @@ class DevicePool:
 
     def _pick_now(self, request: AllocationRequest, found: list[int]) -> list[int] | None:
         links = self._links if self._topology else None
-        return pick(usable(request, self._holdings, found)[0], request, links)
+        now = usable(request, self._holdings, found)[0]
+        return pick_placed(now, request, self._rack_of, links)
 
     def _links(self, positions: Sequence[int]) -> npt.NDArray[np.float64]:
         return device_bandwidth([self._holdings.devices[p] for p in positions], self._topology)
@@ -351,3 +381,45 @@ def _topology_problems(topology: Mapping[str, Topology] | None) -> Problems:
         for node, value in topology.items()
         if not isinstance(value, Topology)
     ]
+
+
+def _racks_given(
+    racks: Mapping[str, str] | NodeTopology | None, problems: Problems
+) -> dict[str, str]:
+    """``racks`` as ``{node: rack}``; what is wrong with it goes to ``problems``."""
+    if racks is None:
+        return {}
+    if isinstance(racks, NodeTopology):
+        return racks.rack_of
+    if not isinstance(racks, Mapping):
+        problems.append(("racks", f"expected {{node: rack}} or a NodeTopology, got {racks!r}"))
+        return {}
+    rack_of: dict[str, str] = {}
+    for node, rack in racks.items():
+        if not isinstance(node, str) or not node:
+            problems.append(("racks", f"expected node names as keys, got {node!r}"))
+        elif not isinstance(rack, str) or not rack.strip():
+            problems.append((f"racks[{node!r}]", f"expected a rack name, got {rack!r}"))
+        else:
+            rack_of[node] = rack
+    return rack_of
+
+
+def _rack_problems(device: Device, where: str, rack_of: dict[str, str]) -> Problems:
+    """What is wrong with ``device.rack`` given the racks known so far; a rack it brings for a
+    node of unknown rack is recorded in ``rack_of``, since one device names its node's rack."""
+    rack = device.rack
+    if rack is None:
+        return []
+    if not isinstance(rack, str) or not rack.strip():
+        return [(f"{where}.rack", f"expected a rack name or None (unknown), got {rack!r}")]
+    known = rack_of.setdefault(device.node, rack)
+    if known != rack:
+        return [
+            (
+                f"{where}.rack",
+                f"{rack!r} contradicts rack {known!r} that the pool has for node "
+                f"{device.node!r} (a node is in one rack); allowed: {known!r} or None",
+            )
+        ]
+    return []

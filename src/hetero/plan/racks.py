@@ -1,10 +1,12 @@
 """Racks for ``Affinity.same_rack``: the usable devices grouped by the rack of their node, and
 a request's pick made within one rack.
 
-Racks come from where nodes say them: a nodes file (``NodeTopology.racks``, ``rack_of``). A
-node whose rack is not known is a rack of its own, so a same-rack request never spans it and
-another node. Pure functions over ``placement``'s ``(leftover bytes, position, node)``
-entries, for the pool to call under its lock as it calls ``placement.pick``.
+Racks come from where nodes say them: a fleet config's device entries (``rack:``, carried as
+``Device.rack``) or a nodes file (``NodeTopology.racks``, ``rack_of``), both of which a
+``DevicePool`` takes. A node whose rack is not known is a rack of its own, so a same-rack
+request never spans it and another node. Pure functions over ``placement``'s ``(leftover
+bytes, position, node)`` entries, for the pool to call under its lock as it calls
+``placement.pick``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,19 @@ from collections.abc import Mapping, Sequence
 from hetero.plan.placement import Links, Usable, pick
 from hetero.plan.request import AllocationRequest
 
-__all__ = ["by_rack", "pick_in_one_rack"]
+__all__ = ["by_rack", "pick_in_one_rack", "pick_placed", "rack_key", "rack_label"]
+
+
+def rack_key(node: str, rack_of: Mapping[str, str]) -> str:
+    """``rack:<name>`` for a node of a known rack, ``node:<name>`` (a rack of its own) else."""
+    rack = rack_of.get(node)
+    return f"rack:{rack}" if rack is not None else f"node:{node}"
+
+
+def rack_label(key: str) -> str:
+    """A ``rack_key`` in words, as error messages name it."""
+    what, _, name = key.partition(":")
+    return f"rack {name!r}" if what == "rack" else f"node {name!r} (rack unknown)"
 
 
 def by_rack(usable: Sequence[Usable], rack_of: Mapping[str, str]) -> dict[str, list[Usable]]:
@@ -22,10 +36,21 @@ def by_rack(usable: Sequence[Usable], rack_of: Mapping[str, str]) -> dict[str, l
     from ``rack_of`` is keyed ``node:<name>``, a rack of its own."""
     racks: dict[str, list[Usable]] = {}
     for entry in usable:
-        node = entry[2]
-        rack = rack_of.get(node)
-        racks.setdefault(f"rack:{rack}" if rack is not None else f"node:{node}", []).append(entry)
+        racks.setdefault(rack_key(entry[2], rack_of), []).append(entry)
     return racks
+
+
+def pick_placed(
+    usable: Sequence[Usable],
+    request: AllocationRequest,
+    rack_of: Mapping[str, str],
+    links: Links | None = None,
+) -> list[int] | None:
+    """The pick ``request`` gets: within one rack for ``same_rack`` (``pick_in_one_rack``),
+    else ``placement.pick``, whose one-node rule already keeps ``same_node`` in one rack."""
+    if request.affinity.same_rack and not request.affinity.one_node:
+        return pick_in_one_rack(usable, request, rack_of, links)
+    return pick(usable, request, links)
 
 
 def pick_in_one_rack(

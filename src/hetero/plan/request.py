@@ -63,10 +63,10 @@ def lease_problems(value: object, path: str = "lease") -> Problems:
 class Affinity:
     """Where the chosen devices must be.
 
-    ``same_node``: all on one node. ``same_rack``: all on nodes of one rack (a node says its
-    rack in a nodes file, ``NodeTopology.racks``; a node whose rack is not known shares none
-    with another), looser than ``same_node``; ``hetero.plan.racks.pick_in_one_rack`` applies it
-    (``DevicePool`` takes no racks yet). ``interconnect``: all on one node and with this
+    ``same_node``: all on one node. ``same_rack``: all on nodes of one rack (a node's rack comes
+    from a fleet config's ``rack:``, ``Device.rack``, or a nodes file, ``NodeTopology.racks``,
+    given to ``DevicePool(racks=…)``; a node whose rack is not known shares none with another),
+    looser than ``same_node``. ``interconnect``: all on one node and with this
     interconnect family in their spec (``"nvlink"`` matches NVLink2 to NVLink5, ``"nvlink4"``
     only NVLink4). ``devices``: only these device ids. ``tags``: only devices that carry every
     one of these tags.
