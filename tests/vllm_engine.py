@@ -21,10 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
-import json
 import os
-import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,41 +32,30 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 from hetero.commands.launch import free_port
-
-Size = Literal["small", "large"]
-
-#: Bump when what ``make_model`` writes changes: a cached model of another version is rebuilt.
-MODEL_FORMAT = 1
-
-#: The model shapes. Head size is 32 and 64: the CPU attention kernel refuses 16. About 2.6M
-#: and 91M parameters (float32: 10 MB and 365 MB on disk).
-SHAPES: dict[str, dict[str, int]] = {
-    "small": {
-        "hidden_size": 128,
-        "intermediate_size": 512,
-        "num_hidden_layers": 6,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-    },
-    "large": {
-        "hidden_size": 768,
-        "intermediate_size": 2048,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 12,
-    },
-}
-VOCAB = 4096
-MAX_MODEL_LEN = 2048
-SPECIAL = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+from hetero.serve.mock_model import (  # the models are hetero mock-model's
+    MAX_MODEL_LEN,
+    SHAPES,
+    Size,
+    make_model,
+    parameter_count,
 )
-MODULE = "vllm.entrypoints.openai.api_server"
+from hetero.serve.mock_model import VLLM_MODULE as MODULE
+
+__all__ = [
+    "MAX_MODEL_LEN",
+    "SHAPES",
+    "Size",
+    "StartError",
+    "VllmReplica",
+    "make_model",
+    "models_dir",
+    "parameter_count",
+    "start_replicas",
+    "stop_replicas",
+    "vllm_available",
+]
 
 
 def vllm_available() -> str | None:
@@ -93,123 +79,12 @@ def vllm_available() -> str | None:
 # ------------------------------------------------------------------------------------ models
 
 
-def _corpus(seed: int, sentences: int = 20_000) -> list[str]:
-    """Generated text: words of made-up syllables with Zipf-like frequencies, enough for a BPE
-    vocabulary of ``VOCAB`` tokens."""
-    rng = random.Random(seed)
-    onsets = ["", "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr"]
-    vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ee"]
-    codas = ["", "", "n", "r", "s", "t", "l", "m", "nd", "st"]
-    words = sorted(
-        {
-            "".join(
-                rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
-                for _ in range(rng.randint(1, 3))
-            )
-            for _ in range(6000)
-        }
-    )
-    weights = [1.0 / (rank + 1) for rank in range(len(words))]
-    out = []
-    for _ in range(sentences):
-        chosen = rng.choices(words, weights, k=rng.randint(4, 16))
-        chosen[0] = chosen[0].capitalize()
-        if rng.random() < 0.2:
-            chosen.insert(rng.randrange(len(chosen)), str(rng.randint(0, 9999)))
-        out.append(" ".join(chosen) + rng.choice([".", ".", "?", "!", ","]))
-    return out
-
-
 def models_dir() -> Path:
     """Where the tests and benchmarks keep the models they make: ``$HETERO_VLLM_MODELS``, else a
     folder in the system's temporary directory (kept between runs: building takes seconds,
     and vLLM's compile cache, keyed partly by the model's path, then stays warm)."""
     found = os.environ.get("HETERO_VLLM_MODELS")
     return Path(found) if found else Path(tempfile.gettempdir()) / "hetero-vllm-models"
-
-
-def _stamp(size: Size, seed: int) -> dict[str, Any]:
-    return {"format": MODEL_FORMAT, "size": size, "seed": seed, "shape": SHAPES[size]}
-
-
-def make_model(directory: str | os.PathLike[str], *, size: Size, seed: int = 0) -> Path:
-    """A Llama with seeded random weights, a trained BPE tokenizer and a chat template in
-    ``directory`` (created). Reused when it holds one made with the same parameters (its stamp
-    ``hetero-model.json`` says which); about 2 s for "small" and 6 s for "large"."""
-    if size not in SHAPES:
-        raise ValueError(f"size must be one of {sorted(SHAPES)}, not {size!r}")
-    path = Path(directory)
-    stamp_file = path / "hetero-model.json"
-    stamp = _stamp(size, seed)
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(stamp_file.read_text()) == stamp:
-            return path
-    # Built beside it and renamed into place: test runs that share the folder never see half a
-    # model, and a run killed midway leaves only a stray temporary folder.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        _build(build, size, seed)
-        (build / stamp_file.name).write_text(json.dumps(stamp, indent=1) + "\n")
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(stamp_file.read_text()) == stamp:
-                return path  # another process finished first
-        shutil.rmtree(path, ignore_errors=True)
-        build.rename(path)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return path
-
-
-def _build(path: Path, size: Size, seed: int) -> None:
-    """Write the tokenizer, config and weights of ``make_model`` into ``path``."""
-    # Imported here: torch and transformers take seconds, and only this function needs them.
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=MAX_MODEL_LEN,
-    )
-    tokenizer.save_pretrained(path)
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),  # no ids the tokenizer cannot decode
-        max_position_embeddings=MAX_MODEL_LEN,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        **SHAPES[size],
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    model.save_pretrained(path)
-
-
-def parameter_count(size: Size, vocab: int = VOCAB) -> int:
-    """The parameters of a model ``make_model`` builds (untied embeddings, no biases)."""
-    s = SHAPES[size]
-    h, i, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
-    kv = h * s["num_key_value_heads"] // s["num_attention_heads"]
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-    return layers * per_layer + 2 * vocab * h + h
 
 
 # ---------------------------------------------------------------------------------- replicas
