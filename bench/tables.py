@@ -437,14 +437,18 @@ def quality(doc: dict[str, Any]) -> str:
         f" its saturated throughput is {doc['best_saturated_vs_capacity']} × the sum of device "
         "capacities.\n\n"
         + "Each policy alone (work stealing off), then the open run again with stealing on (the "
-        "dispatcher's default), which rescues even round robin.\n\n"
+        "dispatcher's default), which rescues even round robin. *balance* is the mean device "
+        "utilization over the highest (1.0: all equally busy), the reverse of the design seed's "
+        "load balance factor, max/min utilization, which `hetero simulate` reports as "
+        "*imbalance* ([docs/scheduling.md](scheduling.md#latency-or-balance): the default's is "
+        "1.59 with stealing off, 1.55 with it on, poor by the seed's grading).\n\n"
         + _table(
             [
                 "policy",
                 "p50 s",
                 "p99 s",
                 "p99 / round robin",
-                "load balance factor",
+                "balance (mean / highest utilization)",
                 "saturated throughput / capacity",
                 "p99 s, stealing",
                 "p99 / round robin, both stealing",

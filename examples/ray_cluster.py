@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from pathlib import Path
 
 import hetero
@@ -25,15 +26,16 @@ HERE = Path(__file__).resolve().parent / "ray"
 
 
 @hetero.task(cost=1.0)
-def score(x: int) -> int:
-    """One unit of work (an emulated device takes 1 / speed × time_scale seconds)."""
-    return x * x
+def score(x: int) -> tuple[int, str]:
+    """One unit of work (an emulated device takes 1 / speed × time_scale seconds): the square
+    of ``x``, and the device that computed it, so that each device's results can be counted."""
+    return x * x, hetero.get_current_device().id
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
+        # The docstring's first paragraph, rewrapped to the terminal (argparse's default).
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--items", type=int, default=2000, help="items to map (default 2000)")
     parser.add_argument(
@@ -63,17 +65,30 @@ def main() -> int:
                     print(f"{len(results)} results: the T4 + V100 node leaves the cluster")
                     cluster.remove_node(victim)
             elapsed = time.perf_counter() - t0
-            assert results == [x * x for x in range(args.items)], "lost or duplicated results"
+            squares = [value for value, _ in results]
+            assert squares == [x * x for x in range(args.items)], "lost or duplicated results"
             print(f"{len(results)} results, every one once and in order, in {elapsed:.1f} s")
+            by_device = Counter(device for _, device in results)
             # Ray reports a node come or gone a moment after it happens, and the fleet follows
             # when the backend's watcher next asks: where the map ended first, give it that.
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not settled(ctx, t4_node):
                 time.sleep(0.1)
-            print(f"{'device':28} {'done':>6}  in the fleet")
             members = set(ctx.dispatcher.members)
-            for d in ctx.status()["devices"]:
-                print(f"{d['id']:28} {d['done']:6}  {'yes' if d['id'] in members else 'left'}")
+            devices = ctx.status()["devices"]
+            print(f"{'device':28} {'results':>7}  in the fleet")
+            for d in devices:
+                print(
+                    f"{d['id']:28} {by_device[d['id']]:7}  "
+                    f"{'yes' if d['id'] in members else 'left'}"
+                )
+            # ctx.map sends items in batches, sized by each device's speed: a device's tasks
+            # are batches, not results.
+            batches = sum(d["done"] for d in devices)
+            print(
+                f"results: items each device computed ({sum(by_device.values())} in all); "
+                f"ctx.map ran them as {batches} batches (tasks)"
+            )
     return 0
 
 

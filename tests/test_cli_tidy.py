@@ -4,6 +4,7 @@ commands and claims match what the CLI does."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import typer
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
+from hetero._cli_util import ParagraphHelpFormatter, rewrap_help
+from hetero._format import plain_text
 from hetero._tables import SplitTable
 from hetero.cli import app
 from hetero.devices.catalog import get_catalog
@@ -123,3 +126,102 @@ def test_readme_counts_match_the_cli() -> None:
     assert catalog and int(catalog.group(1)) == len(list(get_catalog()))
     policies = re.search(r"hetero policies\s+# the (\d+) scheduling policies", readme)
     assert policies and int(policies.group(1)) == len(policy_names())
+
+
+# --- hetero policies: plain text, the list alias, columns by width ----------------------------
+
+
+def test_policies_list_is_the_listing_that_serve_help_points_to() -> None:
+    serve = flat(runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).stdout)
+    assert "see `hetero policies list`" in serve
+    listed = runner.invoke(app, ["policies", "list"], env={"COLUMNS": "120"})
+    plain = runner.invoke(app, ["policies"], env={"COLUMNS": "120"})
+    assert listed.exit_code == 0 and plain.exit_code == 0, listed.output + plain.output
+    assert listed.stdout == plain.stdout
+    assert all(name in listed.stdout for name in policy_names())
+
+
+def test_policies_show_plain_text_not_markup() -> None:
+    text = runner.invoke(app, ["policies"], env={"COLUMNS": "200"}).stdout
+    assert "``" not in text and ":class:" not in text and "`" not in text
+    # ``overtake_weight`` in the adaptive policy's docstring reads as the bare name.
+    assert "Shortest expected delay (overtake_weight as there)" in flat(text)
+
+
+def test_policies_at_80_columns_leave_out_the_options_and_say_so() -> None:
+    narrow = runner.invoke(app, ["policies"], env={"COLUMNS": "80"}).stdout
+    assert max(len(line) for line in narrow.splitlines()) <= 80 and "…" not in narrow
+    assert headers(narrow) == [["name", "when to use it"]]
+    assert "not shown at 80 columns: options" in flat(narrow)
+    assert all(name in narrow for name in policy_names())  # names whole, never cut
+    wide = runner.invoke(app, ["policies"], env={"COLUMNS": "160"}).stdout
+    assert headers(wide) == [["name", "when to use it", "options"]]
+    assert "not shown" not in wide and "budget_factor" in flat(wide)
+
+
+@pytest.mark.parametrize(
+    ("rst", "plain"),
+    [
+        ("the ``cost`` of an item", "the cost of an item"),
+        (
+            ":class:`hetero.sched.Policy` and :meth:`~hetero.sched.Policy.pick`",
+            "hetero.sched.Policy and pick",
+        ),
+        ("see `the dispatcher <hetero.sched.Dispatcher>`_", "see the dispatcher"),
+        ("a *very*\n    **plain** text, 2 * 3 * 4", "a very plain text, 2 * 3 * 4"),
+    ],
+)
+def test_plain_text_drops_rst_markup(rst: str, plain: str) -> None:
+    assert plain_text(rst) == plain
+
+
+# --- help texts: rewrapped by paragraph ------------------------------------------------------
+
+
+def test_help_sentences_are_not_broken_where_the_source_breaks_them() -> None:
+    top = runner.invoke(app, ["top", "--help"], env={"COLUMNS": "200"}).stdout
+    line = next(line for line in top.splitlines() if "Examples:" in line)
+    assert "`hetero top -c fleet.yaml`, `hetero top --serve http://127.0.0.1:8080`." in line
+    policies = runner.invoke(app, ["policies", "--help"], env={"COLUMNS": "200"}).stdout
+    assert any(
+        "scheduler.options), `Context(strategy=...)`" in line for line in policies.splitlines()
+    )
+
+
+DOC = """First paragraph
+runs on here.
+
+- an item
+  that wraps
+- another item
+
+    hetero top --once
+    hetero top --pid 42
+
+Last words.
+"""
+
+
+def test_rewrap_keeps_blank_lines_lists_and_indented_blocks() -> None:
+    assert rewrap_help(DOC) == (
+        "First paragraph runs on here.\n\n"
+        "- an item that wraps\n- another item\n\n"
+        "    hetero top --once\n    hetero top --pid 42\n\n"
+        "Last words."
+    )
+
+
+def test_the_argparse_formatter_wraps_paragraphs_to_the_width() -> None:
+    parser = argparse.ArgumentParser(
+        prog="demo", description=DOC, formatter_class=ParagraphHelpFormatter
+    )
+    text = parser.format_help()
+    assert "First paragraph runs on here.\n\n- an item that wraps\n- another item\n\n" in text
+    assert "    hetero top --once\n    hetero top --pid 42\n\nLast words." in text
+    narrow = argparse.ArgumentParser(
+        prog="demo",
+        description="one two three four five six seven eight nine ten " * 3,
+        formatter_class=lambda prog: ParagraphHelpFormatter(prog, width=30),
+    ).format_help()
+    body = narrow.split("\n\n")[1].splitlines()
+    assert len(body) > 2 and max(map(len, body)) <= 30

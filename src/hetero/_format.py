@@ -1,11 +1,13 @@
 """Numbers as hetero's reports print them (the simulator's tables, the HTML reports): three
-significant figures, a unit that keeps them short, ``-`` where a value is undefined."""
+significant figures, a unit that keeps them short, ``-`` where a value is undefined; and
+docstrings as plain text for the terminal."""
 
 from __future__ import annotations
 
 import math
+import re
 
-__all__ = ["count", "number", "percent", "ratio", "seconds"]
+__all__ = ["count", "number", "percent", "plain_text", "ratio", "seconds"]
 
 
 def number(value: float | None, digits: int = 3) -> str:
@@ -49,3 +51,29 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and ``noun`` in agreement: ``1 device``, ``5 devices``, ``2 policies`` (give
     ``plural`` where adding an "s" is wrong)."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+# reStructuredText inline markup found in docstrings. A role, :class:`Policy` or
+# :meth:`~hetero.sched.Policy.pick` (a ``~`` shows the last name only), or ``title <target>``.
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]*?)\s*(?:<[^>`]*>)?`")
+_LITERAL = re.compile(r"``(.+?)``")
+_INTERPRETED = re.compile(r"(?<![\w`])`([^`<]+?)\s*(?:<[^>`]*>)?`_{0,2}(?![\w`])")
+_STRONG = re.compile(r"\*\*(\S(?:.*?\S)?)\*\*")
+_EMPHASIS = re.compile(r"(?<![\w*])\*(\S(?:[^*]*?\S)?)\*(?![\w*])")
+
+
+def _role(match: re.Match[str]) -> str:
+    tilde, target = match.groups()
+    return target.rsplit(".", 1)[-1] if tilde else target
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a docstring's reStructuredText) as it reads on a terminal: ``code``,
+    :class:`Name`, `interpreted`, *emphasis* and **strong** lose their markup, and every run of
+    whitespace (the source's line breaks among them) becomes one space."""
+    text = _ROLE.sub(_role, text)
+    text = _LITERAL.sub(r"\1", text)
+    text = _INTERPRETED.sub(r"\1", text)
+    text = _STRONG.sub(r"\1", text)
+    text = _EMPHASIS.sub(r"\1", text)
+    return " ".join(text.split())

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from hetero._cli_util import console
+from hetero._cli_util import console, rewrap_help
 from hetero._version import __version__
 from hetero.commands import (
     catalog,
@@ -48,9 +48,16 @@ def _tidy_help(command: TyperCommand | TyperGroup) -> None:
     shows none and an option described only by its type shows its name in capitals, as argparse
     does (``--fleet FLEET``). Explicit metavars (``--serve URL``) and choices stay. A group lists
     each command by its docstring's first paragraph on one line, not broken where the source is.
+    Help texts are rewrapped by paragraph (``rewrap_help``): typer keeps the source's line
+    breaks after the first paragraph, so a sentence would break mid-line at any width; blank
+    lines, lists and indented blocks stay as written.
     """
+    if command.help:
+        command.help = rewrap_help(command.help)
     ctx = typer.Context(command)
     for param in [*command.params, command.get_help_option(ctx)]:
+        if isinstance(param, TyperOption) and param.help and "\n" in param.help:
+            param.help = rewrap_help(param.help)
         if not isinstance(param, TyperOption) or param.metavar is not None:
             continue
         if param.is_flag:

@@ -95,7 +95,7 @@ def test_comparison_table_has_a_row_per_policy() -> None:
 POLICIES = ("round_robin", "shortest_expected_delay", "adaptive")
 FLEET = ["A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB", "T4"]
 FIRST = ["policy", "items/s", "mean", "p50", "p99", "SLO"]  # the first table's at 80 columns
-HEADERS = [*FIRST, "work/s", "balance", "efficiency", "rejected", "failed"]
+HEADERS = [*FIRST, "work/s", "balance", "imbalance", "efficiency", "rejected", "failed"]
 
 
 def _three() -> list[SimResult]:

@@ -3,21 +3,30 @@ node's of a Ray cluster."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, RayAddressOpt, console, fail, print_json
+from hetero._cli_util import JsonOpt, console, fail, print_json
 from hetero._format import count
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.config import load_config
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError
 from hetero.units import format_size
 
-__all__ = ["register"]
+__all__ = ["NO_CLUSTER", "register"]
+
+#: What ``devices --ray`` says when no address is given and no cluster runs here.
+NO_CLUSTER = (
+    "no Ray cluster is running on this machine (no --address given, RAY_ADDRESS not set). "
+    "Start one with `ray start --head` (nodes join it with `ray start --address HEAD:6379`), "
+    "pass --address HOST:PORT for a cluster elsewhere, or --ray-start to list the devices of a "
+    "throwaway local Ray instance"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,17 +47,36 @@ def devices(
             "else its detected devices).",
         ),
     ] = False,
-    address: RayAddressOpt = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
+            "RAY_ADDRESS, else the cluster running on this machine. None running is an error, "
+            "not a reason to start one (see --ray-start).",
+        ),
+    ] = None,
+    ray_start: Annotated[
+        bool,
+        typer.Option(
+            "--ray-start",
+            help="With --ray: start a throwaway local Ray instance and list its devices (this "
+            "machine's), instead of joining a running cluster.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List the devices of a fleet config, the ones discovered on this machine, or (--ray)
     those of every node of a Ray cluster, by node."""
     if ray and config is not None:
         fail("--ray lists the cluster's devices, which its nodes declare; drop --config")
-    if address is not None and not ray:
-        fail(f"--address {address!r} applies to --ray only")
+    for flag, given in (("--address", address is not None), ("--ray-start", ray_start)):
+        if given and not ray:
+            fail(f"{flag} applies to --ray only")
+    if address is not None and ray_start:
+        fail("--address joins a running cluster and --ray-start starts one; give one of them")
     if ray:
-        _ray_devices(address, as_json)
+        _ray_devices(address, ray_start, as_json)
         return
     try:
         from hetero.devices.fleet import fleet_for
@@ -62,12 +90,17 @@ def devices(
     console.print(_device_table(fleet))
 
 
-def _ray_devices(address: str | None, as_json: bool) -> None:
+def _ray_devices(address: str | None, start: bool, as_json: bool) -> None:
+    # Without an address, only a running cluster: a listing of a Ray instance started for it
+    # (and gone when it ends) would pass for the cluster's.
+    where = address or os.environ.get("RAY_ADDRESS") or ("local" if start else "auto")
     try:
         from hetero.runtime.ray_backend import ray_fleet
 
-        nodes = ray_fleet(address)
+        nodes = ray_fleet(where)
     except HeteroError as exc:
+        if where == "auto" and isinstance(exc.__context__, ConnectionError):
+            fail(NO_CLUSTER)
         fail(str(exc))
     if as_json:
         print_json(
@@ -90,15 +123,35 @@ def _ray_devices(address: str | None, as_json: bool) -> None:
         console.print(table)
 
 
+# Columns in the order shown, with their priority: on a narrow console the lowest are left out
+# (and named under the table). The id stays; a long model name (a CPU's) wraps.
+_COLUMNS = {
+    "id": 9,
+    "model": 8,
+    "memory": 6,
+    "speed": 7,
+    "fp16": 3,
+    "fp32": 2,
+    "kind": 4,
+    "emulated": 1,
+    "health": 5,
+}
+_MODEL_WIDTH = 14
+
+
 def _device_table(fleet: list[Device]) -> Table:
-    # Most telling columns first: on a narrow console the last ones move to a table below.
-    table = SplitTable(
+    table = FitTable(
         title=count(len(fleet), "device"),
         caption="fp16, fp32: dense TFLOPS; speed: relative to a V100",
         caption_justify="left",
+        hint="--json shows every field",
     )
-    for col in ("id", "model", "memory", "speed", "fp16", "fp32", "kind", "emulated", "health"):
-        table.add_column(col, justify="right" if col in ("speed", "fp16", "fp32") else "left")
+    for col, priority in _COLUMNS.items():
+        if col == "model":
+            table.add_wrapping_column(col, width=_MODEL_WIDTH, priority=priority)
+        else:
+            justify = "right" if col in ("speed", "fp16", "fp32") else "left"
+            table.add_column(col, justify=justify, priority=priority)
     for d in fleet:
         table.add_row(
             d.id,

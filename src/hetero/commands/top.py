@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hetero._cli_util import console, fail
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.config import load_config
 from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import HeteroError
@@ -27,8 +27,22 @@ __all__ = ["register"]
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
-# Most telling columns first: on a narrow console the last ones move to a table below.
+# In the order shown. On a narrow console the columns of lowest priority are left out (and
+# named under the table): the id stays, and names the model of an emulated device already.
+_PRIORITY = {
+    "health": 9,
+    "speed": 8,
+    "util": 7,
+    "run": 6,
+    "queue": 5,
+    "done": 4,
+    "model": 3,
+    "fail": 2,
+    "memory": 1,
+    "temp": 0,
+}
 _TEXT_COLUMNS = ("id", "model", "health")
+_MODEL_WIDTH = 10
 _STATUS_COLUMNS = (
     *_TEXT_COLUMNS,
     "speed",
@@ -201,8 +215,9 @@ def _status_view(status: StatusSnapshot, now: float) -> RenderableType:
 
 
 def _status_table(devices: list[DeviceStatus]) -> Table:
-    table = SplitTable(
-        caption="speed: learned / prior, work units/s; util: % busy; —: not measured",
+    table = FitTable(
+        caption="speed: learned / prior, work units per second of device time (time_scale "
+        "taken out); util: % busy; —: not measured",
         caption_justify="left",
     )
     _add_columns(table, _STATUS_COLUMNS)
@@ -225,7 +240,7 @@ def _status_table(devices: list[DeviceStatus]) -> Table:
 
 
 def _snapshot_table(fleet: list[Device], samples: list[DeviceSample]) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title=f"{len(fleet)} device{'' if len(fleet) == 1 else 's'}",
         caption="speed: relative to a V100; util: % busy; —: not measured",
         caption_justify="left",
@@ -244,9 +259,16 @@ def _snapshot_table(fleet: list[Device], samples: list[DeviceSample]) -> Table:
     return table
 
 
-def _add_columns(table: Table, headers: tuple[str, ...]) -> None:
+def _add_columns(table: FitTable, headers: tuple[str, ...]) -> None:
     for header in headers:
-        table.add_column(header, justify="left" if header in _TEXT_COLUMNS else "right")
+        if header == "model":  # a CPU's model name is long: it wraps rather than go
+            table.add_wrapping_column(header, width=_MODEL_WIDTH, priority=_PRIORITY[header])
+            continue
+        table.add_column(
+            header,
+            justify="left" if header in _TEXT_COLUMNS else "right",
+            priority=_PRIORITY.get(header),
+        )
 
 
 def _health(healthy: bool) -> str:

@@ -60,6 +60,8 @@ class Backend(ABC):
     #: Whether workers map the driver's shared memory (the same machine): else arguments and
     #: results travel inside the messages.
     shared_memory: bool = True
+    #: Emulated durations are multiplied by it (the Context's ``time_scale``).
+    time_scale: float = 1.0
 
     def discover(self) -> list[Device] | None:
         """The fleet, where the backend knows it (a cluster: every node's devices); ``None``:

@@ -4,12 +4,19 @@ completion of futures once the engine's lock is released (so their callbacks may
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
+from hetero.errors import TaskFailed
+from hetero.runtime.tracebacks import readable_traceback
+
 __all__ = ["Ending", "TaskFuture", "futures_in", "resolve", "settle"]
+
+
+_HEADER = "Traceback (most recent call last):"
 
 
 class _Canceller(Protocol):
@@ -65,9 +72,31 @@ def settle(endings: Iterable[Ending]) -> None:
         if e.cancelled:
             Future.cancel(e.future)
         elif e.error is not None:
-            e.future.set_exception(e.error)
+            e.future.set_exception(_shown(e.error, e.future.device))
         else:
             e.future.set_result(e.result)
+
+
+def _shown(error: BaseException, device: str | None) -> BaseException:
+    """``error`` as the caller sees it. A ``TaskFailed`` with the worker's traceback says the
+    reason alone in its message, and carries the traceback (its frames named by the user's
+    files and lines: ``readable_traceback``) as a note, which Python prints with the error when
+    nothing catches it: ``print(err)`` or a log line of a caught one stays one line. Before
+    Python 3.11 (no notes) the traceback stays in the message."""
+    if not isinstance(error, TaskFailed) or not error.remote_traceback:
+        return error
+    if error.args == (error.message,):
+        return error  # shown already (the same error settles another future)
+    text = readable_traceback(error.remote_traceback).rstrip("\n")
+    if device is not None and text.startswith(_HEADER):
+        text = f"Traceback on {device} (most recent call last):" + text[len(_HEADER) :]
+    error.remote_traceback = text + "\n"
+    if sys.version_info >= (3, 11):
+        error.args = (error.message,)
+        error.add_note(text)
+    else:
+        error.args = (f"{error.message}\n{text}",)
+    return error
 
 
 #: Containers searched for futures in a task's arguments, at any depth (exact types: a subclass,

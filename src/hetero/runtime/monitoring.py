@@ -18,7 +18,7 @@ from hetero.runtime.monitor import (
     memory_usage,
     usage_of,
 )
-from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter
+from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter, own_time_speeds
 from hetero.units import format_size
 
 if TYPE_CHECKING:
@@ -117,6 +117,13 @@ class FleetMonitor:
             devices: list[DeviceStatus] = []
             for i, device in enumerate(engine.devices):
                 done = int(metrics.completed[i])
+                learned, prior = own_time_speeds(
+                    float(speed[i]) if done else None,
+                    d.perf.prior(device, "default"),
+                    emulated=device.emulated,
+                    time_scale=engine.backend.time_scale,
+                    unit_rate=d.perf.unit_rate,
+                )
                 devices.append(
                     {
                         "id": device.id,
@@ -124,8 +131,8 @@ class FleetMonitor:
                         "kind": device.kind.value,
                         "emulated": device.emulated,
                         "healthy": bool(d.view.usable[i]) or i in engine.holding,
-                        "speed": float(speed[i]) if done else None,
-                        "prior_speed": d.perf.prior(device, "default"),
+                        "speed": learned,
+                        "prior_speed": prior,
                         "running": int(d.view.running[i]),
                         "queued": int(d.view.in_flight[i] - d.view.running[i]),
                         "done": done,

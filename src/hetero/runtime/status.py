@@ -31,6 +31,7 @@ __all__ = [
     "StatusWriter",
     "TaskCounts",
     "check_private_dir",
+    "own_time_speeds",
     "read_statuses",
     "status_dir",
 ]
@@ -53,7 +54,9 @@ class TaskCounts(TypedDict):
 
 
 class DeviceStatus(TypedDict):
-    """One device of a running Context. Speeds are in work units per second."""
+    """One device of a running Context. Speeds are in work units per second of the device's
+    own time (``own_time_speeds``): an emulated device's without the Context's ``time_scale``,
+    so that learned and prior speeds compare, whatever the scale."""
 
     id: str
     model: str
@@ -85,6 +88,30 @@ class StatusSnapshot(TypedDict):
 
 
 _KEYS = StatusSnapshot.__required_keys__
+
+
+def own_time_speeds(
+    learned: float | None,
+    prior: float,
+    *,
+    emulated: bool,
+    time_scale: float,
+    unit_rate: float,
+) -> tuple[float | None, float]:
+    """A device's learned and prior speeds in work units per second of its own time.
+
+    The engine measures speeds by the wall clock, and an emulated device runs ``1 /
+    time_scale`` times faster than the device it stands for, so its learned speed is
+    multiplied by ``time_scale`` (a real device's is its own). Priors come from the
+    ``PerfModel`` in its ``unit_rate`` (work units per second of a speed-1.0 device: ``1 /
+    time_scale`` on an all-emulated fleet, else 1), so each is divided by it. A V100 (speed 1)
+    then shows about 1.0 for both at any ``time_scale``, where it showed 10 learned beside a
+    prior of 1 at ``time_scale=0.1`` on a fleet with a real device.
+    """
+    if not (time_scale > 0 and unit_rate > 0):
+        raise ValueError(f"time_scale and unit_rate must be > 0, got {time_scale}, {unit_rate}")
+    own = learned * time_scale if learned is not None and emulated else learned
+    return own, prior / unit_rate
 
 
 def status_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -1,5 +1,5 @@
 """Per-device and fleet metrics: utilization, queues, completions, mean and percentile
-latencies, throughput, load balance factor and makespan efficiency (both as
+latencies, throughput, load balance factor, imbalance and makespan efficiency (as
 :mod:`hetero.telemetry.measures` defines them, like the profiler's).
 
 The dispatcher feeds ``Metrics`` one call per finished item (cheap appends into arrays); numbers
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from hetero.sched.view import FleetView
-from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
+from hetero.telemetry.measures import efficiency, ideal_makespan, imbalance, load_balance
 
 __all__ = ["DeviceMetrics", "FleetMetrics", "Metrics"]
 
@@ -39,9 +39,11 @@ class DeviceMetrics:
 @dataclass(frozen=True, slots=True)
 class FleetMetrics:
     """The fleet over a run. ``load_balance_factor`` is the mean utilization of the usable
-    devices over the highest one's (1.0: all equally busy; an idle device lowers it) and
-    ``makespan_efficiency`` the ideal makespan (total work over their total speed) over
-    ``elapsed``, both as :mod:`hetero.telemetry.measures` defines them; NaN where undefined."""
+    devices over the highest one's (in [0, 1], 1.0: all equally busy; an idle device lowers
+    it); ``imbalance`` the highest over the lowest (>= 1, seed 001's load balance factor, graded
+    by ``imbalance_grade``; inf when a usable device sat idle) and ``makespan_efficiency`` the
+    ideal makespan (total work over their total speed) over ``elapsed``, all as
+    :mod:`hetero.telemetry.measures` defines them; NaN where undefined."""
 
     elapsed: float
     completed: int
@@ -55,6 +57,8 @@ class FleetMetrics:
     load_balance_factor: float
     makespan_efficiency: float
     devices: list[DeviceMetrics]
+    # Last, with a default: built without it (a report made by hand), it is undefined.
+    imbalance: float = math.nan
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -147,6 +151,7 @@ class Metrics:
         total_work = float(work.sum())
         ideal = ideal_makespan(total_work, speed[usable].tolist())
         balance = load_balance(util[usable].tolist())
+        uneven = imbalance(util[usable].tolist())
         ratio = efficiency(ideal, elapsed)
         p50, p95, p99 = _percentiles(lat)
         return FleetMetrics(
@@ -162,4 +167,5 @@ class Metrics:
             load_balance_factor=math.nan if balance is None else balance,
             makespan_efficiency=math.nan if ratio is None else ratio,
             devices=devices,
+            imbalance=math.nan if uneven is None else uneven,
         )

@@ -24,6 +24,7 @@ from hetero._format import number, percent, ratio, seconds
 from hetero._html import BASE_STYLE
 from hetero._tables import SplitTable
 from hetero.sim.result import SimResult
+from hetero.telemetry.measures import imbalance_grade
 
 __all__ = ["comparison_table", "utilization_table", "write_html_report"]
 
@@ -42,6 +43,7 @@ _COLUMNS = (
     "SLO",
     "work/s",
     "balance",
+    "imbalance",
     "efficiency",
     "rejected",
     "failed",
@@ -73,6 +75,7 @@ def _rows(results: Sequence[SimResult]) -> list[list[str]]:
                 percent(r.slo_attainment) if r.slo_latency is not None else "-",
                 number(m.work_throughput),
                 ratio(m.load_balance_factor),
+                _imbalance(m.imbalance),
                 percent(m.makespan_efficiency),
                 f"{r.rejected:,}",
                 f"{r.failed:,}",
@@ -80,6 +83,16 @@ def _rows(results: Sequence[SimResult]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _imbalance(value: float) -> str:
+    """``1.59 poor``: the ratio (two decimals, as the grade's bounds have) and seed 001's grade
+    of it; ``idle, poor`` when a device did nothing, where the ratio is infinite (a number
+    would say nothing more, and an infinite one reads as a fault of the report)."""
+    grade = imbalance_grade(value)
+    if grade is None:
+        return "-"
+    return f"idle, {grade}" if math.isinf(value) else f"{ratio(value)} {grade}"
 
 
 def _slo(results: Sequence[SimResult]) -> float | None:
@@ -97,7 +110,10 @@ def _legend(results: Sequence[SimResult]) -> str:
     )
     return (
         f"mean, p50, p99: latency; SLO: {within}; balance: mean/highest device utilization "
-        "(1.0: all equally busy); efficiency: ideal/actual makespan" + hits + _failures(results)
+        "(1.0: all equally busy); imbalance: highest/lowest device utilization (seed 001's "
+        "load balance factor: < 1.1 excellent, < 1.2 good, > 1.5 poor; idle: a device did "
+        "nothing); "
+        "efficiency: ideal/actual makespan" + hits + _failures(results)
     )
 
 
@@ -114,8 +130,9 @@ def _failures(results: Sequence[SimResult]) -> str:
 
 
 def comparison_table(results: list[SimResult]) -> Table:
-    """One row per policy: throughput, mean/p50/p99 latency, SLO attainment, balance, makespan
-    efficiency, rejected, failed; the columns past the console's width go to a table below."""
+    """One row per policy: throughput, mean/p50/p99 latency, SLO attainment, balance, imbalance,
+    makespan efficiency, rejected, failed; the columns past the console's width go to a table
+    below."""
     table = SplitTable(title="Policy comparison", caption=_legend(results), caption_justify="left")
     for i, name in enumerate(_columns(results)):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hetero.sched.metrics import FleetMetrics
+from hetero.telemetry.measures import imbalance_grade
 
 __all__ = ["SimResult", "TimeSeries"]
 
@@ -74,6 +75,8 @@ class SimResult:
             "p99": m.p99,
             "slo_attainment": self.slo_attainment,
             "load_balance_factor": m.load_balance_factor,
+            "imbalance": m.imbalance,
+            "imbalance_grade": imbalance_grade(m.imbalance),
             "makespan_efficiency": m.makespan_efficiency,
             "utilization": {d.id: d.utilization for d in m.devices},
             "simulated_seconds": m.elapsed,

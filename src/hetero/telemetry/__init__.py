@@ -4,7 +4,13 @@ balance) that the profiler and the simulator share."""
 
 from __future__ import annotations
 
-from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
+from hetero.telemetry.measures import (
+    efficiency,
+    ideal_makespan,
+    imbalance,
+    imbalance_grade,
+    load_balance,
+)
 from hetero.telemetry.profile import (
     PROFILE_DIR_ENV,
     PROFILE_NAME_ENV,
@@ -24,5 +30,7 @@ __all__ = [
     "TaskTrace",
     "efficiency",
     "ideal_makespan",
+    "imbalance",
+    "imbalance_grade",
     "load_balance",
 ]

@@ -1,9 +1,16 @@
 """How well a run kept its fleet busy: the definitions every report of hetero uses.
 
-The simulator (``FleetMetrics.makespan_efficiency``, ``load_balance_factor``) and the profiler
-(``ProfileSummary.efficiency``, ``load_balance``) both compute their numbers here, so that a
-policy scores the same in ``hetero simulate`` as on the engine. ``docs/profiling.md`` explains
-how to read them.
+The simulator (``FleetMetrics.makespan_efficiency``, ``load_balance_factor``, ``imbalance``)
+and the profiler (``ProfileSummary.efficiency``, ``load_balance``) both compute their numbers
+here, so that a policy scores the same in ``hetero simulate`` as on the engine.
+``docs/profiling.md`` explains how to read them.
+
+Two measures of evenness, which read in opposite directions:
+
+- ``load_balance``: mean utilization over the highest, in [0, 1]; 1.0 is even.
+- ``imbalance``: the highest utilization over the lowest, >= 1; 1.0 is even. This is the
+  "load balance factor" of the design seed (001) with its grading (``imbalance_grade``):
+  below 1.1 excellent, below 1.2 good, above 1.5 poor.
 """
 
 from __future__ import annotations
@@ -11,7 +18,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["efficiency", "ideal_makespan", "load_balance"]
+__all__ = [
+    "efficiency",
+    "ideal_makespan",
+    "imbalance",
+    "imbalance_grade",
+    "load_balance",
+]
+
+# Seed 001's grading of ``imbalance``: below 1.1 excellent, below 1.2 good, above 1.5 poor.
+# The seed leaves 1.2 to 1.5 unnamed; "fair" fills it.
+_EXCELLENT_BELOW = 1.1
+_GOOD_BELOW = 1.2
+_POOR_ABOVE = 1.5
 
 
 def ideal_makespan(work: float, speeds: Iterable[float]) -> float | None:
@@ -35,8 +54,37 @@ def load_balance(utilization: Iterable[float]) -> float | None:
     1.0 when every device was busy as long as the busiest; an idle device counts as 0, so two
     idle devices of five give at most 0.6. It measures evenness by busy time, which a
     speed-aware split equalizes: a fast and a slow device both busy to the end score 1.0.
-    ``None`` when no device was busy at all.
+    ``None`` when no device was busy at all. Seed 001's load balance factor is the other way
+    round: ``imbalance``.
     """
     values = list(utilization)
     highest = max(values, default=0.0)
     return math.fsum(values) / len(values) / highest if highest > 0 else None
+
+
+def imbalance(utilization: Iterable[float]) -> float | None:
+    """The busiest device's utilization over the least busy one's: >= 1, 1.0 when every
+    device was equally busy (seed 001's load balance factor, ``max / min``).
+
+    ``math.inf`` when a device sat idle while another worked: no ratio says how uneven that
+    is. ``None`` when no device was busy at all.
+    """
+    values = list(utilization)
+    highest = max(values, default=0.0)
+    if highest <= 0:
+        return None
+    lowest = min(values)
+    return highest / lowest if lowest > 0 else math.inf
+
+
+def imbalance_grade(value: float | None) -> str | None:
+    """Seed 001's word for an ``imbalance``: ``excellent`` (< 1.1), ``good`` (< 1.2),
+    ``fair`` (up to 1.5) or ``poor`` (> 1.5, a device idle included); ``None`` for none
+    (or NaN: nothing ran)."""
+    if value is None or math.isnan(value):
+        return None
+    if value < _EXCELLENT_BELOW:
+        return "excellent"
+    if value < _GOOD_BELOW:
+        return "good"
+    return "fair" if value <= _POOR_ABOVE else "poor"

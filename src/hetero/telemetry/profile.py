@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hetero.errors import HeteroError
 from hetero.telemetry.collectives import RankCollectives
-from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
+from hetero.telemetry.measures import efficiency, ideal_makespan, imbalance, load_balance
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
 __all__ = [
@@ -94,6 +94,9 @@ class ProfileSummary:
     cancelled: int
     devices: tuple[DeviceSummary, ...]
     collectives: tuple[RankCollectives, ...] = ()
+    # Seed 001's load balance factor: the highest utilization over the lowest (inf: a device
+    # idle; None: none busy), as the simulator's FleetMetrics.imbalance.
+    imbalance: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -155,6 +158,7 @@ class Profile:
             cancelled=counts["cancelled"],
             devices=tuple(devices),
             collectives=tuple(sorted(self.collectives, key=lambda r: r.rank)),
+            imbalance=imbalance(d.utilization for d in devices),
         )
 
     def chrome_trace(self) -> dict[str, object]:

@@ -7,6 +7,7 @@ inline SVG so the file needs no network, script or plotting library. Every strin
 from __future__ import annotations
 
 import html
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -130,6 +131,10 @@ def _headline(s: ProfileSummary) -> list[list[str]]:
         ["ideal makespan (work / total speed)", seconds(s.ideal_makespan)],
         ["efficiency (ideal / makespan)", percent(s.efficiency)],
         ["load balance (mean utilization / highest)", ratio(s.load_balance)],
+        [
+            "imbalance (highest utilization / lowest; < 1.1 excellent, > 1.5 poor)",
+            "a device idle" if s.imbalance == math.inf else ratio(s.imbalance),
+        ],
         ["work done (cost units)", number(s.work)],
         ["tasks done", f"{s.done:,}"],
         ["tasks failed", f"{s.failed:,}"],
