@@ -158,6 +158,34 @@ def test_a_rank_that_died_without_raising_is_charged_not_the_peer_its_end_brough
     assert "connection closed by peer" not in done.stderr.split("\n")[0]
 
 
+LATE_SEEN = """
+import json, os, sys, time
+slot, error_file = int(os.environ["LOCAL_RANK"]), os.environ["TORCHELASTIC_ERROR_FILE"]
+if slot == 1:  # dies without raising, its end seen only once the peer's error is written
+    while not os.path.exists(error_file.replace("-1.json", "-0.json")):
+        time.sleep(0.01)
+    os._exit(1)
+# The peer's collective fails as rank 1's connections close, and it records that at once.
+with open(error_file, "w") as f:
+    message = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+    json.dump({"message": {"message": message}}, f)
+time.sleep(2)
+sys.exit(1)
+"""
+
+
+def test_a_lost_connection_written_before_a_silent_rank_is_seen_to_end_is_not_charged(
+    tmp_path: Path,
+) -> None:
+    """On a loaded machine the launcher may see a rank's end after its peers have written the
+    errors that end caused: a lost connection is an effect, and the rank that ended by itself
+    without a word is charged."""
+    done = launch_two(tmp_path, LATE_SEEN, restarts=1)
+    assert done.returncode == 1
+    assert "local rank 1 exited with status 1; starting all 2 ranks again" in done.stderr
+    assert "Connection reset by peer" not in done.stderr.split("\n")[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -266,6 +266,7 @@ class _Group:
         self.exits: queue.Queue[tuple[int, int]] = queue.Queue()
         self.ended_at: dict[int, int] = {}  # slot -> when its end was seen (ns, wall clock)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopped: set[int] = set()  # slots the launcher signalled while they ran
         self.waiters: list[threading.Thread] = []
         # Where torch's @record writes a rank's uncaught exception, as under torchrun.
         self.errors = {slot: folder / f"error-{start}-{slot}.json" for slot in slots}
@@ -308,26 +309,43 @@ class _Group:
     ) -> tuple[int, str | None]:
         """The rank that failed first (of the slots ``among``, default all) and what it raised
         (None: unknown), given the first to end. That may be one the failure reached: ranks fail
-        when a peer closes its connections, which the peer may do before it ends. So the rank
-        whose error file was written first (by torch's ``@record``) comes first, when ranks
-        write them, but only an error written before the first rank's end was seen: one written
-        after it may be what that end caused (a rank killed, or ended by ``os._exit``, writes
-        none, and its peers' collectives fail once it is gone)."""
-        slots = self.errors if among is None else among
+        when a peer closes its connections, which the peer may do before it ends. So:
+
+        1. the rank whose error file (torch's ``@record``) was written first, of those whose
+           error is not a lost connection, and written before the first rank's end was seen
+           (one written after may be what that end caused);
+        2. else a rank that ended by itself and wrote none (``os._exit``, a signal not sent
+           here): its peers' collectives fail once it is gone, and how soon the launcher sees
+           its end depends on the machine's load;
+        3. else the first error file written before that end, else the first rank to end.
+        """
+        slots = list(self.errors if among is None else among)
         seen_end = self.ended_at.get(ended)
-        written = []
+        written: list[tuple[int, int, str | None]] = []
         for s in slots:
             path = self.errors[s]
             if not path.exists():
                 continue
             mtime = path.stat().st_mtime_ns
             if s == ended or seen_end is None or mtime < seen_end:
-                written.append((mtime, s))
-        if written:
-            first = min(written)[1]
-            error = _recorded_error(self.errors[first])
-            if error is not None:
-                return first, error
+                written.append((mtime, s, _recorded_error(path)))
+        causes = [w for w in written if w[2] is not None and not _lost_connection(w[2])]
+        if causes:
+            _, first, error = min(causes)
+            return first, error
+        silent = [
+            s
+            for s in slots
+            if s not in self.stopped
+            and self.procs[s].returncode not in (0, None)
+            and not self.errors[s].exists()
+        ]
+        if silent:
+            return min(silent, key=lambda s: (s != ended, self.ended_at.get(s, 0))), None
+        known = [w for w in written if w[2] is not None]
+        if known:
+            _, first, error = min(known)
+            return first, error
         return ended, None
 
     def close(self, leaving: bool) -> None:
@@ -353,8 +371,9 @@ class _Group:
         return f"{name}: stopped {local_ranks(stopped)}; {done}" if stopped else f"{name}: {done}"
 
     def _signal(self, signum: int) -> None:
-        for proc in self.procs.values():
+        for slot, proc in self.procs.items():
             if proc.returncode is None:
+                self.stopped.add(slot)  # its end, and a missing error file, are ours
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signum)  # it leads its process group
 
@@ -439,6 +458,23 @@ def _recorded_error(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return error[:_ERROR_CHARS] or None
+
+
+#: What a collective raises when a peer is gone (gloo's and NCCL's words, lower case): an
+#: effect of another rank's end, not a cause.
+_LOST_CONNECTION = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "nccl communicator was aborted",
+    "socket closed",
+)
+
+
+def _lost_connection(error: str) -> bool:
+    text = error.lower()
+    return any(words in text for words in _LOST_CONNECTION)
 
 
 def _say(text: str) -> None:
