@@ -397,7 +397,7 @@ def test_router_needs_replicas_with_distinct_names() -> None:
 
 
 def replica(name: str, speed: float = 1.0, slots: int = 1, models: str = "m") -> Replica:
-    return Replica(name, URL, speed, slots, set(models.split("|")), True)
+    return Replica(name, f"{URL}/{name}", speed, slots, set(models.split("|")), True)
 
 
 def ran_on(ticket: Ticket) -> int | None:

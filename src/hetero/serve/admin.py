@@ -11,7 +11,7 @@ from aiohttp import web
 from hetero.errors import ConfigError
 from hetero.serve.client_requests import api_key, error_response, same_key
 from hetero.serve.records import ReplicaState
-from hetero.serve.replicas import replica_config, replica_from_config, same_engine
+from hetero.serve.replicas import replica_config, replica_from_config
 from hetero.serve.router import Router
 
 __all__ = ["AdminApi"]
@@ -63,21 +63,9 @@ class AdminApi:
             replica = replica_from_config(replica_config(data))
         except ValueError as exc:  # ConfigError, naming the field; anything else, as it says
             return _bad_replica(exc if isinstance(exc, ConfigError) else ConfigError(str(exc)))
-        live = [s.replica for s in self.router.replicas if not s.removed]
-        existing = same_engine(replica.url, live)
-        if existing is not None:
-            # A second replica at one address counts one engine twice: twice its share of
-            # requests, each replica learning half its speed.
-            return error_response(
-                409,
-                f"{replica.url} is already in the fleet as replica {existing.name!r} "
-                f"({existing.url}); one engine is one replica (remove it first to add it again "
-                "with other fields)",
-                "conflict",
-            )
         try:
             state = self.router.add(replica)
-        except ConfigError as exc:
+        except ConfigError as exc:  # its name or its engine is in the fleet already
             return error_response(409, str(exc), "conflict")
         await self._added(state)
         return web.json_response({"added": replica.name}, status=201)

@@ -45,7 +45,7 @@ from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths, brief
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
 from hetero.serve.records import DEFAULT_STRATEGY, ReplicaState, RouterOptions, Ticket
-from hetero.serve.replicas import Replica
+from hetero.serve.replicas import Replica, same_engine
 from hetero.serve.router_status import router_status, state_word
 
 __all__ = [
@@ -656,6 +656,20 @@ class Router(Driver):
         """A replica joins at run time."""
         if replica.name in self.by_name and not self.by_name[replica.name].removed:
             raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
+        existing = same_engine(replica.url, (s.replica for s in self.replicas if not s.removed))
+        if existing is not None:
+            # A second replica at one address counts one engine twice: twice its share of
+            # requests, each replica learning half its speed.
+            raise ConfigError(
+                [
+                    (
+                        "url",
+                        f"{replica.url} is already in the fleet as replica {existing.name!r} "
+                        f"({existing.url}); one engine is one replica (remove it first to add "
+                        "it again with other fields)",
+                    )
+                ]
+            )
         capacity = ConcurrencyLimit(self.options.capacity, replica.slots)
         old = self.by_name.get(replica.name)
         slots = self._slots_of(replica, capacity)
