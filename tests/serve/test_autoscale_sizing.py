@@ -10,7 +10,14 @@ import pytest
 
 from hetero.errors import ConfigError
 from hetero.plan.serving_spec import parse_serving_plan
-from hetero.serve.autoscale.policy import PolicyOptions, ReplicaType, ScalePolicy, Traffic
+from hetero.serve.autoscale.policy import (
+    Member,
+    PolicyOptions,
+    ReplicaType,
+    ScalePolicy,
+    Traffic,
+    TypeFleet,
+)
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler
 from hetero.serve.autoscale.sizing import MIN_SAMPLES, PlanSizer, TypeOption
 from hetero.serve.autoscale.traffic import TrafficLog
@@ -126,6 +133,37 @@ def test_replies_that_miss_the_slo_make_the_sizer_ask_for_more_until_they_meet_i
     meeting = [sum(sizer(Traffic(rate=20, attainment=1.0)).values()) for _ in range(200)]
     assert meeting[-1] == planned  # eased back once the replies meet it
     assert sizer.boost == 1.0
+
+
+def test_a_miss_while_the_fleet_is_on_its_way_does_not_compound_the_correction() -> None:
+    sizer = PlanSizer(spec(), TYPES)
+    sizer(Traffic(rate=20, attainment=0.5))
+    raised = sizer.boost
+    for _ in range(10):  # replicas are starting: the misses judge a fleet still to come
+        sizer(Traffic(rate=20, attainment=0.5, settled=False))
+    assert sizer.boost == raised > 1
+    sizer(Traffic(rate=20, attainment=1.0, settled=False))  # meeting it eases back at once
+    assert sizer.boost < raised
+
+
+def test_the_policy_tells_the_sizer_whether_the_fleet_served_the_whole_window() -> None:
+    seen: list[bool] = []
+
+    def sizer(traffic: Traffic) -> dict[str, int]:
+        seen.append(traffic.settled)
+        return {"cpu": 1}
+
+    cpu = ReplicaType("cpu", startup_s=60, max_count=4)
+    policy = ScalePolicy([cpu], sizer)
+    window = Traffic(rate=1.0, window=60.0)
+    policy.decide(100.0, window, {"cpu": TypeFleet(warm=(Member("a", since=0.0),))})
+    policy.decide(100.0, window, {"cpu": TypeFleet(warm=(Member("a", since=50.0),))})
+    policy.decide(
+        100.0,
+        window,
+        {"cpu": TypeFleet(warm=(Member("a", since=0.0),), starting=(Member("b", 90.0),))},
+    )
+    assert seen == [True, False, False]
 
 
 def test_the_traffic_log_says_how_many_of_the_window_met_the_slo() -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hetero.errors import ConfigError
@@ -62,6 +62,10 @@ class Traffic:
     # The share of the window's finished requests within the SLO (None: none finished, or no
     # SLO known): what tells a sizer its model of the replicas is off.
     attainment: float | None = None
+    # Whether the fleet served the whole window as it is now (nothing starting, no replica
+    # warm for less than the window): only then does the attainment judge the fleet the
+    # sizer last asked for, rather than one still on its way. Set by the policy.
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +214,10 @@ class ScalePolicy:
     def decide(self, now: float, observed: Traffic, fleet: Fleet) -> list[Action]:
         """The actions to take now for this traffic and fleet (also appended to ``log``)."""
         o = self.options
-        wanted = self.sizer(observed)
+        newest = max((m.since for f in fleet.values() for m in f.warm), default=-math.inf)
+        starting = any(f.starting for f in fleet.values())
+        settled = not starting and newest <= now - observed.window
+        wanted = self.sizer(replace(observed, settled=settled))
         for times in (self._drains, self._starts):
             while times and times[0] <= now - _HOUR:
                 times.popleft()

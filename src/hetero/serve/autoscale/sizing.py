@@ -113,7 +113,7 @@ class PlanSizer:
             self.planner = ServingPlanner(lengths)
         if not traffic.rate > 0 or not math.isfinite(traffic.rate):
             return dict.fromkeys(self.types, 0)
-        self._correct(traffic.attainment)
+        self._correct(traffic.attainment, traffic.settled)
         rate = traffic.rate * self.boost
         try:
             plan = self.planner.plan(rate, explain=False)
@@ -127,15 +127,19 @@ class PlanSizer:
             for name, option in self.types.items()
         }
 
-    def _correct(self, attainment: float | None) -> None:
+    def _correct(self, attainment: float | None, settled: bool) -> None:
         """Learn how far the plan's capacities are off from what the fleet delivers: while the
-        requests of the last window miss the SLO's percentile the plan is asked for a higher
+        requests of the last window miss the SLO's percentile on a ``settled`` fleet (the one
+        the last answer asked for, serving the whole window) the plan is asked for a higher
         rate (× 1.25 a call, up to × 8), and while they meet it the boost eases back (× 0.97 a
-        call, down to 1). The plan is the roofline of a model; the replies are the truth."""
+        call, down to 1). A miss while replicas start, or just after, is held: it judges a
+        fleet that is on its way, and compounding it grew a day's fleet to 1.35× the static
+        peak plan's cost. The plan is the roofline of a model; the replies are the truth."""
         if attainment is None:
             return
         if attainment < self.target:
-            self.boost = min(self.boost * BOOST_UP, MAX_BOOST)
+            if settled:
+                self.boost = min(self.boost * BOOST_UP, MAX_BOOST)
         else:
             self.boost = max(1.0, self.boost * BOOST_DOWN)
 
