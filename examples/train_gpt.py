@@ -1,28 +1,34 @@
 """Train a GPT-style transformer on synthetic tokens with hetero's Trainer, on ranks of
 different speeds.
 
-    python examples/train_gpt.py --nproc 3 --speeds 1,0.5,0.25 --steps 10
+    python examples/train_gpt.py --nproc 3 --steps 10 --html gpt.html
     hetero launch --nproc 3 examples/train_gpt.py --sharding fsdp --steps 10
 
 The model is transformers' GPT-2 built from a config with random weights (nothing is fetched):
 by default 6 layers of width 512 over a vocabulary of 8,192 tokens, 23 million parameters. The
 data are sequences of a random Markov chain in which each token has 4 possible successors, so
 the loss can fall from ln(vocabulary) to ln(4). Without torchrun or ``hetero launch`` the script
-starts ``--nproc`` gloo ranks itself. Rank i emulates a device of relative speed ``speeds[i]``
-(each micro-batch takes samples × ``--sample-time`` / speed seconds; ``--sample-time 0``: its
-real compute time over the speed); ``--sharding fsdp`` shards the model with FSDP instead of
-replicating it with DDP. Rank 0 prints how each rank spent its time and how close the step time
-came to the ideal.
+starts ``--nproc`` gloo ranks itself. Rank i emulates device i of the fleet config ``--fleet``
+at its catalog speed relative to the fleet's fastest device (each micro-batch takes samples ×
+``--sample-time`` / speed seconds; ``--sample-time 0``: its real compute time over the speed);
+``--sharding fsdp`` shards the model with FSDP instead of replicating it with DDP. The learning
+rate warms up linearly over ``--warmup-steps`` and then follows a cosine down to a tenth by the
+last step (an LR scheduler the trainer steps once per global step); ``--max-grad-norm`` clips the
+global gradient. Rank 0 prints how each rank spent its time, how close the step time came to the
+ideal and the loss; ``--html`` writes that as a picture.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 
 import _training  # what the training examples share
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from torch.utils.data import TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -88,9 +94,23 @@ def held_out_loss(model: nn.Module, data: TensorDataset) -> float:
         return float(token_loss(model(x), y)) / len(x)
 
 
+def warmup_cosine(warmup: int, steps: int) -> Callable[[torch.optim.Optimizer], LRScheduler]:
+    """A scheduler over the optimizer: the rate rises linearly to the optimizer's over
+    ``warmup`` steps, then falls along a cosine to a tenth of it at step ``steps``."""
+
+    def factor(step: int) -> float:  # steps done before this one
+        if step < warmup:
+            return (step + 1) / warmup
+        done = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+
+    return lambda optimizer: LambdaLR(optimizer, factor)
+
+
 def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
     """One rank's run: the held-out loss before and after training; rank 0 reports."""
-    rank_speeds = _training.speeds(args)
+    devices = args.devices[:world]
+    rank_speeds = [d.speed for d in devices]
     model = gpt(args.layers, args.width, args.vocab, args.seq_len, args.seed)
     sequences = tokens(args.samples + HELD_OUT, args.seq_len, args.vocab, args.seed).tensors
     data = TensorDataset(*(t[:-HELD_OUT] for t in sequences))
@@ -106,6 +126,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         token_loss,
         data,
         options,
+        scheduler=warmup_cosine(args.warmup_steps, args.steps),
     )
     if rank == 0:
         print(
@@ -120,6 +141,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         if reports:
             print(_training.summary(rank_speeds, reports))
         print(f"held-out loss: {before:.3f} -> {after:.3f} (the data's floor: ln 4 = 1.386)")
+        _training.write_html(args, trainer, devices)
     trainer.close()
 
 
@@ -136,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=5e-4, help="the peak learning rate")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=2, help="steps of linear warm-up to --lr"
+    )
     args = parser.parse_args(argv)
     _training.start_ranks(parser, args, train_rank)
     return 0

@@ -1,18 +1,21 @@
 """Train a small MLP on synthetic data with hetero's Trainer, on ranks of different speeds.
 
-    python examples/train_mlp.py --nproc 3 --speeds 1,0.5,0.25 --steps 30
-    torchrun --nproc-per-node 3 examples/train_mlp.py --speeds 1,0.5,0.25 --steps 30
+    python examples/train_mlp.py --nproc 3 --steps 30 --html train.html
+    python examples/train_mlp.py --split equal          # plain DDP's equal split, the baseline
+    torchrun --nproc-per-node 3 examples/train_mlp.py --fleet examples/train_fleet.yaml
     hetero launch --nproc 3 examples/train_mlp.py --checkpoint-dir ckpt --fail-at 15
     hetero launch --nproc 2:3 --rank-restarts 0 --rejoin-after 0 examples/train_mlp.py \
         --checkpoint-dir ckpt --fail-at 15
 
 Without torchrun the script starts ``--nproc`` gloo ranks on this machine itself. Rank i emulates
-a device of relative speed ``speeds[i]`` (under a launcher, local rank i: ``hetero launch`` keeps
-a rank's local rank when the ranks shrink): each of its micro-batches takes samples ×
+device i of the fleet config ``--fleet`` (under a launcher, local rank i: ``hetero launch`` keeps
+a rank's local rank when the ranks shrink), at its catalog speed relative to the fleet's fastest
+device (``--speeds`` gives the speeds instead): each of its micro-batches takes samples ×
 ``--sample-time`` / speed seconds (``--sample-time 0``: its real compute time over the speed).
 The trainer profiles the ranks, splits every global batch in proportion to their measured
-throughput, and prints, on rank 0, how each rank spent its time and how close the step time came
-to the ideal (global batch / the sum of the ranks' samples/s).
+throughput (``--split equal``: in equal shares, as plain DDP), and prints, on rank 0, how each
+rank spent its time, how close the step time came to the ideal (global batch / the sum of the
+ranks' samples/s) and the loss; ``--html`` writes that as a picture.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
     # Under a launcher, the local rank names the rank's device (hetero launch keeps it when the
     # ranks shrink, while RANK is renumbered).
     slot = int(os.environ.get("LOCAL_RANK", rank))
-    speed = _training.speeds(args)[slot]
+    device = args.devices[slot]
     data = dataset(args.samples, args.seed)
     model = mlp(args.seed)
     before = mean_loss(model, data)
@@ -85,9 +88,10 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
         nn.CrossEntropyLoss(reduction="sum"),
         data,
-        _training.trainer_options(args, speed),
+        _training.trainer_options(args, device.speed),
     )
-    ranks_speeds = comm.all_gather_object(speed)  # each rank's, in rank order
+    devices = comm.all_gather_object(device)  # each rank's, in rank order
+    ranks_speeds = [d.speed for d in devices]
     if rank == 0:
         print(f"{world} ranks (gloo), {_training.shares_line(trainer, ranks_speeds)}", flush=True)
     start = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -102,6 +106,7 @@ def train_rank(rank: int, world: int, args: argparse.Namespace) -> None:
         if reports:
             print(_training.summary(ranks_speeds, reports))
         print(f"loss over the dataset: {before:.3f} -> {mean_loss(model, data):.3f}")
+        _training.write_html(args, trainer, devices)
         if args.save_params:
             torch.save(model.state_dict(), args.save_params)
 

@@ -33,7 +33,7 @@ def train(
             *("--steps", "12", "--checkpoint-dir", str(folder / "checkpoints")),
             *("--checkpoint-every", "4", "--save-params", str(folder / "params.pt")),
             *("--loss-log", str(folder / "loss.jsonl")),
-            *("--quiet", "--sample-time", "0.001", *extra),
+            *("--quiet", "--sample-time", "0.001", "--speeds", "1,0.5,0.25", *extra),
         ],
         capture_output=True,
         text=True,

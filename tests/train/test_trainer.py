@@ -316,7 +316,11 @@ def test_the_example_spawns_its_ranks_and_prints_the_report(tmp_path: Path) -> N
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "3 ranks (gloo), global batch 63, speeds 1 : 0.5 : 0.25; shares after profiling: " in out
+    # Speeds from examples/train_fleet.yaml: an A100, a V100 and a T4, relative to the A100.
+    assert (
+        "3 ranks (gloo), global batch 63, speeds 1 : 0.401 : 0.208; shares after profiling: "
+        in (out)
+    )
     assert re.search(r"^median step [\d.]+ ms, ideal [\d.]+ ms .*: efficiency \d+%$", out, re.M)
     assert re.search(r"^loss over the dataset: [\d.]+ -> [\d.]+$", out, re.M)
     assert len(report.read_text().splitlines()) == 4

@@ -110,7 +110,7 @@ def test_a_checkpoint_missing_a_key_names_it_and_what_it_holds(group: None, tmp_
     del state["steps"]
     torch.save(state, tmp_path / "checkpoint.pt")
     assert resume_error(tmp_path) == (
-        "it has no 'steps'; it holds: model, optimizer, sampler, scaler"
+        "it has no 'steps'; it holds: model, optimizer, sampler, scaler, scheduler"
     )
 
 

@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "StepReport": "hetero.train.report",
     "Trainer": "hetero.train.trainer",
     "TrainerOptions": "hetero.train.options",
+    "write_training_report": "hetero.train.report_html",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -30,5 +31,6 @@ if TYPE_CHECKING:
     from hetero.train.options import TrainerOptions as TrainerOptions
     from hetero.train.report import RankReport as RankReport
     from hetero.train.report import StepReport as StepReport
+    from hetero.train.report_html import write_training_report as write_training_report
     from hetero.train.sampler import HeteroSampler as HeteroSampler
     from hetero.train.trainer import Trainer as Trainer

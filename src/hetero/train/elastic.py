@@ -12,15 +12,18 @@ process may still crash on its way out.
 
 A rank whose set-up the Trainer refuses (a ``ConfigError`` before the first step) would be
 refused alike at every start: under the launcher (``LAUNCHED_ENV``) it records the error and
-leaves with ``SETUP_REFUSED_EXIT`` (``SetupRefused``), printing nothing, and the launcher says it
-once and gives up.
+leaves with ``SETUP_REFUSED_EXIT`` (``leave_refused``), printing nothing, and the launcher says
+it once and gives up.
 """
 
 from __future__ import annotations
 
 import enum
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = [
     "LAUNCHED_ENV",
@@ -31,7 +34,7 @@ __all__ = [
     "Membership",
     "Next",
     "Regroup",
-    "SetupRefused",
+    "leave_refused",
     "local_ranks",
     "regroup_answer",
 ]
@@ -62,14 +65,16 @@ class Regroup(SystemExit):
         super().__init__(REGROUP_EXIT)
 
 
-class SetupRefused(SystemExit):
-    """Raised on a rank started by ``hetero launch`` in place of a ``ConfigError`` of the
-    Trainer's set-up, once the error is written to the rank's ``TORCHELASTIC_ERROR_FILE``: the
-    process leaves with ``SETUP_REFUSED_EXIT`` and no traceback, and the launcher prints the
-    error once and starts no rank again."""
-
-    def __init__(self) -> None:
-        super().__init__(SETUP_REFUSED_EXIT)
+def leave_refused() -> NoReturn:
+    """End a rank started by ``hetero launch`` whose Trainer set-up raised a ``ConfigError``,
+    once the error is written to its ``TORCHELASTIC_ERROR_FILE``: at once, with
+    ``SETUP_REFUSED_EXIT``, so the launcher prints the error once and starts no rank again.
+    ``os._exit``, not ``SystemExit``: the interpreter's teardown with the process group's
+    threads alive may abort ("terminate called without an active exception"), and the status
+    the launcher reads would be lost (a loaded machine restarted a refused run that way)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(SETUP_REFUSED_EXIT)
 
 
 class Next(enum.Enum):

@@ -24,9 +24,11 @@ from hetero.errors import ConfigError
 __all__ = [
     "PRECISIONS",
     "SHARDINGS",
+    "SPLITS",
     "Compression",
     "MixedPrecision",
     "Sharding",
+    "Split",
     "TrainerOptions",
     "is_int",
     "rank_setup",
@@ -36,10 +38,12 @@ __all__ = [
 Compression = Literal["none", "fp16", "powersgd"]
 MixedPrecision = Literal["no", "bf16", "fp16"]
 Sharding = Literal["ddp", "fsdp"]
+Split = Literal["speed", "equal"]
 
 _COMPRESSIONS = ("none", "fp16", "powersgd")
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHARDINGS = ("ddp", "fsdp")
+SPLITS = ("speed", "equal")
 # The longest emulated time per sample: longer ones are no device's, and overflow a sleep.
 _MAX_SAMPLE_SECONDS = 3600
 # Options every rank must share (the others, like speed or micro_batch, are per rank).
@@ -55,6 +59,8 @@ _SHARED_OPTIONS = (
     "compression",
     "mixed_precision",
     "sharding",
+    "split",
+    "max_grad_norm",
 )
 
 
@@ -82,6 +88,12 @@ class TrainerOptions:
     - ``rebalance_every``: steps between rebalancing from measured speeds (0: never).
     - ``profile_steps``: timed micro-batches per rank at start that set the first shares.
     - ``shares``: fixed shares per rank (summing to ``global_batch``): no rebalancing.
+    - ``split``: ``"speed"`` splits each global batch by the ranks' measured speeds;
+      ``"equal"`` gives every rank the same share, as plain DDP does (the baseline to compare
+      with), with the same exact update.
+    - ``max_grad_norm``: clip the gradient of the global batch to this L2 norm before the
+      optimizer steps (the norm of the averaged gradient, as one process would compute it);
+      ``None``: no clipping.
     - ``speed``, ``emulate_sample_time``: emulate a device of relative ``speed`` on this rank
       (see ``docs/training.md``): each micro-batch takes ``samples × emulate_sample_time /
       speed`` seconds, or without a sample time its real compute time over ``speed``.
@@ -114,6 +126,8 @@ class TrainerOptions:
     compression: Compression = "none"
     mixed_precision: MixedPrecision = "no"
     sharding: Sharding = "ddp"
+    split: Split = "speed"
+    max_grad_norm: float | None = None
     report_path: str | None = None
     report_every: int = 10
     checkpoint_dir: str | None = None
@@ -234,6 +248,31 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                     "overflow, which sharding='fsdp' does not have here: use 'bf16' or 'no'",
                 )
             )
+    if o.split not in SPLITS:
+        allowed = ", ".join(SPLITS)
+        problems.append(
+            (
+                "split",
+                f"must be one of {allowed} (speed: shares in proportion to the ranks' measured "
+                f"speeds; equal: the same share each, as plain DDP), got {o.split!r}",
+            )
+        )
+    elif o.split == "equal" and o.shares is not None:
+        problems.append(
+            (
+                "shares",
+                "must be None with split='equal' (which gives every rank the same share), "
+                f"got {o.shares!r}",
+            )
+        )
+    if o.max_grad_norm is not None and not _is_positive(o.max_grad_norm):
+        problems.append(
+            (
+                "max_grad_norm",
+                "must be a finite number > 0 (the largest L2 norm of the global batch's "
+                f"gradient) or None for no clipping, got {o.max_grad_norm!r}",
+            )
+        )
     if o.shares is not None:
         shares = o.shares
         if not isinstance(shares, tuple) or not all(is_int(s) and s >= 0 for s in shares):

@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero.train.options import PRECISIONS, TrainerOptions
@@ -92,6 +93,19 @@ class DataParallel(abc.ABC):
     ) -> None:
         """Load what ``checkpoint_state`` saved (every rank, each from its own copy);
         ``ValueError`` when another sharding wrote it."""
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Scale the reduced gradients down to L2 norm ``max_norm`` when above it; returns their
+        norm before. Every rank holds the global batch's averaged gradient (DDP: all of it,
+        so each computes the same norm; FSDP: its shards, whose squared norms one all-reduce
+        sums), so the norm is the one one process would compute. Every rank must call it."""
+        parameters = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in parameters if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads)
+        if isinstance(total, DTensor):  # FSDP: the shards' partial norms, summed across ranks
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        return float(total)
 
     def _check_sharding(self, state: dict[str, Any]) -> None:
         written = state.get("sharding", "ddp")  # only FSDP's say: DDP's are as they always were

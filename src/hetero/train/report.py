@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["ProgressView", "RankReport", "StepReport", "rank_timings", "step_report"]
@@ -29,6 +30,9 @@ class RankReport:
         return self.samples / self.compute_seconds if self.compute_seconds > 0 else 0.0
 
 
+_RANK_FIELDS = frozenset(f.name for f in fields(RankReport))
+
+
 @dataclass(frozen=True, slots=True)
 class StepReport:
     """One synchronised step on every rank, the same on all of them.
@@ -36,6 +40,12 @@ class StepReport:
     ``throughputs`` are the per-rank samples/s the trainer works from (profiled, then measured
     over each rebalance window); the ideal step time is ``global_batch / Σ throughputs``, what a
     perfect split with no communication would take, and ``efficiency`` is ideal / actual.
+
+    ``loss`` is the mean loss over the step's global batch (every rank's summed loss over the
+    number of samples, so uneven shares give one process's figure), taken in the forward passes,
+    before the update; ``grad_norm`` the L2 norm of the global batch's gradient before clipping
+    (with ``max_grad_norm`` only); ``lr`` the first parameter group's learning rate this step's
+    update used. ``None`` where a report was made without them.
     """
 
     step: int  # steps done, this one included
@@ -45,6 +55,9 @@ class StepReport:
     ranks: tuple[RankReport, ...]
     rebalanced: bool = False  # the shares change from the next step
     next_shares: tuple[int, ...] = field(default=())
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
 
     @property
     def global_batch(self) -> int:
@@ -78,6 +91,26 @@ class StepReport:
         )
         return doc
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> StepReport:
+        """The report ``to_dict`` wrote (a line of ``report_path``); the derived figures in it
+        are left out, as the report derives them again."""
+        ranks = tuple(
+            RankReport(**{k: v for k, v in r.items() if k in _RANK_FIELDS}) for r in doc["ranks"]
+        )
+        return cls(
+            step=doc["step"],
+            epoch=doc["epoch"],
+            shares=tuple(doc["shares"]),
+            throughputs=tuple(doc["throughputs"]),
+            ranks=ranks,
+            rebalanced=doc.get("rebalanced", False),
+            next_shares=tuple(doc.get("next_shares", ())),
+            loss=doc.get("loss"),
+            grad_norm=doc.get("grad_norm"),
+            lr=doc.get("lr"),
+        )
+
     def summary(self) -> str:
         """One line: step time against the ideal, shares, and each rank's time split."""
         ms = 1e3
@@ -89,7 +122,9 @@ class StepReport:
         return (
             f"step {self.step}: {self.step_seconds * ms:.1f} ms, ideal "
             f"{self.ideal_seconds * ms:.1f} ms ({self.efficiency:.0%}), shares "
-            f"{'/'.join(map(str, self.shares))}, compute/data/comm/idle ms {ranks}"
+            f"{'/'.join(map(str, self.shares))}, "
+            + (f"loss {self.loss:.4g}, " if self.loss is not None else "")
+            + f"compute/data/comm/idle ms {ranks}"
             + (f"; rebalanced to {'/'.join(map(str, self.next_shares))}" if self.rebalanced else "")
         )
 
@@ -103,6 +138,7 @@ def rank_timings(
     ended: float,
     wall: float,
     data: float = 0.0,
+    loss_sum: float = 0.0,
 ) -> list[float]:
     """This rank's row of a step, for every rank to gather and pass to ``step_report``: its
     samples and micro-batches, then its compute, the tail after it (idle and all-reduce), the
@@ -110,7 +146,7 @@ def rank_timings(
     ``computed`` (its compute's end), ``synced`` (the all-reduce's end) and ``ended`` are
     ``perf_counter`` instants; ``wall`` turns them into wall-clock ones, comparable across
     ranks. ``data`` (seconds waiting for micro-batches, between ``started`` and ``computed``)
-    is taken out of the compute."""
+    is taken out of the compute. ``loss_sum`` is the sum of its samples' losses."""
     return [
         samples,
         micro_batches,
@@ -119,6 +155,7 @@ def rank_timings(
         ended - started,
         computed + wall,
         data,
+        loss_sum,
     ]
 
 
@@ -128,17 +165,32 @@ def step_report(
     shares: tuple[int, ...],
     throughputs: Sequence[float],
     rows: list[list[float]],
+    *,
+    grad_norm: float | None = None,
+    lr: float | None = None,
 ) -> StepReport:
-    """The step's report from every rank's ``rank_timings`` row, in rank order."""
+    """The step's report from every rank's ``rank_timings`` row, in rank order. Its loss is
+    the global batch's mean: every rank's loss sum over all their samples."""
     slowest = max(row[5] for row in rows)  # when the last rank's compute ended
+    samples_in_all = sum(row[0] for row in rows)
+    loss = math.fsum(row[7] for row in rows) / samples_in_all if samples_in_all else math.nan
     reports = []
-    for i, (samples, micro, compute, tail, whole, end, data) in enumerate(rows):
+    for i, (samples, micro, compute, tail, whole, end, data, _) in enumerate(rows):
         # What came after its compute: waiting for the slowest rank, then the all-reduce.
         idle = min(max(slowest - end, 0.0), tail)
         reports.append(
             RankReport(i, int(samples), int(micro), compute, idle, tail - idle, whole, data)
         )
-    return StepReport(step, epoch, shares, tuple(throughputs), tuple(reports))
+    return StepReport(
+        step,
+        epoch,
+        shares,
+        tuple(throughputs),
+        tuple(reports),
+        loss=loss,
+        grad_norm=grad_norm,
+        lr=lr,
+    )
 
 
 class ProgressView:

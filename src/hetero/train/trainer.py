@@ -21,7 +21,13 @@ part the backward did not hide).
 
 Shares come from ``PerfModel.batch_sizes`` over each rank's throughput (samples/s): measured at
 start on ``profile_steps`` equal micro-batches, then every ``rebalance_every`` steps from the
-compute time of the steps since the last rebalance.
+compute time of the steps since the last rebalance; ``split="equal"`` keeps plain DDP's equal
+shares instead, as a baseline with the same exact update.
+
+The step's loss, clipping and learning rate are the global batch's too: each rank's summed loss
+travels in the step report's all-gather and the report divides the total by ``B``; the gradient
+is clipped after the reduction, by the norm of the averaged gradient (``max_grad_norm``); the LR
+scheduler steps once per global step.
 
 Speed decides a rank's share; memory decides how many micro-batches carry it: with a
 ``memory_limit`` the largest micro-batch that fits is measured at start (``memory.py``) and caps
@@ -33,6 +39,7 @@ compute.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -49,6 +56,7 @@ try:
 except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import Dataset, default_collate
 
 from hetero import comm
@@ -56,7 +64,7 @@ from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
 from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint, write_checkpoint
-from hetero.train.elastic import LAUNCHED_ENV, SetupRefused
+from hetero.train.elastic import LAUNCHED_ENV, leave_refused
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
 from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer
@@ -64,6 +72,7 @@ from hetero.train.parallel import wrap
 from hetero.train.pipeline import InputPipeline, idle_batch
 from hetero.train.pipeline import chunks as _chunks
 from hetero.train.report import ProgressView, RankReport, StepReport, rank_timings, step_report
+from hetero.train.report_html import write_training_report
 from hetero.train.sampler import HeteroSampler
 from hetero.train.tensors import to_device
 
@@ -72,6 +81,8 @@ from hetero.train.tensors import to_device
 __all__ = ["RankReport", "StepReport", "Trainer", "TrainerOptions"]
 
 OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+#: A learning-rate scheduler over the trainer's optimizer, or a function that makes one from it.
+Scheduler = LRScheduler | Callable[[torch.optim.Optimizer], LRScheduler]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 # Back-to-back micro-batches are paced from where the previous one was due to end, so the
@@ -96,13 +107,16 @@ class Trainer:
     ``optimizer`` is an optimizer over ``model``'s parameters or a function that makes one
     from them (a function with ``sharding="fsdp"``, which replaces the parameters with shards).
     ``model_state_dict()`` gives the model's full state dict under either sharding.
+    ``scheduler`` is a torch LR scheduler over that optimizer, or a function that makes one
+    from it (the only way with an optimizer function): it steps once per global step, after
+    the optimizer (``ReduceLROnPlateau`` with the step's loss over the global batch).
 
     ``micro_batch`` is the cap on this rank's micro-batches in effect (the option, or what
     ``memory_limit`` lets it hold; ``None``: none) and ``memory`` what the memory probe found
     (``None`` without a limit). ``close()`` stops the data loader's worker processes.
 
     A ``ConfigError`` of the set-up (the constructor, before the first step) is raised on every
-    start alike; under ``hetero launch`` the rank records it and leaves with ``SetupRefused``
+    start alike; under ``hetero launch`` the rank records it and leaves (``leave_refused``)
     (status 78, no traceback), and the launcher prints it once and gives up.
     """
 
@@ -115,9 +129,12 @@ class Trainer:
         options: TrainerOptions,
         *,
         collate_fn: Callable[[list[Any]], Any] = default_collate,
+        scheduler: Scheduler | None = None,
     ) -> None:
         with _refused_once():
             self._set_up(model, optimizer, loss_fn, dataset, options, collate_fn)
+            self.scheduler: LRScheduler | None = self._make_scheduler(scheduler)
+            self._resume_scheduler()
 
     def _set_up(
         self,
@@ -188,6 +205,8 @@ class Trainer:
             prefetch_factor=options.prefetch_factor,
         )
         self._paced_until = -1.0
+        self._losses: list[torch.Tensor] = []  # this step's summed losses, one per micro-batch
+        self._scheduler_state: dict[str, Any] | None = None  # a resumed checkpoint's
         self.steps = 0
         self._saved_at: int | None = None  # the step of the last checkpoint step() saved
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
@@ -230,6 +249,7 @@ class Trainer:
             **gathered,
             "sampler": self.sampler.state_dict(),
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
+            "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
         }
         write_checkpoint(path, state)
 
@@ -248,9 +268,56 @@ class Trainer:
             raise ConfigError([("checkpoint_dir", f"cannot resume from {path}: {exc}")]) from exc
         if self._scaler is not None and state.get("scaler") is not None:
             self._scaler.load_state_dict(state["scaler"])
+        self._scheduler_state = state.get("scheduler")  # loaded once the scheduler is made
         self.sampler.set_shares(self.shares)
         self.steps = state["steps"]
         return self.steps
+
+    def _make_scheduler(self, scheduler: Scheduler | None) -> LRScheduler | None:
+        """``scheduler`` over this trainer's optimizer, made from it when it is a function."""
+        if scheduler is None:
+            return None
+        made: object = scheduler
+        if not isinstance(scheduler, LRScheduler) and callable(scheduler):
+            made = scheduler(self.optimizer)
+        if not isinstance(made, LRScheduler):
+            returned = "" if made is scheduler else f", which returned {made!r}"
+            raise ConfigError(
+                [
+                    (
+                        "scheduler",
+                        "must be a torch LR scheduler (torch.optim.lr_scheduler) over the "
+                        "trainer's optimizer, or a function that makes one from it (lambda "
+                        f"optimizer: StepLR(optimizer, 10)), got {scheduler!r}{returned}",
+                    )
+                ]
+            )
+        if made.optimizer is not self.optimizer:
+            raise ConfigError(
+                [
+                    (
+                        "scheduler",
+                        f"{type(made).__name__} steps another optimizer than the trainer's "
+                        "(one made by an optimizer function is the trainer's own): give a "
+                        "function that makes the scheduler from the trainer's optimizer, "
+                        f"e.g. lambda optimizer: {type(made).__name__}(optimizer, ...)",
+                    )
+                ]
+            )
+        return made
+
+    def _resume_scheduler(self) -> None:
+        """The resumed checkpoint's scheduler state, once the scheduler is made: its learning
+        rate goes on from the saved step."""
+        state, self._scheduler_state = self._scheduler_state, None
+        if self.scheduler is not None and state is not None:
+            self.scheduler.load_state_dict(state)
+
+    def write_report(self, path: str | Path, *, labels: Sequence[str] | None = None) -> Path:
+        """Write ``reports`` (the last 10,000 steps) as one self-contained HTML file: each
+        rank's compute, data, communication and idle time over the steps, and the loss
+        (``report_html.write_training_report``). ``labels`` names the ranks."""
+        return write_training_report(list(self.reports), path, labels=labels)
 
     def model_state_dict(self) -> dict[str, Any]:
         """The model's full state dict, on every rank; call it on every rank (under FSDP they
@@ -324,6 +391,11 @@ class Trainer:
         return [row[0] for row in self._gather([rate])]
 
     def _split(self, throughputs: Sequence[float]) -> list[int]:
+        """Shares of the global batch: by ``throughputs``, or equal ones (``split="equal"``,
+        plain DDP's split; the first ``B mod world_size`` ranks take one more)."""
+        if self.options.split == "equal":
+            size, extra = divmod(self.options.global_batch, self.world_size)
+            return [size + (i < extra) for i in range(self.world_size)]
         devices = [
             Device(id=f"rank{i}", spec=_RANK_SPEC, speed_override=x)
             for i, x in enumerate(throughputs)
@@ -349,6 +421,7 @@ class Trainer:
         chunks = _chunks(indices, self.micro_batch)
 
         self._paced_until = -1.0  # the device idled through the last step's communication
+        self._losses = []
         started = time.perf_counter()
         # Wall-clock instants, to compare with other ranks' (perf_counter's origin is per
         # process); taken once, so the step's own timings stay monotonic.
@@ -367,6 +440,8 @@ class Trainer:
         computed = self._last_micro_batch(loaded, len(last), scale if last else 0.0)
         self._sync_device()
         synced = time.perf_counter()
+        grad_norm = self._clip()
+        lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this update uses
         if self._scaler is not None:
             self._scaler.step(self.optimizer)
             self._scaler.update()
@@ -377,15 +452,34 @@ class Trainer:
         ended = time.perf_counter()
         sampler.advance()
         self.steps += 1
+
+        # One number for the device to hand over: the losses stayed on it during the step.
+        loss_sum = float(torch.stack(self._losses).double().sum()) if self._losses else 0.0
+        mine = rank_timings(
+            len(indices), len(chunks), started, computed, synced, ended, wall, data, loss_sum
+        )
+        report = step_report(
+            self.steps,
+            epoch,
+            shares,
+            self.throughputs,
+            self._gather(mine),
+            grad_norm=grad_norm,
+            lr=lr,
+        )
+        if self.scheduler is not None:
+            # After the gather: ReduceLROnPlateau goes by the global batch's loss, the same on
+            # every rank, so every rank's learning rate stays the same.
+            if isinstance(self.scheduler, ReduceLROnPlateau):
+                self.scheduler.step(math.nan if report.loss is None else report.loss)
+            else:
+                self.scheduler.step()
         if (
             self.options.checkpoint_dir is not None
             and self.steps % self.options.checkpoint_every == 0
         ):
             self.save_checkpoint()
             self._saved_at = self.steps
-
-        mine = rank_timings(len(indices), len(chunks), started, computed, synced, ended, wall, data)
-        report = step_report(self.steps, epoch, shares, self.throughputs, self._gather(mine))
         report = self._rebalance(report)
         self.reports.append(report)
         if self.rank == 0 and o.report_path:
@@ -434,15 +528,7 @@ class Trainer:
             return report
         self.shares = shares
         self.sampler.set_shares(shares)
-        return StepReport(
-            report.step,
-            report.epoch,
-            report.shares,
-            report.throughputs,
-            report.ranks,
-            rebalanced=True,
-            next_shares=tuple(shares),
-        )
+        return dataclasses.replace(report, rebalanced=True, next_shares=tuple(shares))
 
     # ------------------------------------------------------------------------------ passes
 
@@ -499,11 +585,24 @@ class Trainer:
         """``indices`` loaded here, outside the pipeline (for profiling)."""
         return to_device(self._collate([self._dataset[i] for i in indices]), self._device)
 
+    def _clip(self) -> float | None:
+        """With ``max_grad_norm``: clip the reduced gradient (the global batch's) to it, and
+        return its norm before; under fp16 the gradients are unscaled first, so the norm is the
+        true one (an overflow's is infinite, and the scaler then skips the step)."""
+        if self.options.max_grad_norm is None:
+            return None
+        if self._scaler is not None:
+            self._scaler.unscale_(self.optimizer)
+        return self._parallel.clip_grad_norm(self.options.max_grad_norm)
+
     def _forward(self, batch: Any, scale: float) -> torch.Tensor:
         inputs, target = batch
         with self._autocast:
             loss = self._loss_fn(self._parallel.module(inputs), target)
-        loss = loss.float() * scale
+        loss = loss.float()
+        if scale:  # an idle or profiling pass (scale 0) has no loss to report
+            self._losses.append(loss.detach())
+        loss = loss * scale
         return self._scaler.scale(loss) if self._scaler is not None else loss
 
     @property
@@ -547,7 +646,7 @@ class Trainer:
 @contextlib.contextmanager
 def _refused_once() -> Iterator[None]:
     """A ``ConfigError`` of the set-up, under ``hetero launch``: recorded where the launcher reads
-    it, and this rank leaves quietly (``SetupRefused``), since every start would raise it again
+    it, and this rank leaves quietly (``leave_refused``), since every start would raise it again
     on every rank; the launcher prints it once. Elsewhere it is raised as it is."""
     try:
         yield
@@ -557,4 +656,4 @@ def _refused_once() -> Iterator[None]:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(exc)
-        raise SetupRefused from exc
+        leave_refused()
