@@ -131,23 +131,28 @@ def test_plan_tables_at_80_and_200_columns() -> None:
     args = ("plan", str(PLAN), "--verify", "--requests", "2000")
     buckets = ["bucket", "requests", "work units", "mean tokens", "design request"]
     mix = ["type", "count", "$/h each", "units/s", "util", "cap", "buckets"]
-    single = ["type", "count", "$/hour", "$/M tokens", "vs mix"]
-    check = ["round", "in SLO", "target", "meets SLO", "at target", "p50", "p99"]
+    single = ["type", "count", "$/hour", "$/M tokens", "vs mix", "why not"]
+    check = ["round", "in SLO", "target", "meets SLO", "at target", "p50", "p99", "util"]
     narrow = _hetero_at(80, *args)
     assert_whole(narrow, 80, [*types, "1–9, 10 (41%)"])
     assert [r for r in reasons if r not in flat(narrow)] == []  # wrapped, not cut
+    # One table each, no "(continued)": why a type cannot do it alone and whether the plan
+    # met its SLO stay; the figures that follow from others are left out, and named.
+    assert "continued" not in narrow
     assert headers(narrow) == [
         buckets,
         mix,
-        single,
-        ["type", "why not"],
-        check,
-        ["round", "util", "requests"],
+        ["type", "count", "$/hour", "vs mix", "why not"],
+        ["round", "in SLO", "target", "meets SLO", "at target", "util"],
     ]
+    note = "not shown at 80 columns: {} (--json shows every field)"
+    assert note.format("$/M tokens") in flat(narrow)
+    assert note.format("p50, p99, requests") in flat(narrow)
     wide = _hetero_at(200, *args)
     assert_whole(wide, 200, types)
     assert [r for r in reasons if r not in flat(wide)] == []
-    assert headers(wide) == [buckets, mix, [*single, "why not"], [*check, "util", "requests"]]
+    assert headers(wide) == [buckets, mix, single, [*check, "requests"]]
+    assert "not shown" not in wide
 
 
 def test_match_table_at_80_and_200_columns() -> None:
@@ -167,10 +172,17 @@ def test_match_table_at_80_and_200_columns() -> None:
     first = ["#", "device", "model", "eligible", "total"]
     narrow = _hetero_at(80, *args)
     assert_whole(narrow, 80, [*models, *ids])
-    assert headers(narrow) == [[*first, *CRITERIA[:2]], ["#", "device", *CRITERIA[2:]]]
+    # One table: the scores of the criteria that weigh least (features 0.10, cost 0.20) go.
+    assert headers(narrow) == [[*first, "compute", "bandwidth"]]
+    assert "continued" not in narrow
+    assert "not shown at 80 columns: features, cost (--json shows every score)" in flat(narrow)
     wide = _hetero_at(200, *args)
     assert_whole(wide, 200, [*models, *ids])
-    assert headers(wide) == [[*first, *CRITERIA]]
+    assert headers(wide) == [[*first, *CRITERIA]] and "not shown" not in wide
+    # Weighed by cost alone, the cost score stays and compute goes.
+    by_cost = _hetero_at(80, *args, "--weights", "cost=1,features=0.5")
+    (shown,) = headers(by_cost)
+    assert shown[:5] == first and "cost" in shown and "compute" not in shown
     catalog = [spec.model for spec in hetero.get_catalog()]
     assert_whole(_hetero_at(80, "match", "--catalog"), 80, catalog)
 

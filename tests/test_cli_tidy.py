@@ -15,12 +15,11 @@ from typer.testing import CliRunner
 
 from hetero._cli_util import ParagraphHelpFormatter, rewrap_help
 from hetero._format import plain_text
-from hetero._tables import SplitTable
 from hetero.cli import app
 from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError, DeviceError
 from hetero.sched.registry import make_policy, policy_names
-from tests.rendering import flat, headers, render
+from tests.rendering import flat, headers
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,15 +79,6 @@ def test_devices_at_80_columns_leave_no_column_alone_below(tmp_path: Path) -> No
     text = runner.invoke(app, ["devices", "-c", str(fleet)], env={"COLUMNS": "80"}).stdout
     assert max(len(line) for line in text.splitlines()) <= 80
     assert all(len(h) > 2 for h in headers(text)[1:]), headers(text)
-
-
-def test_a_split_table_moves_a_second_column_rather_than_leave_one_alone() -> None:
-    table = SplitTable(title="fleet")
-    for name in ("id", "model", "memory", "speed", "health"):
-        table.add_column(name)
-    table.add_row("a100-80gb:0", "A100-80GB", "80 GiB", "2.50", "healthy")
-    text = render(table, 46)  # id to speed fit, health does not
-    assert headers(text) == [["id", "model", "memory"], ["id", "speed", "health"]]
 
 
 def test_near_miss_strategy_names_get_a_suggestion() -> None:

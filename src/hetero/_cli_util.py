@@ -22,7 +22,6 @@ __all__ = [
     "JsonOpt",
     "ParagraphHelpFormatter",
     "ProgressBars",
-    "RayAddressOpt",
     "console",
     "err_console",
     "fail",
@@ -37,17 +36,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-#: ``--address`` beside ``--ray``.
-RayAddressOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--address",
-        help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
-        "RAY_ADDRESS, else the cluster started on this machine, else a new local one.",
-    ),
-]
-
 
 # A list item's first line: "- x", "* x", "• x", "1. x", "2) x".
 _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")

@@ -1,6 +1,5 @@
 """Tables that read at any terminal width, with no cell cut to "…" and columns of free text
-wrapped: ``FitTable`` leaves out the columns least worth seeing and says which; ``SplitTable``
-moves the columns that do not fit, whole, into tables below."""
+wrapped: ``FitTable`` leaves out the columns least worth seeing and says which."""
 
 from __future__ import annotations
 
@@ -9,128 +8,18 @@ from dataclasses import replace
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
-from rich.constrain import Constrain
 from rich.measure import Measurement
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["FitTable", "SplitTable"]
+__all__ = ["FitTable"]
 
 # Wide enough that measuring a table gives its natural width, every cell on one line.
 _UNBOUNDED = 1_000_000
 
 
-class SplitTable(Table):
-    """A rich ``Table`` shown as several stacked tables when it is wider than the console.
-
-    Each table repeats the first ``key_columns`` columns (what names a row: a policy, a device
-    id) and takes as many of the other columns, in order, as fit at their full width, except
-    that the last table takes two where it would hold one; a wide console shows one table. Add
-    the columns most worth seeing first. A part that does not fit even with a single column
-    beside the keys is squeezed to the console, as any rich table is.
-
-    A column of free text (reasons, lists) added with ``add_wrapping_column`` wraps instead: it
-    counts as its ``width`` when deciding what fits and takes the room the other columns leave,
-    which keep their cells on one line.
-    """
-
-    def __init__(self, *args: Any, key_columns: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.key_columns = key_columns
-        # Column position -> the width it counts as when deciding what fits.
-        self._wrap_widths: dict[int, int] = {}
-
-    def add_wrapping_column(self, header: str, *, width: int, **kwargs: Any) -> None:
-        """Add a column whose cells wrap (and fold a word longer than the column) rather than
-        move below: it counts as ``width`` columns, or its text on one line if narrower."""
-        self._wrap_widths[len(self.columns)] = width
-        self.add_column(header, overflow="fold", **kwargs)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        parts = self._parts(console, options)
-        if len(parts) == 1:
-            # Only the wrapping columns give way, unless even they cannot make the table fit.
-            fits = self._width(console, options, parts[0], wrap=True) <= options.max_width
-            yield from Table.__rich_console__(self._select(parts[0], hold=fits), console, options)
-            return
-        for n, columns in enumerate(parts):
-            part = self._select(columns)
-            if n and self.title:
-                part.title = f"{self.title} (continued)"
-            part.caption = None
-            yield part
-        if self.caption:
-            # Under the last table, but as wide as the widest: a legend for all of them.
-            width = max(self._width(console, options, columns, wrap=False) for columns in parts)
-            caption = (
-                console.render_str(
-                    self.caption,
-                    style=Style.pick_first(self.caption_style, "table.caption"),
-                    justify=self.caption_justify,
-                    highlight=False,
-                )
-                if isinstance(self.caption, str)
-                else self.caption
-            )
-            yield Constrain(caption, min(width, options.max_width))
-
-    def _parts(self, console: Console, options: ConsoleOptions) -> list[list[int]]:
-        """Column positions of each table to show, key columns first in each.
-
-        A last table that would hold one column beside the keys takes the column before it too,
-        when both fit: a table of one column reads as a leftover (one of free text, which fills
-        the width, stays alone)."""
-        keys = list(range(min(self.key_columns, len(self.columns))))
-
-        def fits(columns: list[int]) -> bool:
-            return self._width(console, options, keys + columns, wrap=True) <= options.max_width
-
-        parts: list[list[int]] = [[]]
-        for i in range(len(keys), len(self.columns)):
-            if parts[-1] and not fits(parts[-1] + [i]):
-                parts.append([])
-            parts[-1].append(i)
-        lone = len(parts) > 1 and len(parts[-1]) == 1 and parts[-1][0] not in self._wrap_widths
-        if lone and len(parts[-2]) > 1:
-            moved = [parts[-2][-1], *parts[-1]]
-            if fits(moved):
-                parts[-2:] = [parts[-2][:-1], moved]
-        return [keys + part for part in parts]
-
-    def _width(
-        self, console: Console, options: ConsoleOptions, columns: list[int], *, wrap: bool
-    ) -> int:
-        """Width of a table of these columns with every cell on one line, or with the wrapping
-        columns at their ``width`` if ``wrap``, borders included."""
-        table = self._select(columns)
-        if wrap:
-            table.columns = [
-                replace(column, max_width=self._wrap_widths.get(i, column.max_width))
-                for i, column in zip(columns, table.columns, strict=True)
-            ]
-        return Measurement.get(console, options.update_width(_UNBOUNDED), table).maximum
-
-    def _select(self, columns: list[int], *, hold: bool = False) -> SplitTable:
-        """A copy of this table (rows, style, title) with only these columns; with ``hold``, the
-        cells of the columns that do not wrap stay on one line."""
-        part = copy.copy(self)
-        # A column's _index is its position, which rich reads for edge padding.
-        part.columns = [
-            replace(
-                self.columns[i],
-                _index=n,
-                no_wrap=self.columns[i].no_wrap or (hold and i not in self._wrap_widths),
-            )
-            for n, i in enumerate(columns)
-        ]
-        part._wrap_widths = {
-            n: self._wrap_widths[i] for n, i in enumerate(columns) if i in self._wrap_widths
-        }
-        return part
-
-
-class FitTable(SplitTable):
+class FitTable(Table):
     """A rich ``Table`` that fits the console by leaving columns out, in one table.
 
     When the table is wider than the console, the columns least worth seeing go first until the
@@ -149,8 +38,11 @@ class FitTable(SplitTable):
         hint: str = "widen the terminal to see them",
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, key_columns=key_columns, **kwargs)
+        super().__init__(*args, **kwargs)
+        self.key_columns = key_columns
         self.hint = hint
+        # Column position -> the width it counts as when deciding what fits.
+        self._wrap_widths: dict[int, int] = {}
         # Column position -> priority; higher stays longer.
         self._priority: dict[int, float] = {}
 
@@ -160,6 +52,12 @@ class FitTable(SplitTable):
         position = len(self.columns)
         self._priority[position] = -position if priority is None else priority
         super().add_column(*args, **kwargs)
+
+    def add_wrapping_column(self, header: str, *, width: int, **kwargs: Any) -> None:
+        """Add a column whose cells wrap (and fold a word longer than the column) rather than
+        leave the table: it counts as ``width`` columns, or its text on one line if narrower."""
+        self._wrap_widths[len(self.columns)] = width
+        self.add_column(header, overflow="fold", **kwargs)
 
     def shown(self, console: Console, options: ConsoleOptions) -> list[int]:
         """The positions of the columns that fit ``options.max_width``, in table order."""
@@ -199,3 +97,34 @@ class FitTable(SplitTable):
         elif caption is not None:
             yield caption
         yield Text(note, style=style, justify=self.caption_justify)
+
+    def _width(
+        self, console: Console, options: ConsoleOptions, columns: list[int], *, wrap: bool
+    ) -> int:
+        """Width of a table of these columns with every cell on one line, or with the wrapping
+        columns at their ``width`` if ``wrap``, borders included."""
+        table = self._select(columns)
+        if wrap:
+            table.columns = [
+                replace(column, max_width=self._wrap_widths.get(i, column.max_width))
+                for i, column in zip(columns, table.columns, strict=True)
+            ]
+        return Measurement.get(console, options.update_width(_UNBOUNDED), table).maximum
+
+    def _select(self, columns: list[int], *, hold: bool = False) -> FitTable:
+        """A copy of this table (rows, style, title) with only these columns; with ``hold``, the
+        cells of the columns that do not wrap stay on one line."""
+        part = copy.copy(self)
+        # A column's _index is its position, which rich reads for edge padding.
+        part.columns = [
+            replace(
+                self.columns[i],
+                _index=n,
+                no_wrap=self.columns[i].no_wrap or (hold and i not in self._wrap_widths),
+            )
+            for n, i in enumerate(columns)
+        ]
+        part._wrap_widths = {
+            n: self._wrap_widths[i] for n, i in enumerate(columns) if i in self._wrap_widths
+        }
+        return part

@@ -4,6 +4,7 @@ capacity within a TTFT/TPOT SLO, and the cheapest fleet."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from hetero.plan.replica_capacity import replica_capacity
 from hetero.plan.serving import length_buckets, plan_serving, replica_options
 from hetero.plan.serving_spec import parse_serving_plan
 from hetero.serve.engine_model import engine_spec
+from tests.rendering import flat, headers, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -291,3 +293,72 @@ def test_a_measured_profile_replaces_the_catalog_calibration(tmp_path: Path) -> 
     wrong = _spec(**{**base, "devices": [{"model": "L4", "profile": profile("T4", slow)}]})
     with pytest.raises(ConfigError, match=r"devices\[0\]\.profile: T4\.json profiles a T4"):
         parse_serving_plan(wrong, base_dir=tmp_path)
+
+
+def _headers_at(columns: int, *args: str) -> tuple[list[list[str]], str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetero", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": str(columns)},
+        check=True,
+    )
+    return headers(proc.stdout), proc.stdout
+
+
+BUCKETS = ["bucket", "requests", "prompt tokens", "output tokens", "mean", "design"]
+FLEET = ["GPU", "TP", "replicas", "owned", "$/hour", "util", "TPOT", "TTFT", "buckets"]
+
+
+def test_plan_tables_with_a_model_at_80_and_200_columns() -> None:
+    narrow, text = _headers_at(80, "plan", "examples/plan_model.yaml")
+    # One table each, no "(continued)": what to run (GPU, TP, replicas), its price, load and
+    # latencies stay; the buckets served (which the table of each GPU names) are left out, and
+    # named.
+    assert narrow == [
+        [c for c in BUCKETS if c != "mean"],
+        [c for c in FLEET if c != "buckets"],
+        ["GPU", "alone $/hour", "why"],
+    ]
+    assert "continued" not in text and "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    note = "not shown at 80 columns: {} (--json shows every field)"
+    assert note.format("mean") in flat(text) and note.format("buckets") in flat(text)
+    wide, text = _headers_at(200, "plan", "examples/plan_model.yaml")
+    assert wide == [BUCKETS, FLEET, ["GPU", "alone $/hour", "why"]]
+    assert "not shown" not in text
+
+
+def test_the_simulator_check_at_80_columns_keeps_the_verdict_and_the_tails() -> None:
+    from hetero.commands.plan_serving import _checks
+    from hetero.plan.serving_verify import ServingVerification
+
+    def check(attainment: float, cap: float) -> ServingVerification:
+        return ServingVerification(
+            requests=5_000,
+            attainment=attainment,
+            target=0.99,
+            ttft_p50=0.31,
+            ttft_p99=1.97,
+            tpot_p50=0.0412,
+            tpot_p99=0.0883,
+            failed=0,
+            utilization={"H100-SXM-80GB tp4": 0.42},
+            max_utilization=cap,
+            seed=0,
+        )
+
+    table = _checks([check(0.9144, 0.8), check(0.9982, 0.68)])
+    narrow = render(table, 80)
+    assert headers(narrow) == [
+        ["round", "cap", "in SLO", "target", "meets SLO", "TTFT p99", "TPOT p99"]
+    ]
+    assert "no, re-planned" in narrow and "1.97 s" in narrow and "88.3 ms" in narrow
+    assert (
+        "not shown at 80 columns: TTFT p50, TPOT p50, failed, requests (--json shows every field)"
+        in flat(narrow)
+    )
+    wide = render(table, 200)
+    every = ["round", "cap", "in SLO", "target", "meets SLO", "TTFT p50", "TTFT p99"]
+    assert headers(wide) == [[*every, "TPOT p50", "TPOT p99", "failed", "requests"]]

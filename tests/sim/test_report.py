@@ -8,7 +8,7 @@ import numpy as np
 from hetero.sched.metrics import DeviceMetrics, FleetMetrics
 from hetero.sim.report import comparison_table, utilization_table, write_html_report
 from hetero.sim.result import SimResult, TimeSeries
-from tests.rendering import assert_whole, headers, render
+from tests.rendering import assert_whole, flat, headers, render
 
 
 def _result(
@@ -94,37 +94,58 @@ def test_comparison_table_has_a_row_per_policy() -> None:
 
 POLICIES = ("round_robin", "shortest_expected_delay", "adaptive")
 FLEET = ["A100-80GB", "A100-80GB", "V100-32GB", "V100-32GB", "T4"]
-FIRST = ["policy", "items/s", "mean", "p50", "p99", "SLO"]  # the first table's at 80 columns
+FIRST = ["policy", "items/s", "mean", "p50", "p99", "SLO"]  # what fits at 80 columns
 HEADERS = [*FIRST, "work/s", "balance", "imbalance", "efficiency", "rejected", "failed"]
 
 
-def _three() -> list[SimResult]:
-    util = [0.9, 0.85, 0.7, 0.7, 0.3]
-    return [_result(p, FLEET, util, seed=i) for i, p in enumerate(POLICIES)]
+def _three(utilization: list[list[float]] | None = None) -> list[SimResult]:
+    util = utilization or [[0.9, 0.85, 0.7, 0.7, 0.3]] * len(POLICIES)
+    return [
+        _result(p, FLEET, u, seed=i) for i, (p, u) in enumerate(zip(POLICIES, util, strict=True))
+    ]
 
 
-def test_comparison_at_80_columns_shows_latency_and_slo_first_and_the_rest_below() -> None:
+def test_comparison_at_80_columns_keeps_latency_and_slo_and_names_the_rest() -> None:
     text = render(comparison_table(_three()), 80)
-    assert_whole(text, 80, [*POLICIES, "200 ms", "100 ms", "500 ms", "95.0%", "90.0%"])
-    tables = headers(text)
-    assert tables[0] == FIRST
-    assert all(t[0] == "policy" for t in tables)
-    assert [h for t in tables for h in t[1:]] == HEADERS[1:]
-    assert text.count("SLO: share of items done within 1 s") == 1
+    assert_whole(text, 80, [*POLICIES, "200 ms", "100 ms", "500 ms", "95.0%", "50"])
+    assert headers(text) == [FIRST]  # one table, no "(continued)"
+    assert "continued" not in text
+    assert (
+        "not shown at 80 columns: work/s, balance, imbalance, efficiency, rejected, failed "
+        "(--json shows every figure)" in flat(text)
+    )
+    assert text.count("SLO: share of items done within 1 s") == 1  # the legend stays
 
 
-def test_comparison_at_200_columns_is_one_table() -> None:
+def test_comparison_at_200_columns_shows_every_column() -> None:
     text = render(comparison_table(_three()), 200)
     assert headers(text) == [HEADERS]
-    assert "continued" not in text
+    assert "continued" not in text and "not shown" not in text
 
 
-def test_utilization_at_80_columns_shows_every_device_id_whole() -> None:
-    ids = ["a100-80gb:0", "a100-80gb:1", "v100-32gb:2", "v100-32gb:3", "t4:4"]
-    narrow = render(utilization_table(_three()), 80)
-    assert_whole(narrow, 80, [*POLICIES, *ids])
-    assert [h for t in headers(narrow) for h in t if h != "policy"] == ids
-    assert headers(render(utilization_table(_three()), 200)) == [["policy", *ids]]
+def test_comparison_keeps_the_imbalance_before_the_rest_when_there_is_room() -> None:
+    # Short policy names leave room for more than policy to SLO: imbalance comes next.
+    results = [_result(p, FLEET, [0.9, 0.85, 0.7, 0.7, 0.3], seed=i) for i, p in enumerate("ab")]
+    text = render(comparison_table(results), 80)
+    (shown,) = headers(text)
+    assert shown[: len(FIRST)] == FIRST and shown[len(FIRST)] == "imbalance"
+
+
+IDS = ["a100-80gb:0", "a100-80gb:1", "v100-32gb:2", "v100-32gb:3", "t4:4"]
+
+
+def test_utilization_at_80_columns_keeps_the_devices_that_tell_policies_apart() -> None:
+    # The T4 and the first V100 differ most between the policies; the A100s not at all.
+    util = [[0.9, 0.85, 0.7, 0.7, 0.3], [0.9, 0.85, 0.2, 0.7, 0.9], [0.9, 0.85, 0.5, 0.6, 0.1]]
+    narrow = render(utilization_table(_three(util)), 80)
+    assert_whole(narrow, 80, POLICIES)
+    (shown,) = headers(narrow)
+    assert shown[0] == "policy" and {"v100-32gb:2", "t4:4"} <= set(shown)
+    left_out = [i for i in IDS if i not in shown]
+    assert left_out and set(left_out) <= {"a100-80gb:0", "a100-80gb:1", "v100-32gb:3"}
+    assert f"not shown at 80 columns: {', '.join(left_out)}" in flat(narrow)
+    assert shown[1:] == [i for i in IDS if i in shown]  # in the fleet's order
+    assert headers(render(utilization_table(_three(util)), 200)) == [["policy", *IDS]]
 
 
 def test_comparison_table_without_slo_shows_a_dash() -> None:

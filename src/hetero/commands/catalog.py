@@ -10,7 +10,7 @@ from rich.table import Table
 
 from hetero._cli_util import JsonOpt, console, fail, parse_kinds, print_json
 from hetero._format import count
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.devices.catalog import USE_CLASSES, best_for, get_catalog
 from hetero.devices.spec import DTYPES, DeviceKind, DeviceSpec
 from hetero.devices.tpu_pod import PodSlice
@@ -49,8 +49,8 @@ def catalog_list(kind: KindOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json([_spec_dict(s) for s in specs])
         return
-    # Most telling columns first: on a narrow console the last ones move to a table below.
-    table = SplitTable(
+    # Most telling columns first: on a narrow console the last ones are left out, and said.
+    table = FitTable(
         title=f"{count(len(specs), 'accelerator')} (prices as of {get_catalog().price_date})",
         caption="bf16/fp16, fp8, fp32: dense TFLOPS; GB/s: memory bandwidth",
         caption_justify="left",
@@ -217,7 +217,7 @@ def catalog_compare(
             f"every model that has {dtype}"
         )
     legend += [f"best for {u.name}: {u.rule}" for u in USE_CLASSES]
-    table = SplitTable(
+    table = FitTable(
         title=f"catalog compared on {dtype}, ranked by {by}",
         caption="\n".join(legend),
         caption_justify="left",
@@ -225,7 +225,8 @@ def catalog_compare(
     )
     for col in ("#", "model", "TFLOPS", "$/h", "TFLOPS/$", "TFLOPS/W", "GB/TFLOPS", "kind"):
         table.add_column(col, justify="left" if col in ("model", "kind") else "right")
-    table.add_wrapping_column("best for", width=24)
+    # Before the per-watt and per-memory figures: what a row is for reads at any width.
+    table.add_wrapping_column("best for", width=24, priority=-4.5)
 
     def fmt(v: float | None, spec: str) -> str:
         return "-" if v is None else format(v, spec)

@@ -4,8 +4,9 @@ node's of a Ray cluster."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.table import Table
@@ -18,15 +19,79 @@ from hetero.devices.spec import Device
 from hetero.errors import HeteroError
 from hetero.units import format_size
 
-__all__ = ["NO_CLUSTER", "register"]
+__all__ = [
+    "NO_CLUSTER",
+    "RayClusterAddressOpt",
+    "RayStartOpt",
+    "check_ray_flags",
+    "join_ray",
+    "no_cluster",
+    "register",
+]
+
+_T = TypeVar("_T")
+
+
+def no_cluster(started: str) -> str:
+    """What a ``--ray`` command says when no address is given and no cluster runs here;
+    ``started``: what ``--ray-start`` does instead ("list the devices of")."""
+    return (
+        "no Ray cluster is running on this machine (no --address given, RAY_ADDRESS not set). "
+        "Start one with `ray start --head` (nodes join it with `ray start --address HEAD:6379`), "
+        f"pass --address HOST:PORT for a cluster elsewhere, or --ray-start to {started} a "
+        "throwaway local Ray instance"
+    )
+
 
 #: What ``devices --ray`` says when no address is given and no cluster runs here.
-NO_CLUSTER = (
-    "no Ray cluster is running on this machine (no --address given, RAY_ADDRESS not set). "
-    "Start one with `ray start --head` (nodes join it with `ray start --address HEAD:6379`), "
-    "pass --address HOST:PORT for a cluster elsewhere, or --ray-start to list the devices of a "
-    "throwaway local Ray instance"
-)
+NO_CLUSTER = no_cluster("list the devices of")
+
+#: ``--address`` of the commands that take ``--ray`` and join only a running cluster.
+RayClusterAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
+        "RAY_ADDRESS, else the cluster running on this machine. None running is an error, "
+        "not a reason to start one (see --ray-start).",
+    ),
+]
+
+
+#: ``--ray-start`` of the same commands.
+RayStartOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ray-start",
+        help="With --ray: start a throwaway local Ray instance (this machine alone) and show "
+        "it, instead of joining a running cluster.",
+    ),
+]
+
+
+def check_ray_flags(ray: bool, address: str | None, start: bool) -> None:
+    """Refuse ``--address`` or ``--ray-start`` without ``--ray``, and the two together."""
+    for flag, given in (("--address", address is not None), ("--ray-start", start)):
+        if given and not ray:
+            fail(f"{flag} applies to --ray only")
+    if address is not None and start:
+        fail("--address joins a running cluster and --ray-start starts one; give one of them")
+
+
+def join_ray(ask: Callable[[str], _T], address: str | None, start: bool, started: str) -> _T:
+    """``ask(where)`` of the Ray cluster at ``address``, else ``RAY_ADDRESS``, else the one
+    running on this machine (``auto``); a throwaway local instance (``local``) only with
+    ``start``. Fails the command with ``no_cluster(started)`` when none runs here, and with
+    the error's message for any other ``HeteroError``."""
+    # Without an address, only a running cluster: what a Ray instance started for the command
+    # (and gone when it ends) shows would pass for the cluster's.
+    where = address or os.environ.get("RAY_ADDRESS") or ("local" if start else "auto")
+    try:
+        return ask(where)
+    except HeteroError as exc:
+        if where == "auto" and isinstance(exc.__context__, ConnectionError):
+            fail(no_cluster(started))
+        fail(str(exc))
 
 
 def register(app: typer.Typer) -> None:
@@ -47,34 +112,15 @@ def devices(
             "else its detected devices).",
         ),
     ] = False,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            "--address",
-            help="With --ray: the cluster ('auto', host:port, ray://host:port); default: "
-            "RAY_ADDRESS, else the cluster running on this machine. None running is an error, "
-            "not a reason to start one (see --ray-start).",
-        ),
-    ] = None,
-    ray_start: Annotated[
-        bool,
-        typer.Option(
-            "--ray-start",
-            help="With --ray: start a throwaway local Ray instance and list its devices (this "
-            "machine's), instead of joining a running cluster.",
-        ),
-    ] = False,
+    address: RayClusterAddressOpt = None,
+    ray_start: RayStartOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List the devices of a fleet config, the ones discovered on this machine, or (--ray)
     those of every node of a Ray cluster, by node."""
     if ray and config is not None:
         fail("--ray lists the cluster's devices, which its nodes declare; drop --config")
-    for flag, given in (("--address", address is not None), ("--ray-start", ray_start)):
-        if given and not ray:
-            fail(f"{flag} applies to --ray only")
-    if address is not None and ray_start:
-        fail("--address joins a running cluster and --ray-start starts one; give one of them")
+    check_ray_flags(ray, address, ray_start)
     if ray:
         _ray_devices(address, ray_start, as_json)
         return
@@ -91,17 +137,9 @@ def devices(
 
 
 def _ray_devices(address: str | None, start: bool, as_json: bool) -> None:
-    # Without an address, only a running cluster: a listing of a Ray instance started for it
-    # (and gone when it ends) would pass for the cluster's.
-    where = address or os.environ.get("RAY_ADDRESS") or ("local" if start else "auto")
-    try:
-        from hetero.runtime.ray_backend import ray_fleet
+    from hetero.runtime.ray_backend import ray_fleet
 
-        nodes = ray_fleet(where)
-    except HeteroError as exc:
-        if where == "auto" and isinstance(exc.__context__, ConnectionError):
-            fail(NO_CLUSTER)
-        fail(str(exc))
+    nodes = join_ray(ray_fleet, address, start, "list the devices of")
     if as_json:
         print_json(
             [

@@ -18,7 +18,7 @@ from hetero._cli_util import (
     print_problems,
 )
 from hetero._format import count
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.config import load_config
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import DTYPES, Device
@@ -151,14 +151,24 @@ def _work(
 def _table(matches: list[Match], weights: dict[str, float]) -> Table:
     eligible = sum(m.eligible for m in matches)
     caption = "weights: " + ", ".join(f"{name} {weights[name]:.2f}" for name in CRITERIA)
-    # The rank, the id and the total first: on a narrow console the scores move to a table below.
-    table = SplitTable(
+    # The rank and the id always stay; on a narrow console the scores of the criteria that
+    # weigh least go first, then the model (the reasons below name it), and the eligibility
+    # and the total last.
+    table = FitTable(
         title=f"{count(len(matches), 'device')}, {eligible} eligible",
         caption=caption,
+        caption_justify="left",
         key_columns=2,
+        hint="--json shows every score",
     )
-    for col in ("#", "device", "model", "eligible", "total", *CRITERIA):
-        table.add_column(col, justify="left" if col in ("device", "model", "eligible") else "right")
+    table.add_column("#", justify="right")
+    table.add_column("device")
+    table.add_column("model", priority=2)
+    table.add_column("eligible", priority=4)
+    table.add_column("total", justify="right", priority=3)
+    for name in CRITERIA:
+        # Weights are in [0, 1] and sum to 1: below the model's priority.
+        table.add_column(name, justify="right", priority=weights[name])
     for rank, m in enumerate(matches, 1):
         table.add_row(
             str(rank),

@@ -18,7 +18,7 @@ from hetero._cli_util import (
     print_json,
     print_problems,
 )
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.errors import ConfigError, HeteroError
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ _EPILOG = (
 
 # A share of a bucket above this is the whole bucket (the solver's shares are floats).
 _WHOLE = 0.999
+
+#: Under a table that leaves columns out on a narrow console.
+HINT = "--json shows every field"
 
 
 def plan(
@@ -212,12 +215,21 @@ def _plan_model(
 
 
 def _bucket_table(result: FleetPlan) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title=f"length buckets: {result.load:,.0f} work units/s "
-        f"({result.tokens_per_hour / 3600:,.0f} tokens/s)"
+        f"({result.tokens_per_hour / 3600:,.0f} tokens/s)",
+        caption_justify="left",
+        hint=HINT,
     )
-    for name in ("bucket", "requests", "work units", "mean tokens", "design request"):
-        table.add_column(name, justify="right")
+    # On a narrow console the mean tokens go first, then the design request.
+    for name, priority in (
+        ("bucket", None),
+        ("requests", 4),
+        ("work units", 3),
+        ("mean tokens", 1),
+        ("design request", 2),
+    ):
+        table.add_column(name, justify="right", priority=priority)
     for b in result.buckets:
         table.add_row(
             str(b.index),
@@ -246,7 +258,7 @@ def _served(buckets: Mapping[int, float]) -> str:
 
 
 def _mix_table(result: FleetPlan) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title=f"cheapest mix: ${result.price_per_hour:,.2f}/hour, "
         f"${result.price_per_million_tokens:,.4f} per million tokens "
         f"(solved in {result.solve_seconds * 1000:,.0f} ms)",
@@ -254,10 +266,14 @@ def _mix_table(result: FleetPlan) -> Table:
         "util: planned utilisation, at most cap; buckets: the length buckets it serves (its "
         "share of one it splits)",
         caption_justify="left",
+        hint=HINT,
     )
-    for name in ("type", "count", "$/h each", "units/s", "util", "cap"):
-        table.add_column(name, justify="left" if name == "type" else "right")
-    table.add_wrapping_column("buckets", width=16)
+    # On a narrow console the cap goes first, then the throughput and the price of one: the
+    # count, the utilisation and the buckets served are the plan.
+    table.add_column("type")
+    for name, priority in (("count", 6), ("$/h each", 3), ("units/s", 2), ("util", 4), ("cap", 1)):
+        table.add_column(name, justify="right", priority=priority)
+    table.add_wrapping_column("buckets", width=16, priority=5)
     for t in result.types:
         table.add_row(
             t.model,
@@ -272,10 +288,14 @@ def _mix_table(result: FleetPlan) -> Table:
 
 
 def _single_table(result: FleetPlan) -> Table:
-    table = SplitTable(title="each type alone")
-    for name in ("type", "count", "$/hour", "$/M tokens", "vs mix"):
-        table.add_column(name, justify="left" if name == "type" else "right")
-    table.add_wrapping_column("why not", width=30)
+    table = FitTable(title="each type alone", caption_justify="left", hint=HINT)
+    # On a narrow console the price per million tokens goes first (it follows from the price per
+    # hour), then the price per hour: how many it takes, its cost against the mix and why a type
+    # cannot do it alone stay.
+    table.add_column("type")
+    for name, priority in (("count", 5), ("$/hour", 2), ("$/M tokens", 1), ("vs mix", 3)):
+        table.add_column(name, justify="right", priority=priority)
+    table.add_wrapping_column("why not", width=30, priority=4)
     for s in result.single_type:
         if s.count is None:
             table.add_row(s.model, "-", "-", "-", "-", s.reason)
@@ -295,16 +315,29 @@ def _single_table(result: FleetPlan) -> Table:
 
 def _verify_table(checks: list[Verification]) -> Table:
     resolved = "re-solved: caps tightened and the plan solved again; " if len(checks) > 1 else ""
-    table = SplitTable(
+    table = FitTable(
         title="simulator check (shortest_expected_delay)",
         caption="in SLO: share of requests within the SLO latency; at target: latency at the "
         f"SLO percentile; {resolved}util: mean utilisation of each type",
         caption_justify="left",
+        hint=HINT,
     )
-    for name in ("round", "in SLO", "target", "meets SLO", "at target", "p50", "p99"):
-        table.add_column(name, justify="left" if name == "meets SLO" else "right")
-    table.add_wrapping_column("util", width=20)
-    table.add_column("requests", justify="right")
+    # On a narrow console the requests simulated go first, then p50, p99 and the utilisation:
+    # whether the plan met its SLO, and by how much, stay.
+    table.add_column("round", justify="right")
+    for name, priority in (
+        ("in SLO", 7),
+        ("target", 6),
+        ("meets SLO", 8),
+        ("at target", 5),
+        ("p50", 2),
+        ("p99", 3),
+    ):
+        table.add_column(
+            name, justify="left" if name == "meets SLO" else "right", priority=priority
+        )
+    table.add_wrapping_column("util", width=20, priority=4)
+    table.add_column("requests", justify="right", priority=1)
     for k, c in enumerate(checks, start=1):
         table.add_row(
             str(k),

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from hetero._cli_util import console, print_json
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
+from hetero.commands.plan import HINT
 
 if TYPE_CHECKING:
     from hetero.plan.serving import ServingPlan
@@ -33,16 +34,31 @@ def show_serving_plan(plan: ServingPlan, checks: list[ServingVerification], as_j
 
 
 def _checks(checks: list[ServingVerification]) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title="simulator check (engine-faithful replicas, strategy slo)",
         caption="in SLO: share of requests within both TTFT and TPOT; cap: the plan's "
         "max_utilization in that round (a round that misses lowers it and plans again)",
         caption_justify="left",
+        hint=HINT,
     )
-    for name in ("round", "cap", "in SLO", "target", "meets SLO"):
-        table.add_column(name, justify="left" if name == "meets SLO" else "right")
-    for name in ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "failed", "requests"):
-        table.add_column(name, justify="right")
+    # On a narrow console the requests simulated go first, then the medians: whether the plan
+    # met its SLO, at which cap, and the tails stay.
+    table.add_column("round", justify="right")
+    for name, priority in (
+        ("cap", 8),
+        ("in SLO", 10),
+        ("target", 9),
+        ("meets SLO", 11),
+        ("TTFT p50", 3),
+        ("TTFT p99", 7),
+        ("TPOT p50", 2),
+        ("TPOT p99", 6),
+        ("failed", 5),
+        ("requests", 1),
+    ):
+        table.add_column(
+            name, justify="left" if name == "meets SLO" else "right", priority=priority
+        )
     for k, c in enumerate(checks, start=1):
         verdict = "[green]yes[/]" if c.meets_slo else "[red]no[/]"
         table.add_row(
@@ -62,14 +78,23 @@ def _checks(checks: list[ServingVerification]) -> Table:
 
 
 def _buckets(plan: ServingPlan) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title=f"{plan.model}: length buckets at {plan.rate:g} requests/s",
         caption="mean: prompt / output tokens; design: the longest prompt whose TTFT is "
         "checked / the longest request a replica must hold (within the SLO's percentile)",
         caption_justify="left",
+        hint=HINT,
     )
-    for name in ("bucket", "requests", "prompt tokens", "output tokens", "mean", "design"):
-        table.add_column(name, justify="right")
+    # On a narrow console the means go first, then the design lengths.
+    for name, priority in (
+        ("bucket", None),
+        ("requests", 5),
+        ("prompt tokens", 4),
+        ("output tokens", 3),
+        ("mean", 1),
+        ("design", 2),
+    ):
+        table.add_column(name, justify="right", priority=priority)
     for b in plan.buckets:
         table.add_row(
             str(b.index),
@@ -83,17 +108,29 @@ def _buckets(plan: ServingPlan) -> Table:
 
 
 def _fleet(plan: ServingPlan) -> Table:
-    table = SplitTable(
+    table = FitTable(
         title=f"cheapest fleet: ${plan.price_per_hour:,.2f}/hour, "
         f"${plan.price_per_million_requests:,.2f} per million requests "
         f"(solved in {plan.solve_seconds * 1000:,.0f} ms)",
         caption="TP: devices per replica (tensor parallel); util: planned load over capacity "
         "within the SLO; TPOT/TTFT: predicted at that load; buckets: those it serves",
         caption_justify="left",
+        hint=HINT,
     )
-    for name in ("GPU", "TP", "replicas", "owned", "$/hour", "util", "TPOT", "TTFT"):
-        table.add_column(name, justify="left" if name == "GPU" else "right")
-    table.add_wrapping_column("buckets", width=16)
+    # On a narrow console the buckets go first, then the devices owned (the table of each GPU
+    # below names both): what to run (GPU, TP, replicas), its price, load and latencies stay.
+    table.add_column("GPU")
+    for name, priority in (
+        ("TP", 9),
+        ("replicas", 10),
+        ("owned", 2),
+        ("$/hour", 8),
+        ("util", 7),
+        ("TPOT", 5),
+        ("TTFT", 6),
+    ):
+        table.add_column(name, justify="right", priority=priority)
+    table.add_wrapping_column("buckets", width=16, priority=1)
     for o in plan.options:
         table.add_row(
             o.option.gpu,
@@ -110,10 +147,10 @@ def _fleet(plan: ServingPlan) -> Table:
 
 
 def _why(plan: ServingPlan) -> Table:
-    table = SplitTable(title="each GPU")
+    table = FitTable(title="each GPU", caption_justify="left", hint=HINT)
     table.add_column("GPU")
-    table.add_column("alone $/hour", justify="right")
-    table.add_wrapping_column("why", width=40)
+    table.add_column("alone $/hour", justify="right", priority=1)
+    table.add_wrapping_column("why", width=40, priority=2)
     for gpu, why in plan.why.items():
         alone = plan.single_type.get(gpu)
         table.add_row(gpu, f"{alone:,.2f}" if isinstance(alone, float) else "-", why)

@@ -12,7 +12,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 
 __all__ = ["fetch_status", "serve_view", "watch_serve"]
 
@@ -59,7 +59,7 @@ def serve_view(
         f"requests: {status['active']:,} active, {status['waiting']:,} waiting in the router "
         f"(of {status['queue_size']:,})"
     )
-    table = SplitTable(
+    table = FitTable(
         caption="speed: learned / declared per request (V100 = 1.0); slots: learned capacity; "
         "load: the engine's running + waiting requests and KV cache use; tok/s: output tokens "
         "per second "
@@ -111,11 +111,11 @@ def _rate_text(rate: float | None) -> str:
     return f"{rate:,.1f}" if rate < 10 else f"{rate:,.0f}"
 
 
-def _autoscale_table(auto: dict[str, Any]) -> SplitTable:
+def _autoscale_table(auto: dict[str, Any]) -> FitTable:
     """``--autoscale``: per type its replicas and target, then the last decisions."""
     traffic = auto.get("traffic") or {}
     dry = " (dry run)" if auto["dry_run"] else ""
-    table = SplitTable(
+    table = FitTable(
         title=f"autoscale{dry}: {traffic.get('rate', 0):.2f} requests/s over the last "
         f"{traffic.get('window', 0):.0f} s",
         caption="target: what the planner asks for now (within min/max); held: why a wanted "
@@ -145,13 +145,13 @@ def _autoscale_table(auto: dict[str, Any]) -> SplitTable:
     return table
 
 
-def _engine_table(replicas: list[dict[str, Any]]) -> SplitTable | None:
+def _engine_table(replicas: list[dict[str, Any]]) -> FitTable | None:
     """Strategy slo: each replica's fitted engine, its predictions for a typical request
     beside the SLO, and how far off its predictions were (None under other strategies)."""
     fitted = [r for r in replicas if r.get("engine_model")]
     if not fitted:
         return None
-    table = SplitTable(
+    table = FitTable(
         caption="engine model (strategy slo): prefill tokens/s and step ms (alone + per "
         "request) as fitted; TTFT / TPOT predicted for a 512-token prompt now, beside the "
         "SLO; error: |predicted / measured - 1| of the replies, p50 / p90",

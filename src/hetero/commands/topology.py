@@ -13,20 +13,20 @@ import typer
 
 from hetero._cli_util import (
     JsonOpt,
-    RayAddressOpt,
     console,
     err_console,
     fail,
     print_json,
     print_problems,
 )
+from hetero.commands.devices import RayClusterAddressOpt, RayStartOpt, check_ray_flags, join_ray
 from hetero.config import load_config
 from hetero.devices.fake_nvml import FakeNVML, mixed_box, nvswitch_box, pcie_box
 from hetero.devices.network import Nic, read_nics
 from hetero.devices.topology import DeviceGroup, NodeTopology, Topology
 from hetero.devices.topology_file import read_any_topology_file
 from hetero.devices.topology_nvml import read_topology
-from hetero.errors import ConfigError, HeteroError
+from hetero.errors import ConfigError
 
 __all__ = ["register"]
 
@@ -91,7 +91,8 @@ def topology(
             "reports (its HETERO_NODE_CONFIG's nodes: section, else read there).",
         ),
     ] = False,
-    address: RayAddressOpt = None,
+    address: RayClusterAddressOpt = None,
+    ray_start: RayStartOpt = False,
     group: Annotated[
         int | None,
         typer.Option(
@@ -119,12 +120,13 @@ def topology(
         fail(f"give at most one of --fake, --file or --config (got {' and '.join(given)})")
     if address is not None and not ray:
         fail(f"--address {address!r} applies to --ray only")
+    check_ray_flags(ray, address, ray_start)
     if ray:
         if given:
             fail(f"--ray shows the nodes of a Ray cluster; drop {' and '.join(given)}")
         if group is not None:
             fail("--group picks GPUs of one machine; it does not apply to --ray")
-        _ray_nodes(address, json_out)
+        _ray_nodes(address, ray_start, json_out)
         return
     if config is not None:
         if group is not None:
@@ -207,15 +209,13 @@ def _nodes(path: Path, json_out: bool) -> None:
     )
 
 
-def _ray_nodes(address: str | None, json_out: bool) -> None:
-    """The node-to-node view of the Ray cluster at ``address``: each live node reports its
-    NICs."""
-    try:
-        from hetero.runtime.ray_backend import ray_node_topology
+def _ray_nodes(address: str | None, start: bool, json_out: bool) -> None:
+    """The node-to-node view of the Ray cluster at ``address`` (else ``RAY_ADDRESS``, else the
+    one running on this machine; a throwaway local instance only with ``start``): each live
+    node reports its NICs."""
+    from hetero.runtime.ray_backend import ray_node_topology
 
-        nodes = ray_node_topology(address)
-    except HeteroError as exc:
-        fail(str(exc))
+    nodes = join_ray(ray_node_topology, address, start, "show the NICs of")
     _print_nodes(nodes, f"ray:{address}" if address else "ray", json_out)
     if not json_out:
         _no_nics_known(

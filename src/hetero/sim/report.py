@@ -22,7 +22,7 @@ from rich.table import Table
 
 from hetero._format import number, percent, ratio, seconds
 from hetero._html import BASE_STYLE
-from hetero._tables import SplitTable
+from hetero._tables import FitTable
 from hetero.sim.result import SimResult
 from hetero.telemetry.measures import imbalance_grade
 
@@ -33,7 +33,7 @@ MAX_DEVICE_COLUMNS = 16
 _CDF_POINTS = 2000
 
 # Short headers so that the most telling columns (policy to SLO) fit in 80 columns; the legend
-# under the table says what each means. Most telling first: SplitTable moves the rest below.
+# under the table says what each means (and why items failed, per policy).
 _COLUMNS = (
     "policy",
     "items/s",
@@ -48,6 +48,24 @@ _COLUMNS = (
     "rejected",
     "failed",
 )
+# On a narrow console the columns first in this order stay longest (the policy always stays):
+# throughput, the tail and the SLO are what policies are compared on; work/s repeats items/s
+# in work units, and the legend names the failures.
+_KEEP_FIRST = (
+    "items/s",
+    "p99",
+    "SLO",
+    "mean",
+    "p50",
+    "imbalance",
+    "cache hits",
+    "failed",
+    "efficiency",
+    "balance",
+    "rejected",
+    "work/s",
+)
+_HINT = "--json shows every figure"
 
 
 def _cached(results: Sequence[SimResult]) -> bool:
@@ -131,11 +149,18 @@ def _failures(results: Sequence[SimResult]) -> str:
 
 def comparison_table(results: list[SimResult]) -> Table:
     """One row per policy: throughput, mean/p50/p99 latency, SLO attainment, balance, imbalance,
-    makespan efficiency, rejected, failed; the columns past the console's width go to a table
-    below."""
-    table = SplitTable(title="Policy comparison", caption=_legend(results), caption_justify="left")
+    makespan efficiency, rejected, failed; on a narrow console the least telling columns are
+    left out, and a line under the table names them."""
+    table = FitTable(
+        title="Policy comparison", caption=_legend(results), caption_justify="left", hint=_HINT
+    )
     for i, name in enumerate(_columns(results)):
-        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        table.add_column(
+            name,
+            justify="left" if i == 0 else "right",
+            no_wrap=i == 0,
+            priority=len(_KEEP_FIRST) - _KEEP_FIRST.index(name) if i else None,
+        )
     for row in _rows(results):
         table.add_row(*row)
     return table
@@ -164,16 +189,28 @@ def _utilization(result: SimResult, columns: list[str], by_model: bool) -> list[
 
 
 def utilization_table(results: list[SimResult]) -> Table:
-    """Utilization per device (or per model, mean of its devices, above 16 devices) per policy."""
+    """Utilization per device (or per model, mean of its devices, above 16 devices) per policy.
+
+    On a narrow console the columns of the devices whose utilization differs least between the
+    policies are left out first (a line under the table names them): those that tell the
+    policies apart stay."""
     columns, by_model = _groups(results)
     title = "Utilization per model (mean of its devices)" if by_model else "Utilization per device"
-    table = SplitTable(title=title)
+    rows = [(r.policy, _utilization(r, columns, by_model)) for r in results]
+    table = FitTable(title=title, caption_justify="left", hint=_HINT)
     table.add_column("policy", no_wrap=True)
-    for c in columns:
-        table.add_column(c, justify="right")
-    for r in results:
-        table.add_row(r.policy, *(percent(u) for u in _utilization(r, columns, by_model)))
+    for n, c in enumerate(columns):
+        table.add_column(c, justify="right", priority=_spread([u[n] for _, u in rows]))
+    for policy, utilization in rows:
+        table.add_row(policy, *(percent(u) for u in utilization))
     return table
+
+
+def _spread(values: list[float]) -> float:
+    """How far apart the policies put one device's utilization (NaN where a policy's run had no
+    such device): the highest less the lowest, 0 when fewer than two have it."""
+    known = [v for v in values if not math.isnan(v)]
+    return max(known) - min(known) if len(known) > 1 else 0.0
 
 
 # --- HTML ---------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""``hetero topology --ray`` joins a running cluster and never starts one unasked, as
+``hetero devices --ray`` does (the same code): without ``--address`` and with no cluster running
+it says so and how to start one; ``--ray-start`` starts a throwaway local instance. Ray is faked
+by its interface, so no cluster a neighbouring test runs is joined."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from hetero.cli import app
+from hetero.commands.devices import no_cluster
+from tests.rendering import flat
+from tests.test_devices_ray_cli import FakeRay
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
+    ray = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return ray
+
+
+def test_without_an_address_and_no_cluster_it_says_so_and_starts_none(fake_ray: FakeRay) -> None:
+    result = runner.invoke(app, ["topology", "--ray"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    message = flat(result.stderr)
+    assert no_cluster("show the NICs of") in message
+    assert "ray start --head" in message and "--ray-start to show the NICs of" in message
+    assert fake_ray.inits == ["auto"]  # asked for a running cluster only: "local" never
+
+
+def test_ray_start_asks_for_a_local_instance(fake_ray: FakeRay) -> None:
+    result = runner.invoke(app, ["topology", "--ray", "--ray-start"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and fake_ray.inits == ["local"]
+    assert "nothing at local" in flat(result.stderr)
+
+
+def test_ray_address_from_the_environment_is_used(
+    fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nobody listens on the discard port
+    result = runner.invoke(app, ["topology", "--ray"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    assert "cannot reach the Ray cluster at 127.0.0.1:9" in flat(result.stderr)
+    assert "no Ray cluster is running" not in flat(result.stderr) and fake_ray.inits == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ray-start"], "--ray-start applies to --ray only"),
+        (["--address", "auto"], "--address 'auto' applies to --ray only"),
+        (
+            ["--ray", "--ray-start", "--address", "h:1"],
+            "--address joins a running cluster and --ray-start starts one",
+        ),
+    ],
+)
+def test_flags_that_do_not_go_together_are_refused(
+    fake_ray: FakeRay, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, ["topology", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and message in flat(result.stderr)
+    assert fake_ray.inits == []
