@@ -316,8 +316,9 @@ class AutoscaleController:
 
 
 def _traffic(seen: Traffic) -> dict[str, Any]:
-    """The traffic without its samples (they are many, and the means say enough)."""
+    """The traffic without its samples (they are many, and the means say enough) and without
+    ``settled``, which the policy works out from the fleet when it decides (not observed)."""
     out = asdict(seen)
-    out.pop("prompt_samples")
-    out.pop("output_samples")
+    for key in ("prompt_samples", "output_samples", "settled"):
+        out.pop(key)
     return out
