@@ -41,10 +41,9 @@ MIN_SAMPLES = 200
 #: fleet moves to other GPUs.
 STICKINESS = 0.25
 #: The correction of the plan's capacities by the SLO the replies meet (``PlanSizer._correct``).
-#: It eases back slowly (halved in about 140 decisions, 70 minutes at 30 s): at 0.97 a decision
-#: it halved in 11 minutes, drained what it had just started and missed again, 12 actions in
-#: the simulated day's worst hour.
-BOOST_UP, BOOST_DOWN, MAX_BOOST = 1.25, 0.995, 8.0
+#: Easing back slower (0.995 a decision) held more replicas (1.16x the static peak plan's cost
+#: against 0.92x for the simulated day) for no fewer scale actions.
+BOOST_UP, BOOST_DOWN, MAX_BOOST = 1.25, 0.97, 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +133,7 @@ class PlanSizer:
         """Learn how far the plan's capacities are off from what the fleet delivers: while the
         requests of the last window miss the SLO's percentile on a ``settled`` fleet (the one
         the last answer asked for, serving the whole window) the plan is asked for a higher
-        rate (× 1.25 a call, up to × 8), and while they meet it the boost eases back (× 0.995 a
+        rate (× 1.25 a call, up to × 8), and while they meet it the boost eases back (× 0.97 a
         call, down to 1). A miss while replicas start, or just after, is held: it judges a
         fleet that is on its way, and compounding it grew a day's fleet to 1.35× the static
         peak plan's cost. The plan is the roofline of a model; the replies are the truth."""
