@@ -5,51 +5,20 @@ starts a throwaway local instance. Ray is faked here by its interface (``ray.ini
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.commands.devices import NO_CLUSTER
+from tests.ray_fake import FakeRay, install_fake_ray
 from tests.rendering import flat
 
 runner = CliRunner()
 
 
-class FakeRay(types.ModuleType):
-    """The part of ``ray`` that connecting uses; records every ``init``."""
-
-    __version__ = "2.60.0"
-
-    def __init__(self) -> None:
-        super().__init__("ray")
-        self.inits: list[str | None] = []
-
-    def is_initialized(self) -> bool:
-        return False
-
-    def init(self, address: str | None = None, **options: Any) -> None:
-        self.inits.append(address)
-        if address == "auto":  # Ray's own words when no cluster runs on this machine
-            raise ConnectionError(
-                "Could not find any running Ray instance. Please specify the one to connect "
-                "to by setting `--address` flag or `RAY_ADDRESS` environment variable."
-            )
-        raise RuntimeError(f"fake ray: nothing at {address}")
-
-    def shutdown(self) -> None:
-        pass
-
-
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
-    ray = FakeRay()
-    monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    return ray
+    return install_fake_ray(monkeypatch)
 
 
 def test_without_an_address_and_no_cluster_it_says_so_and_starts_none(fake_ray: FakeRay) -> None:

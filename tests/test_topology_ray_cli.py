@@ -5,25 +5,20 @@ by its interface, so no cluster a neighbouring test runs is joined."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.commands.devices import no_cluster
+from tests.ray_fake import FakeRay, install_fake_ray
 from tests.rendering import flat
-from tests.test_devices_ray_cli import FakeRay
 
 runner = CliRunner()
 
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
-    ray = FakeRay()
-    monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    return ray
+    return install_fake_ray(monkeypatch)
 
 
 def test_without_an_address_and_no_cluster_it_says_so_and_starts_none(fake_ray: FakeRay) -> None:
