@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["BASE_STYLE"]
+import html
+from collections.abc import Sequence
+
+__all__ = ["BASE_STYLE", "html_table"]
 
 #: The look of a report page and its tables; each report appends its own rules.
 BASE_STYLE = """
@@ -13,3 +16,12 @@ th:first-child, td:first-child { text-align: left; }
 th { background: #f3f3f3; }
 .note { color: #666; }
 """
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table of text cells, escaped."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -21,7 +21,7 @@ import numpy.typing as npt
 from rich.table import Table
 
 from hetero._format import number, percent, ratio, seconds
-from hetero._html import BASE_STYLE
+from hetero._html import BASE_STYLE, html_table
 from hetero._tables import FitTable
 from hetero.sim.result import SimResult
 from hetero.telemetry.measures import imbalance_grade
@@ -238,14 +238,6 @@ def _series_by_column(
     return lines
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _cdf(latencies: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
     values = np.sort(latencies[np.isfinite(latencies) & (latencies > 0)])
     if values.size == 0:
@@ -287,7 +279,7 @@ def write_html_report(
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Comparison</h2>",
-        _html_table(_columns(results), _rows(results)),
+        html_table(_columns(results), _rows(results)),
     ]
     parts.append(f'<p class="note">{html.escape(_legend(results))}</p>')
     slo = _slo(results)
@@ -297,7 +289,7 @@ def write_html_report(
     parts += [
         "<h2>Utilization</h2>",
         f'<p class="note">{"mean per model" if by_model else "per device"}, over the run</p>',
-        _html_table(["policy", *columns], util_rows),
+        html_table(["policy", *columns], util_rows),
     ]
 
     # Utilization over time: one panel per policy, one line per device (or model).

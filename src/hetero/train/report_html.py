@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hetero._html import BASE_STYLE
+from hetero._html import BASE_STYLE, html_table
 from hetero.errors import ConfigError
 from hetero.train.report import StepReport
 
@@ -73,9 +73,9 @@ def write_training_report(
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        _table(*_headline(reports)),
+        html_table(*_headline(reports)),
         "<h2>Ranks</h2>",
-        _table(*_rank_rows(reports, labels)),
+        html_table(*_rank_rows(reports, labels)),
         '<p class="note">Means per step. compute: forward and backward (and emulated pacing); '
         "data: waiting for micro-batches; comm: the gradient reduction the last backward did not "
         "hide; idle: waiting for the slowest rank.</p>",
@@ -84,7 +84,7 @@ def write_training_report(
     ]
     if any(r.loss is not None for r in reports):
         parts += ["<h2>Loss</h2>", _png(_loss_figure(reports))]
-    parts += ["<h2>Steps</h2>", _table(*_step_rows(reports))]
+    parts += ["<h2>Steps</h2>", html_table(*_step_rows(reports))]
     losses = [r for r in reports if r.loss is not None]
     if losses:
         lines = "\n".join(f"{r.step} {_float(r.loss)}" for r in losses)
@@ -99,14 +99,6 @@ def write_training_report(
 
 
 # --- tables -------------------------------------------------------------------------------------
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _float(value: float | None) -> str:
