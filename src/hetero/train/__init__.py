@@ -1,5 +1,6 @@
-"""Heterogeneous data-parallel training on torch.distributed: each rank takes a share of every
-global batch in proportion to its speed, and the update is still the global batch's.
+"""Heterogeneous training on torch.distributed: data parallelism, where each rank takes a share
+of every global batch in proportion to its speed and the update is still the global batch's;
+and pipeline parallelism, where each rank runs contiguous layers sized by its speed and memory.
 
 Needs the ``torch`` extra; names load on first use, so ``import hetero.train`` alone is cheap.
 """
@@ -12,12 +13,23 @@ from hetero._lazy import lazy_exports
 
 #: Each public name and the module that defines it (imported on first use).
 _EXPORTS: dict[str, str] = {
+    "FleetLayout": "hetero.train.fleet_layout",
     "HeteroSampler": "hetero.train.sampler",
+    "LayerCost": "hetero.train.stages",
     "MemoryEstimate": "hetero.train.memory",
+    "PipelineRank": "hetero.train.stages",
+    "PipelineRunner": "hetero.train.pipeline_parallel",
+    "PipelineStepReport": "hetero.train.pipeline_parallel",
     "RankReport": "hetero.train.report",
+    "Stage": "hetero.train.stages",
+    "StagePlan": "hetero.train.stages",
     "StepReport": "hetero.train.report",
     "Trainer": "hetero.train.trainer",
     "TrainerOptions": "hetero.train.options",
+    "choose_layout": "hetero.train.fleet_layout",
+    "plan_stages": "hetero.train.stages",
+    "profile_layers": "hetero.train.layer_profile",
+    "split_layers": "hetero.train.stages",
     "write_training_report": "hetero.train.report_html",
 }
 
@@ -27,10 +39,21 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.train.fleet_layout import FleetLayout as FleetLayout
+    from hetero.train.fleet_layout import choose_layout as choose_layout
+    from hetero.train.layer_profile import profile_layers as profile_layers
     from hetero.train.memory import MemoryEstimate as MemoryEstimate
     from hetero.train.options import TrainerOptions as TrainerOptions
+    from hetero.train.pipeline_parallel import PipelineRunner as PipelineRunner
+    from hetero.train.pipeline_parallel import PipelineStepReport as PipelineStepReport
     from hetero.train.report import RankReport as RankReport
     from hetero.train.report import StepReport as StepReport
     from hetero.train.report_html import write_training_report as write_training_report
     from hetero.train.sampler import HeteroSampler as HeteroSampler
+    from hetero.train.stages import LayerCost as LayerCost
+    from hetero.train.stages import PipelineRank as PipelineRank
+    from hetero.train.stages import Stage as Stage
+    from hetero.train.stages import StagePlan as StagePlan
+    from hetero.train.stages import plan_stages as plan_stages
+    from hetero.train.stages import split_layers as split_layers
     from hetero.train.trainer import Trainer as Trainer
