@@ -285,7 +285,7 @@ def test_options_name_every_bad_value() -> None:
         "  - micro_batch: must be an integer >= 1 (the most samples one forward/backward on this"
         " rank holds; None for no cap): a rank that cannot hold one sample cannot train, got 0\n"
         "  - speed: must be a number from 1e-06 to 1e+06 or None, got -1.0\n"
-        "  - compression: must be one of none, fp16, powersgd, got 'zip'\n"
+        "  - compression: must be one of none, fp16, powersgd, int8, topk, got 'zip'\n"
         "  - shares: must sum to global_batch=0, got [1, 2] (sum 3)"
     )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +29,46 @@ from hetero.train.elastic import REGROUP_FILE_ENV, Regroup, regroup_answer
 from hetero.train.options import is_int
 from hetero.train.tensors import named_tensors
 
-__all__ = ["leave_if_regrouping", "read_checkpoint", "write_checkpoint"]
+__all__ = ["kept_path", "leave_if_regrouping", "read_checkpoint", "write_checkpoint"]
 
 # What a checkpoint holds beside the optional "scaler".
 _CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
 
 
-def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Save ``state`` at ``path`` atomically: a crash mid-write keeps the last checkpoint."""
+def write_checkpoint(path: Path, state: dict[str, Any], keep: int = 1) -> None:
+    """Save ``state`` at ``path`` atomically: it is written to a temporary file, flushed to the
+    disk, and renamed over ``path``, so a crash mid-write keeps the last checkpoint whole. With
+    ``keep`` above 1 it is also kept as ``kept_path(path, state["steps"])`` (a hard link: no
+    second copy on disk where links work), and only the ``keep`` latest of those are left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save(state, partial)
+    _flush(partial)
+    if keep > 1:
+        kept = kept_path(path, state["steps"])
+        kept.unlink(missing_ok=True)  # a resumed run saving the same step again
+        try:
+            os.link(partial, kept)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(partial, kept)
+        for old in sorted(path.parent.glob(f"{path.stem}-*{path.suffix}"))[:-keep]:
+            old.unlink()
     partial.replace(path)
+    _flush(path.parent)
+
+
+def kept_path(path: Path, steps: int) -> Path:
+    """Where the checkpoint of step ``steps`` is kept beside ``path`` (``checkpoint_keep``)."""
+    return path.with_name(f"{path.stem}-{steps:09d}{path.suffix}")
+
+
+def _flush(path: Path) -> None:
+    """Wait until ``path`` (a file, or a directory's entries) is on the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> dict[str, Any]:
@@ -83,17 +113,19 @@ def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> d
     return state
 
 
-def leave_if_regrouping(device: torch.device) -> None:
+def leave_if_regrouping(device: torch.device, written: Callable[[], None] = lambda: None) -> None:
     """On every rank, after a checkpoint: raise ``Regroup`` (every rank leaves with
     ``REGROUP_EXIT``) when ``hetero launch --nproc MIN:MAX`` asks the ranks to regroup, so that
     it starts them again, a lost rank rejoining, from that checkpoint. Rank 0 reads the request
-    and answers it, and one broadcast tells the others, so every rank leaves at the same step or
-    none does. Outside such a launch it does nothing."""
+    and answers it once ``written()`` returns (the checkpoint is on disk: it may be written in
+    the background), and one broadcast tells the others, so every rank leaves at the same step
+    or none does. Outside such a launch it does nothing."""
     request = os.environ.get(REGROUP_FILE_ENV)
     if not request:
         return
     asked = comm.rank() == 0 and os.path.exists(request)
     if asked:  # before any rank leaves: the launcher goes by this answer, not by exit statuses
+        written()
         regroup_answer(Path(request)).touch()
     flag = torch.tensor([int(asked)], dtype=torch.int32, device=device)
     comm.broadcast(flag, src=0)

@@ -31,16 +31,17 @@ __all__ = [
     "Split",
     "TrainerOptions",
     "is_int",
+    "local_sgd",
     "rank_setup",
     "setup_problems",
 ]
 
-Compression = Literal["none", "fp16", "powersgd"]
+Compression = Literal["none", "fp16", "powersgd", "int8", "topk"]
 MixedPrecision = Literal["no", "bf16", "fp16"]
 Sharding = Literal["ddp", "fsdp"]
 Split = Literal["speed", "equal"]
 
-_COMPRESSIONS = ("none", "fp16", "powersgd")
+_COMPRESSIONS = ("none", "fp16", "powersgd", "int8", "topk")
 PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHARDINGS = ("ddp", "fsdp")
 SPLITS = ("speed", "equal")
@@ -61,6 +62,11 @@ _SHARED_OPTIONS = (
     "sharding",
     "split",
     "max_grad_norm",
+    # Every rank takes part in a checkpoint: FSDP gathers the state, local SGD averages it.
+    "checkpoint_every",
+    "local_sgd_every",
+    "topk_ratio",
+    "exact",
 )
 
 
@@ -68,8 +74,9 @@ _SHARED_OPTIONS = (
 class TrainerOptions:
     """How a ``Trainer`` splits, runs and reports the work. Built on every rank: ``micro_batch``,
     ``memory_limit``, ``memory_cache``, ``num_workers``, ``prefetch_factor``, ``speed``,
-    ``emulate_sample_time``, ``report_path`` and ``report_every`` may differ per rank, the
-    others must be equal on all of them.
+    ``emulate_sample_time``, ``activation_checkpointing``, ``report_path`` and ``report_every``
+    may differ per rank (``checkpoint_async`` and ``checkpoint_keep`` count on rank 0, which
+    writes), the others must be equal on all of them.
 
     - ``global_batch``: samples per optimizer step over all ranks (``B``).
     - ``micro_batch``: most samples one forward/backward on this rank holds (its memory); a
@@ -101,15 +108,29 @@ class TrainerOptions:
       ``"fsdp"`` shards its parameters, gradients and optimizer state over the ranks
       (``torch.distributed.fsdp.fully_shard``), see ``hetero.train.parallel``.
     - ``bucket_cap_mb``, ``compression``, ``mixed_precision``: DDP's bucket size, a DDP
-      communication hook (``fp16_compress_hook``, PowerSGD with torch's defaults) and
-      ``torch.autocast`` (with a ``GradScaler`` for fp16); under FSDP, bf16 is its
+      communication hook (``fp16_compress_hook``, PowerSGD with torch's defaults, or int8
+      quantisation and Top-K sparsification with error feedback, ``hetero.train.compression``)
+      and ``torch.autocast`` (with a ``GradScaler`` for fp16); under FSDP, bf16 is its
       ``MixedPrecisionPolicy`` (bf16 compute, fp32 reduction). Compression makes the gradients
       inexact.
+    - ``topk_ratio``: the share of each bucket's gradient values ``compression="topk"`` sends.
+    - ``local_sgd_every``: local SGD: each rank steps on its own share and the ranks average
+      their parameters (weighted by their samples) every this many steps and at every
+      checkpoint (``hetero.train.local_sgd``); ``None`` or 1: the gradients are all-reduced
+      every step (DDP's exact update).
+    - ``exact``: refuse every option that makes the update other than the global batch's on one
+      device (compression, local SGD, mixed precision).
+    - ``activation_checkpointing``: recompute the activations of the model's blocks in the
+      backward instead of keeping them (``hetero.train.recompute``); exact, per rank.
     - ``report_path``: JSON lines, one step report each, written by rank 0.
     - ``checkpoint_dir``, ``checkpoint_every``: rank 0 saves the model, the optimizer, the
       sampler's position and the step count there every ``checkpoint_every`` steps (a directory
       every rank can read); a ``Trainer`` built where a checkpoint exists resumes from it,
       profiling the ranks afresh (``hetero launch`` restarts them after a failure).
+    - ``checkpoint_async``: rank 0 copies the state to CPU memory at the step and writes it in a
+      background thread while training goes on (``hetero.train.async_checkpoint``).
+    - ``checkpoint_keep``: how many of the latest checkpoints to keep (``checkpoint.pt`` is the
+      newest; with more than 1, each is also kept as ``checkpoint-<step>.pt``).
     """
 
     global_batch: int
@@ -128,10 +149,16 @@ class TrainerOptions:
     sharding: Sharding = "ddp"
     split: Split = "speed"
     max_grad_norm: float | None = None
+    topk_ratio: float = 0.01
+    local_sgd_every: int | None = None
+    exact: bool = False
+    activation_checkpointing: bool = False
     report_path: str | None = None
     report_every: int = 10
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50
+    checkpoint_async: bool = False
+    checkpoint_keep: int = 1
     memory_limit: int | None = None
     memory_cache: str | None = None
     num_workers: int = 0
@@ -196,6 +223,22 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     at_least("seed", 0)
     at_least("report_every", 1)
     at_least("checkpoint_every", 1)
+    at_least("checkpoint_keep", 1, " (the latest checkpoints kept)")
+    if o.local_sgd_every is not None:
+        at_least(
+            "local_sgd_every",
+            1,
+            " (steps between parameter averages; None or 1: the gradients are all-reduced "
+            "every step)",
+        )
+    if not (_is_positive(o.topk_ratio) and o.topk_ratio <= 1):
+        problems.append(
+            (
+                "topk_ratio",
+                "must be a number > 0 and <= 1 (the share of each bucket's gradient values "
+                f"compression='topk' sends), got {o.topk_ratio!r}",
+            )
+        )
     if o.speed is not None and not (_is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
         problems.append(
             (
@@ -248,6 +291,16 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                     "overflow, which sharding='fsdp' does not have here: use 'bf16' or 'no'",
                 )
             )
+    if o.compression in ("int8", "topk") and o.mixed_precision == "fp16":
+        problems.append(
+            (
+                "compression",
+                f"{o.compression!r} keeps what it did not send of each gradient for the next "
+                "step, in units of the loss scale of mixed_precision='fp16', which its gradient "
+                "scaler changes between steps (and a step it skips would leak into the next): "
+                "use mixed_precision='bf16' or 'no'",
+            )
+        )
     if o.split not in SPLITS:
         allowed = ", ".join(SPLITS)
         problems.append(
@@ -285,6 +338,80 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                     f"(sum {sum(shares)})",
                 )
             )
+    problems += _local_sgd_problems(o) + _exactness_problems(o)
+    return problems
+
+
+def local_sgd(o: TrainerOptions) -> bool:
+    """Whether ``o`` asks for local SGD: ranks stepping on their own between averages."""
+    every = o.local_sgd_every
+    return every is not None and is_int(every) and every > 1
+
+
+def _local_sgd_problems(o: TrainerOptions) -> list[tuple[str, str]]:
+    """Options local SGD cannot honour: it reduces no gradient, it averages parameters."""
+    if not local_sgd(o):
+        return []
+    k = o.local_sgd_every
+    problems: list[tuple[str, str]] = []
+    if o.sharding != "ddp":
+        problems.append(
+            (
+                "local_sgd_every",
+                f"{k} averages whole replicas of the model, which sharding={o.sharding!r} does "
+                "not hold: use sharding='ddp'",
+            )
+        )
+    if o.compression != "none":
+        problems.append(
+            (
+                "compression",
+                f"{o.compression!r} compresses DDP's gradient all-reduce, which "
+                f"local_sgd_every={k} replaces by averaging the parameters every {k} steps: "
+                "use compression='none'",
+            )
+        )
+    if o.max_grad_norm is not None:
+        problems.append(
+            (
+                "max_grad_norm",
+                "clips the global batch's gradient, which no rank forms with "
+                f"local_sgd_every={k} (each rank steps on its own share): use None",
+            )
+        )
+    return problems
+
+
+def _exactness_problems(o: TrainerOptions) -> list[tuple[str, str]]:
+    """With ``exact=True``: every option that makes the update other than the global batch's."""
+    if not o.exact:
+        return []
+    why = "and exact=True asks for the global batch's exact update"
+    problems: list[tuple[str, str]] = []
+    if o.compression != "none":
+        problems.append(
+            (
+                "compression",
+                f"{o.compression!r} sends an approximation of the gradient, {why}: use "
+                "compression='none' or exact=False",
+            )
+        )
+    if local_sgd(o):
+        problems.append(
+            (
+                "local_sgd_every",
+                f"{o.local_sgd_every} lets each rank step on its own share between averages, "
+                f"{why}: use None (or 1) or exact=False",
+            )
+        )
+    if o.mixed_precision != "no":
+        problems.append(
+            (
+                "mixed_precision",
+                f"{o.mixed_precision!r} computes in lower precision, {why}: use 'no' or "
+                "exact=False",
+            )
+        )
     return problems
 
 

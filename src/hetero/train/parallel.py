@@ -24,6 +24,10 @@ Both reduce the gradients to their mean over the ranks, so the trainer's loss sc
   parameters in bf16 and computes in it, and reduces the gradients in fp32.
 - Checkpoints hold full (unsharded) state dicts, gathered to rank 0
   (``torch.distributed.checkpoint.state_dict``), so a run resumes at any world size.
+
+With ``local_sgd_every`` above 1 (``LocalReplicas``) no gradient is reduced at all: each rank
+steps its own replica on its own share and ``local_sgd.ParameterAverager`` averages the
+replicas every so many steps.
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero.train.options import PRECISIONS, TrainerOptions
+from hetero.train.compression import CommMeter, ErrorFeedback, Int8, TopK, dense_bytes
+from hetero.train.local_sgd import ParameterAverager
+from hetero.train.options import PRECISIONS, TrainerOptions, local_sgd
 
-__all__ = ["DataParallel", "Replicated", "Sharded", "fsdp_units", "wrap"]
+__all__ = ["DataParallel", "LocalReplicas", "Replicated", "Sharded", "fsdp_units", "wrap"]
 
 # Gathered to rank 0 alone, on the CPU: the other ranks get empty dicts (and use no memory).
 _TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -62,10 +68,23 @@ _FULL = StateDictOptions(full_state_dict=True)
 
 
 class DataParallel(abc.ABC):
-    """The model as the step runs it: ``module`` is what the forward calls."""
+    """The model as the step runs it: ``module`` is what the forward calls.
+
+    ``reduces_gradients``: the step's last backward reduces the gradients to their mean over
+    the ranks (every rank must run one, an idle one at share 0); else each rank steps on its
+    own gradients. ``dense_bytes``: what one uncompressed all-reduce of the gradients hands to
+    the collectives on each rank (``None``: not measured)."""
 
     name: str
     module: nn.Module
+    reduces_gradients = True
+    dense_bytes: int | None = None
+
+    def end_step(self, samples: int, steps: int, checkpoint: bool) -> int | None:
+        """After the optimizer's step on this rank's ``samples``, ``steps`` steps done (and a
+        checkpoint to save after it, if ``checkpoint``): the bytes this rank handed to the
+        step's gradient (or parameter) reduction, ``None`` where not measured."""
+        return None
 
     @abc.abstractmethod
     def accumulating(self) -> contextlib.AbstractContextManager[None]:
@@ -116,33 +135,11 @@ class DataParallel(abc.ABC):
             )
 
 
-class Replicated(DataParallel):
-    """``DistributedDataParallel``: the whole model on every rank, gradients all-reduced in
-    buckets during the last backward, through the communication hook ``compression`` names.
-    The gradients are views of the buckets (``gradient_as_bucket_view``): DDP then does not copy
-    every reduced bucket back into them after the last one, a copy no backward hides (on the
-    benchmark's transformer, the exposed communication went from 57 to 26 ms a step)."""
+class _Replica(DataParallel):
+    """The whole model on every rank: its state is the bare model's."""
 
     name = "ddp"
-
-    def __init__(self, model: nn.Module, options: TrainerOptions, device: torch.device) -> None:
-        device_ids = [device] if device.type == "cuda" else None
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            bucket_cap_mb=options.bucket_cap_mb,
-            gradient_as_bucket_view=True,
-        )
-        if options.compression == "fp16":
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        elif options.compression == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=None)
-            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        self._model = model
-        self.module = ddp
-
-    def accumulating(self) -> contextlib.AbstractContextManager[None]:
-        return cast(DistributedDataParallel, self.module).no_sync()
+    _model: nn.Module
 
     def discard(self) -> None:
         self._model.zero_grad(set_to_none=True)
@@ -159,6 +156,68 @@ class Replicated(DataParallel):
         self._check_sharding(state)
         self._model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+
+
+class Replicated(_Replica):
+    """``DistributedDataParallel``: the whole model on every rank, gradients all-reduced in
+    buckets during the last backward, through the communication hook ``compression`` names.
+    The gradients are views of the buckets (``gradient_as_bucket_view``): DDP then does not copy
+    every reduced bucket back into them after the last one, a copy no backward hides (on the
+    benchmark's transformer, the exposed communication went from 57 to 26 ms a step)."""
+
+    def __init__(self, model: nn.Module, options: TrainerOptions, device: torch.device) -> None:
+        device_ids = [device] if device.type == "cuda" else None
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=True,
+        )
+        self.dense_bytes = dense_bytes(model)
+        # The bytes of every step's reduction: fixed, but for the error-feedback hooks, which
+        # count their payloads, and PowerSGD, which is not measured.
+        self._step_bytes: int | None = self.dense_bytes
+        self._meter: CommMeter | None = None
+        if options.compression == "fp16":
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            self._step_bytes = 2 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        elif options.compression == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=None)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            self._step_bytes = None
+        elif options.compression in ("int8", "topk"):
+            codec = Int8() if options.compression == "int8" else TopK(options.topk_ratio)
+            self._meter = CommMeter()
+            ErrorFeedback(codec, self._meter).register(ddp)
+        self._model = model
+        self.module = ddp
+
+    def accumulating(self) -> contextlib.AbstractContextManager[None]:
+        return cast(DistributedDataParallel, self.module).no_sync()
+
+    def end_step(self, samples: int, steps: int, checkpoint: bool) -> int | None:
+        return self._meter.take() if self._meter is not None else self._step_bytes
+
+
+class LocalReplicas(_Replica):
+    """Local SGD (``local_sgd_every`` > 1): the bare model on every rank, stepped on the rank's
+    own gradients; ``ParameterAverager`` averages the replicas every ``local_sgd_every`` steps
+    and at every checkpoint (so a checkpoint holds the average). Starts from rank 0's
+    parameters, as DDP does."""
+
+    reduces_gradients = False
+
+    def __init__(self, model: nn.Module, options: TrainerOptions) -> None:
+        self._model = self.module = model
+        self.dense_bytes = dense_bytes(model)
+        self._averager = ParameterAverager(model, options.local_sgd_every or 1)
+        self._averager.broadcast()
+
+    def accumulating(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def end_step(self, samples: int, steps: int, checkpoint: bool) -> int | None:
+        return self._averager.end_step(samples, steps, checkpoint)
 
 
 class Sharded(DataParallel):
@@ -229,7 +288,10 @@ def fsdp_units(model: nn.Module) -> list[nn.Module]:
 
 
 def wrap(model: nn.Module, options: TrainerOptions, device: torch.device) -> DataParallel:
-    """``model`` (the same structure on every rank) as ``options.sharding`` holds it."""
+    """``model`` (the same structure on every rank) as ``options.sharding`` holds it, or as
+    local SGD does (``local_sgd_every`` > 1)."""
     if options.sharding == "fsdp":
         return Sharded(model, options)
+    if local_sgd(options):
+        return LocalReplicas(model, options)
     return Replicated(model, options, device)

@@ -46,6 +46,12 @@ class StepReport:
     before the update; ``grad_norm`` the L2 norm of the global batch's gradient before clipping
     (with ``max_grad_norm`` only); ``lr`` the first parameter group's learning rate this step's
     update used. ``None`` where a report was made without them.
+
+    ``comm_bytes`` is what each rank handed to the collectives of the step's gradient
+    reduction (with local SGD, of its parameter averaging), and ``dense_bytes`` what an
+    uncompressed all-reduce of the gradients would hand them: the same on every rank, payloads
+    before the collective's algorithm (a ring all-reduce moves about twice its payload per rank,
+    an all-gather world size − 1 times). ``None`` where not measured (FSDP, PowerSGD).
     """
 
     step: int  # steps done, this one included
@@ -58,6 +64,8 @@ class StepReport:
     loss: float | None = None
     grad_norm: float | None = None
     lr: float | None = None
+    comm_bytes: int | None = None
+    dense_bytes: int | None = None
 
     @property
     def global_batch(self) -> int:
@@ -109,6 +117,8 @@ class StepReport:
             loss=doc.get("loss"),
             grad_norm=doc.get("grad_norm"),
             lr=doc.get("lr"),
+            comm_bytes=doc.get("comm_bytes"),
+            dense_bytes=doc.get("dense_bytes"),
         )
 
     def summary(self) -> str:
@@ -168,6 +178,8 @@ def step_report(
     *,
     grad_norm: float | None = None,
     lr: float | None = None,
+    comm_bytes: int | None = None,
+    dense_bytes: int | None = None,
 ) -> StepReport:
     """The step's report from every rank's ``rank_timings`` row, in rank order. Its loss is
     the global batch's mean: every rank's loss sum over all their samples."""
@@ -190,6 +202,8 @@ def step_report(
         loss=loss,
         grad_norm=grad_norm,
         lr=lr,
+        comm_bytes=comm_bytes,
+        dense_bytes=dense_bytes,
     )
 
 

@@ -34,6 +34,11 @@ Speed decides a rank's share; memory decides how many micro-batches carry it: wi
 them. Micro-batches come from a ``DataLoader`` per rank (``pipeline.py``) fed with the rank's
 share of each step, and the time spent waiting for them is the step's data time, apart from
 compute.
+
+Past exact data parallelism, each off by default: gradient compression with error feedback
+(``compression.py``), local SGD, where each rank steps on the mean over its own share and the
+replicas are averaged every few steps (``local_sgd.py``), activation checkpointing
+(``recompute.py``) and checkpoints written in the background (``async_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ from hetero import comm
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
-from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint, write_checkpoint
+from hetero.train.async_checkpoint import CheckpointWriter
+from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint
 from hetero.train.elastic import LAUNCHED_ENV, leave_refused
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
@@ -71,6 +77,7 @@ from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer
 from hetero.train.parallel import wrap
 from hetero.train.pipeline import InputPipeline, idle_batch
 from hetero.train.pipeline import chunks as _chunks
+from hetero.train.recompute import checkpoint_activations
 from hetero.train.report import ProgressView, RankReport, StepReport, rank_timings, step_report
 from hetero.train.report_html import write_training_report
 from hetero.train.sampler import HeteroSampler
@@ -175,6 +182,8 @@ class Trainer:
         self._collate = collate_fn
         self._dataset_size = len(dataset)
         self._device = next(model.parameters()).device
+        if options.activation_checkpointing:  # before the memory probe, which measures it
+            checkpoint_activations(model)
         dtype = PRECISIONS[options.mixed_precision]
         # Under FSDP its MixedPrecisionPolicy sets the precision; the memory probe, on the bare
         # model, approximates that with autocast.
@@ -209,6 +218,12 @@ class Trainer:
         self._scheduler_state: dict[str, Any] | None = None  # a resumed checkpoint's
         self.steps = 0
         self._saved_at: int | None = None  # the step of the last checkpoint step() saved
+        path = self.checkpoint_path
+        self._checkpoints = (
+            None
+            if path is None
+            else CheckpointWriter(path, options.checkpoint_keep, options.checkpoint_async)
+        )
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
         self.throughputs = self._profile()
         self.shares = (
@@ -236,10 +251,11 @@ class Trainer:
         return None if folder is None else Path(folder) / "checkpoint.pt"
 
     def save_checkpoint(self) -> None:
-        """Rank 0 writes the training state (atomically: a crash mid-write keeps the last).
-        Call it on every rank: under FSDP they gather the state to rank 0 together."""
-        path = self.checkpoint_path
-        if path is None:
+        """Rank 0 writes the training state (atomically: a crash mid-write keeps the last);
+        with ``checkpoint_async`` it copies it to CPU memory and writes the copy in the
+        background (``wait_for_checkpoint``). Call it on every rank: under FSDP they gather the
+        state to rank 0 together."""
+        if self._checkpoints is None:
             return
         gathered = self._parallel.checkpoint_state(self.optimizer)
         if self.rank != 0:
@@ -251,7 +267,13 @@ class Trainer:
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
             "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
         }
-        write_checkpoint(path, state)
+        self._checkpoints.save(state)
+
+    def wait_for_checkpoint(self) -> None:
+        """Return once the last checkpoint is on disk (``checkpoint_async`` writes it in the
+        background; ``train`` and ``close`` wait for it too). Raises what its write raised."""
+        if self._checkpoints is not None:
+            self._checkpoints.wait()
 
     def _resume(self) -> int | None:
         """Load the checkpoint, if there is one: the step it was taken at, else None. The
@@ -356,7 +378,9 @@ class Trainer:
                 most=min(o.global_batch, self._dataset_size),
                 micro_batch=o.micro_batch,
                 cache=None if cache is None else Path(cache),
-                key=cache_key(self.model, sample, self._device, o.mixed_precision),
+                # Activations recomputed in the backward need less memory: measured apart.
+                key=cache_key(self.model, sample, self._device, o.mixed_precision)
+                + ("-recompute" if o.activation_checkpointing else ""),
             )
         except ConfigError as exc:
             return None, str(exc)
@@ -408,16 +432,24 @@ class Trainer:
         """One synchronised optimizer step on this rank's share of the next global batch."""
         o = self.options
         if self._saved_at == self.steps:  # between steps: every rank is past the checkpoint
-            leave_if_regrouping(self._device)  # an elastic launch's lost rank rejoins
+            # An elastic launch's lost rank rejoins, from that checkpoint once it is on disk.
+            leave_if_regrouping(self._device, self.wait_for_checkpoint)
         sampler = self.sampler
         if sampler.position == sampler.num_batches:
             sampler.set_epoch(sampler.epoch + 1)
         epoch, position, shares = sampler.epoch, sampler.position, sampler.shares
         indices = next(sampler.batches())
-        # The loss scale world_size / B_k (B_k: this global batch, smaller if it is an epoch's
-        # partial last one) turns DDP's mean over ranks into the mean over the global batch.
-        batch = min(o.global_batch, sampler.dataset_size - position * o.global_batch)
-        scale = self.world_size / batch
+        parallel = self._parallel
+        if parallel.reduces_gradients:
+            # The loss scale world_size / B_k (B_k: this global batch, smaller if it is an
+            # epoch's partial last one) turns DDP's mean over ranks into the mean over the
+            # global batch.
+            batch = min(o.global_batch, sampler.dataset_size - position * o.global_batch)
+            scale = self.world_size / batch
+        else:  # local SGD: each rank steps on the mean over its own share
+            scale = 1 / max(len(indices), 1)
+        # Under local SGD a rank with no samples has nothing to compute, nor to step.
+        updates = bool(indices) or parallel.reduces_gradients
         chunks = _chunks(indices, self.micro_batch)
 
         self._paced_until = -1.0  # the device idled through the last step's communication
@@ -429,25 +461,34 @@ class Trainer:
         self._pipeline.begin(sampler)  # (re)starting the loader, if it must, is data time
         data = time.perf_counter() - started
         *accumulated, last = chunks or [[]]  # share 0: one idle micro-batch, in the collectives
-        with self._parallel.accumulating():
+        with parallel.accumulating():
             for chunk in accumulated:
                 loaded, waited = self._next_batch()
                 data += waited
                 self._micro_batch(loaded, len(chunk), scale)
-        loaded, waited = self._next_batch() if last else (self._idle, 0.0)
-        data += waited
-        # Its backward reduces the gradients; an idle micro-batch's loss weighs 0.
-        computed = self._last_micro_batch(loaded, len(last), scale if last else 0.0)
+        computed = time.perf_counter()
+        if updates:
+            loaded, waited = self._next_batch() if last else (self._idle, 0.0)
+            data += waited
+            # Its backward reduces the gradients; an idle micro-batch's loss weighs 0.
+            computed = self._last_micro_batch(loaded, len(last), scale if last else 0.0)
         self._sync_device()
         synced = time.perf_counter()
         grad_norm = self._clip()
         lr = float(self.optimizer.param_groups[0]["lr"])  # the rate this update uses
-        if self._scaler is not None:
-            self._scaler.step(self.optimizer)
-            self._scaler.update()
-        else:
-            self.optimizer.step()
+        if updates:
+            if self._scaler is not None:
+                self._scaler.step(self.optimizer)
+                self._scaler.update()
+            else:
+                self.optimizer.step()
         self.model.zero_grad(set_to_none=True)
+        checkpointing = o.checkpoint_dir is not None and (self.steps + 1) % o.checkpoint_every == 0
+        averaging = time.perf_counter()
+        comm_bytes = parallel.end_step(len(indices), self.steps + 1, checkpointing)
+        # Local SGD's parameter averaging is its step's communication (DDP's end_step does
+        # none): counted as such, after the compute.
+        synced += time.perf_counter() - averaging
         self._sync_device()
         ended = time.perf_counter()
         sampler.advance()
@@ -466,6 +507,8 @@ class Trainer:
             self._gather(mine),
             grad_norm=grad_norm,
             lr=lr,
+            comm_bytes=comm_bytes,
+            dense_bytes=parallel.dense_bytes,
         )
         if self.scheduler is not None:
             # After the gather: ReduceLROnPlateau goes by the global batch's loss, the same on
@@ -474,10 +517,7 @@ class Trainer:
                 self.scheduler.step(math.nan if report.loss is None else report.loss)
             else:
                 self.scheduler.step()
-        if (
-            self.options.checkpoint_dir is not None
-            and self.steps % self.options.checkpoint_every == 0
-        ):
+        if checkpointing:
             self.save_checkpoint()
             self._saved_at = self.steps
         report = self._rebalance(report)
@@ -489,7 +529,8 @@ class Trainer:
 
     def train(self, steps: int, progress: bool = True) -> list[StepReport]:
         """Run ``steps`` steps; with ``progress``, rank 0 shows them live on stderr (a progress
-        bar on a terminal, else a line every ``report_every`` steps)."""
+        bar on a terminal, else a line every ``report_every`` steps). Returns once the last
+        checkpoint is on disk."""
         if not is_int(steps) or steps < 0:
             raise ConfigError([("steps", f"must be an integer >= 0, got {steps!r}")])
         view = (
@@ -504,6 +545,7 @@ class Trainer:
         finally:
             if view is not None:
                 view.close()
+        self.wait_for_checkpoint()
         return done
 
     def _rebalance(self, report: StepReport) -> StepReport:
@@ -533,9 +575,10 @@ class Trainer:
     # ------------------------------------------------------------------------------ passes
 
     def close(self) -> None:
-        """Stop the data loader's worker processes (``num_workers``); a later step starts them
-        again. Without workers there is nothing to stop."""
+        """Stop the data loader's worker processes (``num_workers``; a later step starts them
+        again) and wait for a checkpoint still being written."""
         self._pipeline.close()
+        self.wait_for_checkpoint()
 
     def _next_batch(self) -> tuple[Any, float]:
         """The step's next micro-batch from the pipeline, and the seconds waited for it. An
