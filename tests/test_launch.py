@@ -99,8 +99,7 @@ if slot != "2":  # local rank 2 finishes at once; the others run until they are 
 
 
 def test_ctrl_c_stops_the_ranks_and_says_in_one_line_which(tmp_path: Path) -> None:
-    from tests.runtime.conftest import wait_for
-    from tests.runtime.test_reliability_engine import gone
+    from tests.processes import gone, wait_for
 
     script = tmp_path / "job.py"
     script.write_text(RUNNING)

@@ -51,13 +51,14 @@ def test_the_top_level_all_is_the_table_and_version() -> None:
 
 def test_test_doubles_live_in_hetero_testing() -> None:
     import hetero.serve
-    import hetero.serve.mock
+    import hetero.serve.emulator.server
     import hetero.testing
 
     assert "MockReplica" not in hetero.__all__
     assert "MockConfig" not in hetero.__all__
-    assert hetero.testing.MockReplica is hetero.serve.MockReplica is hetero.serve.mock.MockReplica
-    assert hetero.testing.MockConfig is hetero.serve.mock.MockConfig
+    server = hetero.serve.emulator.server
+    assert hetero.testing.MockReplica is hetero.serve.MockReplica is server.MockReplica
+    assert hetero.testing.MockConfig is server.MockConfig
     assert len(hetero.testing.mixed_box().gpus) == 4
     assert not hasattr(hetero.testing, "no_such_name")
 

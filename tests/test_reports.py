@@ -15,7 +15,7 @@ from hetero.sched import FleetView, ManualClock, PerfModel
 from hetero.sched.metrics import Metrics
 from hetero.telemetry import DeviceInfo, Profile, TaskTrace
 from hetero.telemetry.measures import efficiency, ideal_makespan, load_balance
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 # Five devices over a 10 s run; the last two did nothing.
 SPEEDS = [4.0, 2.0, 2.0, 1.0, 1.0]
@@ -113,9 +113,9 @@ def test_simulate_table_explains_failed_and_shows_no_infinite_balance(tmp_path: 
 
 def test_the_ideal_makespan_counts_emulated_devices_at_their_paced_speed() -> None:
     import hetero
-    from tests.runtime.conftest import emulated
+    from hetero.testing import emulated_fleet
 
-    devices = emulated([1.0, 4.0])
+    devices = emulated_fleet([1.0, 4.0])
     with hetero.Context(devices=devices, time_scale=0.1) as ctx:
         infos = ctx.device_infos()
     # An emulated device runs cost × time_scale / speed seconds per task: ten times faster here.

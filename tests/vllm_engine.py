@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,14 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetero.commands.launch import free_port
-from hetero.serve.mock_model import (  # the models are hetero mock-model's
+from hetero.serve.emulator.tiny_llama import (  # the models are hetero mock-model's
     MAX_MODEL_LEN,
     SHAPES,
     Size,
     make_model,
     parameter_count,
 )
-from hetero.serve.mock_model import VLLM_MODULE as MODULE
+from hetero.serve.emulator.tiny_llama import VLLM_MODULE as MODULE
 
 __all__ = [
     "MAX_MODEL_LEN",
@@ -160,6 +161,10 @@ class VllmReplica:
 
     def env(self) -> dict[str, str]:
         env = {**_offline_env(), "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
+        if self.log is not None:
+            # The engine's IPC sockets in a folder of this replica's, removed when it stops:
+            # a killed engine leaves them behind in the shared temporary folder otherwise.
+            env["VLLM_RPC_BASE_PATH"] = str(self._sockets())
         if self.core is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.core)
         return env
@@ -172,6 +177,7 @@ class VllmReplica:
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="hetero-vllm-"))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log = log_dir / f"vllm-{self.name}-{self.port}.log"
+        self._sockets().mkdir(exist_ok=True)
         with self.log.open("wb") as out:
             # A file, never a pipe: a pipe nobody reads fills up and stalls the server.
             self.proc = subprocess.Popen(
@@ -184,6 +190,10 @@ class VllmReplica:
                 preexec_fn=_die_with_parent,
             )
         self.started_at = time.monotonic()
+
+    def _sockets(self) -> Path:
+        assert self.log is not None
+        return self.log.parent / f"sockets-{self.port}"
 
     def tail(self, chars: int = 3000) -> str:
         if self.log is None or not self.log.exists():
@@ -236,6 +246,8 @@ class VllmReplica:
         # The engine core may outlive the server by a moment: nothing of the group stays.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if self.log is not None:
+            shutil.rmtree(self._sockets(), ignore_errors=True)
 
     def __enter__(self) -> VllmReplica:
         try:

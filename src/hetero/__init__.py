@@ -2,8 +2,8 @@
 
 The public API is what ``__all__`` lists, made from one table, ``_EXPORTS`` (each public name and
 the module that defines it); everything else is private and may change. Names load on first use,
-so ``import hetero`` stays fast. Test doubles (an emulated replica, fake NVML boxes) are in
-``hetero.testing``.
+so ``import hetero`` stays fast. Test doubles (an emulated fleet, a manual clock, an emulated
+replica, fake NVML boxes) are in ``hetero.testing``.
 """
 
 from __future__ import annotations
@@ -43,18 +43,23 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "hetero.errors",
     "DeviceError": "hetero.errors",
     "DuplicateItem": "hetero.errors",
+    "DuplicateMember": "hetero.errors",
     "HeteroError": "hetero.errors",
     "InfeasiblePlan": "hetero.errors",
     "InvalidItem": "hetero.errors",
     "InvalidTransition": "hetero.errors",
+    "ItemError": "hetero.errors",
     "ItemNotRunning": "hetero.errors",
+    "MembershipError": "hetero.errors",
     "NoCapableDevice": "hetero.errors",
     "NoReplica": "hetero.errors",
     "QueueFull": "hetero.errors",
     "Rejected": "hetero.errors",
+    "ServeError": "hetero.errors",
     "TaskFailed": "hetero.errors",
     "UnknownDevice": "hetero.errors",
     "UnknownItem": "hetero.errors",
+    "UnknownMember": "hetero.errors",
     "UnknownModel": "hetero.errors",
     "set_log_level": "hetero.log",
     "Affinity": "hetero.plan",
@@ -147,19 +152,24 @@ if _TYPE_CHECKING:
     from hetero.errors import ConfigError as ConfigError
     from hetero.errors import DeviceError as DeviceError
     from hetero.errors import DuplicateItem as DuplicateItem
+    from hetero.errors import DuplicateMember as DuplicateMember
     from hetero.errors import HeteroError as HeteroError
     from hetero.errors import InfeasiblePlan as InfeasiblePlan
     from hetero.errors import InvalidItem as InvalidItem
     from hetero.errors import InvalidTransition as InvalidTransition
+    from hetero.errors import ItemError as ItemError
     from hetero.errors import ItemNotRunning as ItemNotRunning
+    from hetero.errors import MembershipError as MembershipError
     from hetero.errors import NoCapableDevice as NoCapableDevice
     from hetero.errors import NoReplica as NoReplica
     from hetero.errors import ProviderError as ProviderError
     from hetero.errors import QueueFull as QueueFull
     from hetero.errors import Rejected as Rejected
+    from hetero.errors import ServeError as ServeError
     from hetero.errors import TaskFailed as TaskFailed
     from hetero.errors import UnknownDevice as UnknownDevice
     from hetero.errors import UnknownItem as UnknownItem
+    from hetero.errors import UnknownMember as UnknownMember
     from hetero.errors import UnknownModel as UnknownModel
     from hetero.log import set_log_level as set_log_level
     from hetero.plan import Affinity as Affinity

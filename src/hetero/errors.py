@@ -1,8 +1,38 @@
 """The one exception hierarchy of hetero.
 
 Every error the library raises on purpose derives from :class:`HeteroError`, so callers can catch
-``HeteroError`` alone. Errors from third-party code are mapped at the boundary with
-``raise X from exc`` so the original cause stays attached.
+``HeteroError`` alone, or one group of it (``ItemError``, ``MembershipError``, ``ServeError``).
+Errors from third-party code are mapped at the boundary with ``raise X from exc`` so the original
+cause stays attached. A class with two hetero bases is drawn under each; builtin bases are in
+parentheses::
+
+    HeteroError
+    ├── ConfigError (ValueError)           a configuration value is invalid
+    │   ├── DuplicateMember                also a MembershipError
+    │   └── UnknownMember                  also a MembershipError
+    ├── DeviceError                        a device is missing, unhealthy or unusable
+    │   └── UnknownDevice (KeyError)       also a MembershipError
+    ├── MembershipError                    a change to a fleet conflicts with its state
+    │   ├── DuplicateMember                adds a device or replica the fleet has
+    │   ├── UnknownMember                  names one the fleet does not have (now)
+    │   └── UnknownDevice                  a device id the fleet does not have
+    ├── AllocationError                    devices cannot be allocated as requested
+    │   └── InfeasiblePlan                 no fleet from the menu meets the SLO
+    ├── NoCapableDevice                    no device can run a work item
+    │   └── Rejected                       a policy refuses an item for good
+    ├── ItemError                          a work item, or an event about one, is wrong
+    │   ├── InvalidItem (ValueError)       built with a value it cannot have
+    │   ├── UnknownItem (KeyError)         never admitted, or forgotten
+    │   ├── DuplicateItem (ValueError)     its id is in flight already
+    │   ├── ItemNotRunning (ValueError)    complete/fail for an item that is not running
+    │   └── InvalidTransition              a move the state table does not allow
+    ├── QueueFull                          the dispatcher's queue is full: back off
+    ├── TaskFailed                         a task failed where it ran
+    ├── BackendError                       an execution backend failed
+    │   └── ProviderError                  an autoscaler could not start or stop a replica
+    └── ServeError                         the router cannot take a request
+        ├── UnknownModel                   no replica serves the model (HTTP 404)
+        └── NoReplica                      none that serves it is healthy (HTTP 503)
 """
 
 from __future__ import annotations
@@ -13,19 +43,24 @@ __all__ = [
     "ConfigError",
     "DeviceError",
     "DuplicateItem",
+    "DuplicateMember",
     "HeteroError",
     "InfeasiblePlan",
     "InvalidItem",
     "InvalidTransition",
+    "ItemError",
     "ItemNotRunning",
+    "MembershipError",
     "NoCapableDevice",
     "NoReplica",
     "ProviderError",
     "QueueFull",
     "Rejected",
+    "ServeError",
     "TaskFailed",
     "UnknownDevice",
     "UnknownItem",
+    "UnknownMember",
     "UnknownModel",
 ]
 
@@ -58,7 +93,24 @@ class DeviceError(HeteroError):
     """A device is missing, unhealthy or unusable."""
 
 
-class UnknownDevice(DeviceError, KeyError):
+class MembershipError(HeteroError):
+    """A change to a fleet's membership conflicts with the fleet as it is now: adding a device
+    or replica it already has, naming one it does not have (never had, no longer has, or has
+    not yet)."""
+
+
+class DuplicateMember(MembershipError, ConfigError):
+    """A device or replica joins a fleet (or pool) that already has one by its id, name or
+    address. Also a ``ConfigError``, as it was before it had a class of its own."""
+
+
+class UnknownMember(MembershipError, ConfigError):
+    """A device or replica is named that the fleet does not have now (never had, removed, or
+    asked for at a later time). Also a ``ConfigError``, as it was before it had a class of its
+    own; ``UnknownDevice`` is the dispatcher's look-up of a device id."""
+
+
+class UnknownDevice(DeviceError, MembershipError, KeyError):
     """A device id that the fleet does not have (also a ``KeyError``)."""
 
     def __str__(self) -> str:  # KeyError would quote the message
@@ -88,22 +140,26 @@ class Rejected(NoCapableDevice):
     the dispatcher fails the item with this error."""
 
 
-class InvalidItem(HeteroError, ValueError):
+class ItemError(HeteroError):
+    """A work item is wrong, or an event names one in a state it cannot take."""
+
+
+class InvalidItem(ItemError, ValueError):
     """A work item was built with a value it cannot have (negative or non-finite cost, …)."""
 
 
-class UnknownItem(HeteroError, KeyError):
+class UnknownItem(ItemError, KeyError):
     """An event named a work item the dispatcher never admitted, or has forgotten."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 
-class DuplicateItem(HeteroError, ValueError):
+class DuplicateItem(ItemError, ValueError):
     """A work item was submitted while another item with the same id is still in flight."""
 
 
-class ItemNotRunning(HeteroError, ValueError):
+class ItemNotRunning(ItemError, ValueError):
     """``complete`` or ``fail`` named an item that is not running (queued, pending or ended)."""
 
 
@@ -111,7 +167,7 @@ class QueueFull(HeteroError):
     """The dispatcher's queue is at ``max_queue_size``; the caller should back off and retry."""
 
 
-class InvalidTransition(HeteroError):
+class InvalidTransition(ItemError):
     """A work item was asked to move between states that the transition table does not allow."""
 
     def __init__(self, item_id: object, start: str, finish: str, history: list[str]) -> None:
@@ -144,10 +200,14 @@ class ProviderError(BackendError):
     reason and the last lines the replica printed."""
 
 
-class UnknownModel(HeteroError):
+class ServeError(HeteroError):
+    """The router cannot take a request for what it names (the model, its replicas)."""
+
+
+class UnknownModel(ServeError):
     """No replica serves the requested model (the router answers HTTP 404)."""
 
 
-class NoReplica(HeteroError):
+class NoReplica(ServeError):
     """Replicas serve the model (or may: an unreachable one's model list was never read), but
     none of them is healthy now (the router answers HTTP 503)."""

@@ -379,7 +379,7 @@ def test_a_slice_worker_sees_only_its_slice() -> None:
 
 
 def test_the_monitor_finds_a_slice_by_its_uuid() -> None:
-    from hetero.runtime.monitor import sample_device
+    from hetero.runtime.device_probe import sample_device
 
     box = mig_box()
     slice_ = gpus(box)[1]

@@ -8,47 +8,21 @@ import itertools
 import json
 import random
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from hetero.devices.catalog import get_catalog
-from hetero.devices.spec import Device, DeviceSpec
+from hetero.devices.spec import Device
 from hetero.errors import AllocationError, ConfigError, DeviceError
 from hetero.plan.allocation import Allocation, EndCause
 from hetero.plan.holdings import Holders
 from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
 from hetero.sched.clock import ManualClock
-
-GIB = 2**30
-CATALOG = get_catalog()
-A100 = CATALOG.get("A100-80GB")  # NVLink3, 80 GiB
-H100 = CATALOG.get("H100-SXM-80GB")  # NVLink4
-L4 = CATALOG.get("L4")  # PCIe4, 24 GiB
-T4 = CATALOG.get("T4")  # PCIe3, 16 GiB
-
-
-def dev(
-    device_id: str,
-    spec: DeviceSpec = A100,
-    node: str = "a",
-    tags: Iterable[str] = (),
-    memory: int | None = None,
-    parent: str | None = None,
-) -> Device:
-    return Device(
-        id=device_id,
-        spec=spec,
-        node=node,
-        tags=frozenset(tags),
-        memory_limit=memory,
-        parent=parent,
-    )
+from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req, wait_until
 
 
 def two_nodes() -> DevicePool:
@@ -56,18 +30,6 @@ def two_nodes() -> DevicePool:
     devices = [dev("a0"), dev("a1"), dev("t0", T4)]
     devices += [dev(f"b{i}", node="b") for i in range(3)]
     return DevicePool(devices)
-
-
-def req(count: int = 1, **fields: object) -> AllocationRequest:
-    return AllocationRequest(count=count, **fields)  # type: ignore[arg-type]
-
-
-def wait_until(condition: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll until ``condition()`` holds (synchronisation only; the limit is generous)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)
 
 
 def state(pool: DevicePool) -> dict[str, object]:

@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from hetero.devices.catalog import get_catalog
 from hetero.devices.fake_nvml import nvswitch_box, pcie_box
 from hetero.devices.spec import Device, DeviceSpec
 from hetero.devices.topology import Topology
@@ -19,13 +18,7 @@ from hetero.plan.allocation import Allocation, EndCause
 from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest
 from hetero.sched.clock import ManualClock
-from tests.plan.test_pool import GIB, dev, req, wait_until
-
-CATALOG = get_catalog()
-L4 = CATALOG.get("L4")
-H100 = CATALOG.get("H100-SXM-80GB")
-A100 = CATALOG.get("A100-80GB")
-T4 = CATALOG.get("T4")
+from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req, wait_until
 
 
 def box(spec: DeviceSpec, n: int, node: str = "box", prefix: str = "") -> list[Device]:

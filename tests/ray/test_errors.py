@@ -14,7 +14,7 @@ import yaml
 import hetero
 from hetero.errors import ConfigError, HeteroError
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV, import_ray, local_cluster
-from tests.ray.conftest import write_fleet
+from tests.ray.fleets import write_fleet
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from hetero.runtime.ray_cluster import import_ray, local_cluster
-from tests.ray.conftest import write_fleet
+from tests.ray.fleets import write_fleet
 
 
 def listening() -> dict[tuple[str, int], str]:

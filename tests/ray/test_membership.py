@@ -12,8 +12,9 @@ import pytest
 import hetero
 from hetero.errors import TaskFailed
 from hetero.runtime.ray_cluster import local_cluster
-from tests.ray.conftest import add_node, write_fleet
-from tests.runtime.test_faults import steps_with_checkpoints, wait_for
+from tests.processes import wait_for
+from tests.ray.fleets import add_node, write_fleet
+from tests.runtime.checkpointed import steps_with_checkpoints
 
 TIME_SCALE = 0.05
 

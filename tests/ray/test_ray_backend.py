@@ -16,7 +16,7 @@ import pytest
 import hetero
 from hetero.errors import TaskFailed
 from tests.cli_apps import hetero_cli
-from tests.ray.conftest import FLEETS
+from tests.ray.fleets import FLEETS
 
 TIME_SCALE = 0.05
 
@@ -132,8 +132,7 @@ def pid_then_hold_the_gil(marker: str, seconds: int) -> None:
 def test_an_actor_stuck_in_c_past_its_timeout_is_killed_and_its_device_runs_again(
     ctx: Any, tmp_path: Path
 ) -> None:
-    from tests.runtime.conftest import wait_for
-    from tests.runtime.test_reliability_engine import gone
+    from tests.processes import gone, wait_for
 
     on = ctx.devices[0].id
     assert ctx.run(hetero.task(devices=[on])(where))[0] == on  # its actor up: no start to wait
@@ -159,7 +158,8 @@ def test_profile_and_status_cover_the_cluster(ctx: Any, tmp_path: Path) -> None:
 def test_checkpoints_reach_every_node_and_a_retry_resumes_from_the_last(
     ctx: Any, tmp_path: Path
 ) -> None:
-    from tests.runtime.test_faults import steps_with_checkpoints, wait_for
+    from tests.processes import wait_for
+    from tests.runtime.checkpointed import steps_with_checkpoints
 
     marker = tmp_path / "pid"
     task = hetero.task(retries=2)(steps_with_checkpoints)
@@ -192,7 +192,7 @@ def test_hetero_top_shows_a_context_on_the_cluster(ctx: Any) -> None:
 
 @pytest.mark.timeout(180)
 def test_the_ray_cluster_example_survives_a_node_leaving_and_one_joining() -> None:
-    from tests.test_examples import run_example
+    from tests.example_runs import run_example
 
     out = run_example("ray_cluster.py", "--items", "1500", "--quick", timeout=170)
     assert "cluster of 3 nodes up" in out

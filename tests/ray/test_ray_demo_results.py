@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.test_examples import run_example
+from tests.example_runs import run_example
 
 
 @pytest.mark.timeout(180)

@@ -26,8 +26,8 @@ from hetero.runtime.batching import (
 )
 from hetero.sched import Dispatcher, FleetView, ItemState, ManualClock, Policy, Run, Stop, WorkItem
 from hetero.sched.policy import BoolArray
-from tests.runtime.conftest import emulated
-from tests.sched.conftest import make_devices
+from hetero.testing import emulated_fleet
+from tests.fleets import make_devices
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -343,7 +343,7 @@ def tag(xs: list[int]) -> list[tuple[int, int, str]]:
 
 
 def test_calls_coalesce_into_batches_of_at_most_max_size() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         futures = [ctx.submit(tag, i) for i in range(10)]
         results = [f.result(timeout=60) for f in futures]
         ctx.dispatcher.validate_state()
@@ -360,7 +360,7 @@ def sized(xs: list[int]) -> list[tuple[int, str]]:
 
 
 def test_a_slower_device_runs_smaller_batches() -> None:
-    with hetero.Context(devices=emulated([4.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([4.0, 1.0])) as ctx:
         results = [f.result(timeout=60) for f in [ctx.submit(sized, i) for i in range(60)]]
     by_device: dict[str, int] = {}
     for size, device in results:
@@ -374,7 +374,7 @@ def held(xs: list[int]) -> list[int]:
 
 
 def test_a_batch_holds_no_more_calls_than_its_devices_memory() -> None:
-    with hetero.Context(devices=emulated([1.0], memory_limit="2GB")) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0], memory="2GB")) as ctx:
         sizes = [f.result(timeout=60) for f in [ctx.submit(held, i) for i in range(6)]]
     assert max(sizes) <= 2
 
@@ -385,7 +385,7 @@ def drops_one(xs: list[int]) -> list[int]:
 
 
 def test_a_batch_returning_fewer_results_fails_every_caller_naming_the_task() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         futures = [ctx.submit(drops_one, i) for i in range(3)]
         errors = []
         for f in futures:
@@ -408,7 +408,7 @@ def refuses(xs: list[int]) -> list[int]:
 
 
 def test_a_failing_batch_fails_each_of_its_callers_with_the_reason() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         futures = [ctx.submit(refuses, i) for i in range(3)]
         for f in futures:
             with pytest.raises(TaskFailed, match=r"ValueError: bad batch \[") as err:
@@ -422,7 +422,7 @@ def values(xs: list[int]) -> list[tuple[int, list[int]]]:
 
 
 def test_a_call_cancelled_before_its_batch_runs_is_left_out_of_it() -> None:
-    with hetero.Context(devices=emulated([1.0])).start() as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])).start() as ctx:
         futures = [ctx.submit(values, i) for i in range(3)]
         assert futures[1].cancel()
         done = [futures[0].result(timeout=60), futures[2].result(timeout=60)]
@@ -442,7 +442,7 @@ def dies_once(xs: list[str]) -> list[str]:
 
 
 def test_calls_of_a_batch_whose_worker_died_are_retried_and_complete(tmp_path: Path) -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0])).start() as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])).start() as ctx:
         futures = [ctx.submit(dies_once, str(tmp_path / f"x{i}")) for i in range(4)]
         assert [f.result(timeout=60) for f in futures] == ["x0", "x1", "x2", "x3"]
         ctx.dispatcher.validate_state()
@@ -455,7 +455,7 @@ def shaped(xs: list[int], scale: list[int] | None = None) -> list[int]:
 
 
 def test_only_calls_of_one_shape_share_a_batch_and_map_passes_its_batches() -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         plain = [ctx.submit(shaped, i) for i in range(5)]
         scaled = [ctx.submit(shaped, i, scale=10) for i in range(5)]
         assert [f.result(timeout=60) for f in plain] == [0, 1, 2, 3, 4]
@@ -470,7 +470,7 @@ def sleepy(xs: list[int]) -> list[tuple[int, int]]:
 
 
 def test_a_call_that_times_out_in_a_running_batch_leaves_the_others_their_results() -> None:
-    with hetero.Context(devices=emulated([1.0])).start() as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])).start() as ctx:
         hasty = ctx.submit(sleepy.with_options(timeout=1.0), 1)
         patient = ctx.submit(sleepy, 2)  # the batch is full: it runs, for 3 s
         with pytest.raises(TaskFailed, match="timed out after"):

@@ -10,7 +10,7 @@ import pytest
 
 import hetero
 from hetero.errors import ConfigError, HeteroError, NoCapableDevice, TaskFailed
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 
 def add(a: int, b: int) -> int:
@@ -40,7 +40,7 @@ def test_run_submit_and_a_graph_on_this_machine() -> None:
 
 def test_each_device_has_its_own_worker_process_reused_across_tasks() -> None:
     paced = hetero.task(cost=0.02)(where)  # 20 ms each: both devices are needed
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         seen = {ctx.run(paced) for _ in range(3)}
         seen |= {f.result() for f in [ctx.submit(paced) for _ in range(20)]}
     ids = {s[0] for s in seen}
@@ -84,7 +84,7 @@ def test_a_failed_parent_fails_its_children_with_the_cause() -> None:
 
 
 def test_map_returns_results_in_order_for_lists_and_iterators() -> None:
-    with hetero.Context(devices=emulated([2.0, 1.0, 0.5])) as ctx:
+    with hetero.Context(devices=emulated_fleet([2.0, 1.0, 0.5])) as ctx:
         assert list(ctx.map(lambda x: x * x, range(200), progress=False)) == [
             x * x for x in range(200)
         ]
@@ -100,7 +100,7 @@ def test_variants_run_the_code_for_the_device_kind() -> None:
     def kind() -> str:
         return "default"
 
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         assert ctx.run(kind) == "gpu code"
 
     @hetero.task(variants={"tpu": lambda: "tpu code"})
@@ -108,7 +108,7 @@ def test_variants_run_the_code_for_the_device_kind() -> None:
         return "x"
 
     with (
-        hetero.Context(devices=emulated([1.0])) as ctx,
+        hetero.Context(devices=emulated_fleet([1.0])) as ctx,
         pytest.raises(NoCapableDevice, match="variants for tpu but the fleet has only gpu devices"),
     ):
         ctx.submit(tpu_only)
@@ -118,7 +118,7 @@ def test_bad_input_is_refused_at_submit_with_a_clear_error() -> None:
     import threading
 
     lock = threading.Lock()
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         with pytest.raises(HeteroError, match=r"arguments of task .* cannot be sent"):
             ctx.submit(add, lock, 1)
         with pytest.raises(HeteroError, match="its function does not pickle"):
@@ -174,7 +174,7 @@ def test_a_gpu_worker_sees_only_its_gpu_and_the_cpu_worker_gets_its_cores() -> N
 
 
 def test_start_brings_every_worker_up_before_the_first_task() -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0, 1.0])).start() as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0, 1.0])).start() as ctx:
         pids = ctx.backend.pids()
         assert all(p is not None for p in pids)
         assert len({ctx.run(where)[3] for _ in range(3)} - set(pids)) == 0
@@ -187,7 +187,7 @@ def test_a_worker_from_another_protocol_version_exits_with_a_clear_reason(
 
     monkeypatch.setattr(local, "PROTOCOL", -1)  # the driver speaks another version
     with (
-        hetero.Context(devices=emulated([1.0]), max_retries=0) as ctx,
+        hetero.Context(devices=emulated_fleet([1.0]), max_retries=0) as ctx,
         pytest.raises(TaskFailed, match="runs another version of hetero than the driver"),
     ):
         ctx.run(add, 1, 2)
@@ -196,7 +196,7 @@ def test_a_worker_from_another_protocol_version_exits_with_a_clear_reason(
 def test_bad_map_arguments_are_refused_cleanly(recwarn: pytest.WarningsRecorder) -> None:
     import gc
 
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         with pytest.raises(ConfigError, match="iterable: must be iterable, got int"):
             ctx.map(add, 5)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="batch_size: must be 'auto' or an integer >= 1"):
@@ -212,7 +212,7 @@ def lock_maker() -> object:
 
 
 def test_a_result_that_cannot_be_sent_back_fails_the_task_with_the_reason() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         with pytest.raises(TaskFailed, match="the result of lock_maker cannot be pickled"):
             ctx.run(lock_maker)
         assert ctx.run(add, 3, 4) == 7  # the worker carries on

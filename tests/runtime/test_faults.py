@@ -19,24 +19,9 @@ import hetero
 import hetero.runtime.events
 from hetero.errors import TaskFailed
 from hetero.sched.health import CircuitState, Hold
-from tests.runtime.conftest import emulated, interruptible, wait_for
-
-
-def steps_with_checkpoints(n: int, marker: str) -> tuple[int, list[int], int]:
-    """Counts to ``n``, checkpointing each step; reports its pid in ``marker`` and waits there
-    at step n/2 on its first attempt so that the test can kill it."""
-    state = hetero.restore({"step": 0, "ran": []})
-    start = state["step"]
-    first = start == 0
-    while state["step"] < n:
-        if first and state["step"] == n // 2:
-            Path(f"{marker}.tmp").write_text(str(os.getpid()))
-            os.replace(f"{marker}.tmp", marker)  # the test never reads it half written
-            time.sleep(60)  # killed here
-        state["ran"].append(state["step"])
-        state["step"] += 1
-        hetero.checkpoint(state)
-    return start, state["ran"], os.getpid()
+from hetero.testing import emulated_fleet
+from tests.processes import interruptible, wait_for
+from tests.runtime.checkpointed import steps_with_checkpoints
 
 
 def test_a_killed_worker_is_detected_and_the_task_resumes_from_its_checkpoint(
@@ -44,7 +29,7 @@ def test_a_killed_worker_is_detected_and_the_task_resumes_from_its_checkpoint(
 ) -> None:
     marker = tmp_path / "pid"
     task = hetero.task(retries=2)(steps_with_checkpoints)
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         f = ctx.submit(task, 10, str(marker))
         wait_for(marker.exists)
         victim = int(marker.read_text())
@@ -69,7 +54,7 @@ def sleepy(seconds: float) -> float:
 
 def test_a_task_that_times_out_fails_and_others_still_finish_once() -> None:
     slow = hetero.task(timeout=0.3, name="slow")(sleepy)
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         doomed = ctx.submit(slow, 30)
         later = [ctx.submit(sleepy, 0.01) for _ in range(5)]
         with pytest.raises(TaskFailed, match=r"timed out after 0\.3s"):
@@ -88,7 +73,9 @@ def die_on(device_id: str) -> str:
 
 def test_a_device_that_keeps_losing_its_worker_is_marked_down_and_its_work_moves() -> None:
     task = hetero.task(retries=5, cost=0.01)(die_on)
-    with hetero.Context(devices=emulated([4.0, 1.0])) as ctx:  # d0 is the one the policy likes
+    with hetero.Context(
+        devices=emulated_fleet([4.0, 1.0])
+    ) as ctx:  # d0 is the one the policy likes
         futures = [ctx.submit(task, "d0") for _ in range(20)]
         assert [f.result(timeout=60) for f in futures] == ["d1"] * 20
         assert not ctx.dispatcher.view.usable[0]
@@ -101,8 +88,8 @@ def test_a_device_whose_circuit_opened_is_on_trial_after_its_cooldown_and_closes
 ) -> None:
     monkeypatch.setattr(hetero.runtime.events, "RECOVERY_COOLDOWN_S", 2.0)
     task = hetero.task(retries=5, cost=0.01)(die_on)
-    with hetero.Context(devices=emulated([4.0, 1.0])) as ctx:
-        breaker = ctx._engine.breakers[0]
+    with hetero.Context(devices=emulated_fleet([4.0, 1.0])) as ctx:
+        breaker = ctx._engine.books.breakers[0]
         # Rounds until three lost workers open d0's circuit: how many tasks one loss takes with
         # it, and how many the retries place on d1 meanwhile, depends on the machine's load.
         for _ in range(10):
@@ -116,12 +103,12 @@ def test_a_device_whose_circuit_opened_is_on_trial_after_its_cooldown_and_closes
         assert Hold.CIRCUIT_OPEN not in ctx.dispatcher.holds("d0")
         on_d0 = hetero.task(devices="d0", cost=0.01)(die_on)
         assert ctx.run(on_d0, "nowhere") == "d0"
-        assert ctx._engine.breakers[0].state is CircuitState.CLOSED
+        assert ctx._engine.books.breakers[0].state is CircuitState.CLOSED
 
 
 def test_the_last_device_in_service_keeps_its_circuit_closed() -> None:
     task = hetero.task(retries=4)(die_on)
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         with pytest.raises(TaskFailed, match="after 5 attempts"):
             ctx.submit(task, "d0").result(timeout=60)
         assert ctx.dispatcher.view.usable[0]
@@ -130,14 +117,14 @@ def test_the_last_device_in_service_keeps_its_circuit_closed() -> None:
 
 def test_a_task_that_always_kills_its_worker_fails_with_the_reason() -> None:
     task = hetero.task(retries=1)(die_on)
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         f = ctx.submit(task, "d0")
         with pytest.raises(TaskFailed, match="worker of d0 was killed by SIGKILL after 2 attempts"):
             f.result(timeout=60)
 
 
 def test_close_without_waiting_cancels_work_in_flight_and_ends_every_worker() -> None:
-    ctx = hetero.Context(devices=emulated([1.0, 1.0]))
+    ctx = hetero.Context(devices=emulated_fleet([1.0, 1.0]))
     futures = [ctx.submit(sleepy, 5) for _ in range(6)]
     wait_for(lambda: any(p is not None for p in ctx.backend.pids()))
     pids = [p for p in ctx.backend.pids() if p is not None]
@@ -149,7 +136,7 @@ def test_close_without_waiting_cancels_work_in_flight_and_ends_every_worker() ->
 
 
 def test_with_block_waits_for_submitted_tasks_on_a_clean_exit() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         futures = [ctx.submit(sleepy, 0.05) for _ in range(4)]
     assert [f.result(timeout=0) for f in futures] == [0.05] * 4
 
@@ -157,10 +144,10 @@ def test_with_block_waits_for_submitted_tasks_on_a_clean_exit() -> None:
 DRIVER = textwrap.dedent(
     """
     import sys, time, hetero
-    from tests.runtime.conftest import emulated
+    from hetero.testing import emulated_fleet
     def sleepy(s):
         time.sleep(s)
-    ctx = hetero.Context(devices=emulated([1.0, 1.0]))
+    ctx = hetero.Context(devices=emulated_fleet([1.0, 1.0]))
     with ctx:
         fs = [ctx.submit(sleepy, 60) for _ in range(4)]
         while not all(ctx.backend.pids()):
@@ -205,13 +192,13 @@ def test_no_worker_outlives_a_driver_stopped_by_ctrl_c_or_killed(sig: signal.Sig
 MAP_DRIVER = textwrap.dedent(
     """
     import os, time, hetero
-    from tests.runtime.conftest import emulated
+    from hetero.testing import emulated_fleet
     def item(x):
         if x >= 6:  # the first six finish; the others run until they are stopped
             os.write(1, b"running\\n")  # one write: the workers share the pipe
             time.sleep(60)
         return x
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         results = list(ctx.map(item, range(40), batch_size=1, progress=False))
     """
 )
@@ -235,7 +222,7 @@ def test_ctrl_c_during_a_map_says_in_one_line_what_finished_and_what_was_cancell
 
 
 def test_cancelling_futures_stops_those_tasks_and_no_other_future_hangs() -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         futures = [ctx.submit(sleepy, 0.002) for _ in range(200)]
         for f in futures[1::2]:
             f.cancel()
@@ -252,7 +239,7 @@ def test_cancelling_futures_stops_those_tasks_and_no_other_future_hangs() -> Non
 
 
 def test_closing_a_map_early_cancels_its_batches() -> None:
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         it = ctx.map(sleepy, [0.01] * 100, batch_size=1, window=10, progress=False)
         assert next(it) == 0.01
         it.close()
@@ -265,14 +252,14 @@ def test_map_runs_the_variant_of_each_device_kind_per_item() -> None:
     def which(x: int) -> tuple[str, int]:
         return ("default", x)
 
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         assert list(ctx.map(which, range(7), batch_size=3)) == [("gpu", x) for x in range(7)]
 
 
 def test_stopping_a_timed_out_task_costs_the_order_behind_it_no_attempt() -> None:
     slow = hetero.task(timeout=0.3)(sleepy)
     fragile = hetero.task(retries=0)(sleepy)
-    with hetero.Context(devices=emulated([1.0])) as ctx:  # one worker: the next order waits
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:  # one worker: the next order waits
         doomed = ctx.submit(slow, 30)  # in its inbox (prefetch) while this one runs
         behind = ctx.submit(fragile, 0.01)
         with pytest.raises(TaskFailed, match="timed out"):
@@ -283,7 +270,7 @@ def test_stopping_a_timed_out_task_costs_the_order_behind_it_no_attempt() -> Non
 def test_retries_are_counted_once_and_the_last_attempt_is_traced_failed(tmp_path: Path) -> None:
     task = hetero.task(retries=1, retry_exceptions=True)(boom)
     with (
-        hetero.Context(devices=emulated([1.0, 1.0])) as ctx,
+        hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx,
         ctx.profile("r", tmp_path) as p,
         pytest.raises(TaskFailed, match="after 2 attempts"),
     ):
@@ -299,7 +286,7 @@ def boom(x: int) -> int:
 def test_workers_started_from_a_thread_that_ends_live_on() -> None:
     import threading
 
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         first: list[int] = []
         t = threading.Thread(target=lambda: first.append(ctx.run(os.getpid)))
         t.start()

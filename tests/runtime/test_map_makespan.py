@@ -14,7 +14,7 @@ from hetero.config import load_config
 from hetero.devices.fleet import build_fleet
 from hetero.sim import simulate
 from hetero.sim.workload import WorkloadSpec
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 FLEET = "examples/emulated_fleet.yaml"
 ITEMS = 600
@@ -74,7 +74,9 @@ def test_every_device_runs_at_least_half_its_speed_share_of_a_map(fleet: str, it
     """Uniform, lognormal and uncosted items, on the docs' fleet and on one whose slowest
     device is 20x slower than its fastest: each device does at least half its share of the
     work (the T4 did none of it under the latency default before)."""
-    devices = build_fleet(load_config(FLEET)) if fleet == "demo" else emulated([20.0, 4.0, 1.0])
+    devices = (
+        build_fleet(load_config(FLEET)) if fleet == "demo" else emulated_fleet([20.0, 4.0, 1.0])
+    )
     n = 300
     costs = [1.0] * n if items != "lognormal" else lognormal(n)
     fn = spin if items == "uncosted" else weighted
@@ -94,7 +96,7 @@ def test_every_device_runs_at_least_half_its_speed_share_of_a_map(fleet: str, it
 def test_the_window_deepens_for_the_slowest_device_only_so_far() -> None:
     from hetero.runtime.mapping import MAX_WINDOW
 
-    with hetero.Context(devices=emulated([2000.0, 1.0]), time_scale=0.001) as ctx:
+    with hetero.Context(devices=emulated_fleet([2000.0, 1.0]), time_scale=0.001) as ctx:
         assert ctx.dispatcher.view.batch_depth() > MAX_WINDOW
         run = ctx.map(weighted, [1.0] * 3000, batch_size=1)
         assert len(run._pending) + len(run._ready) <= MAX_WINDOW

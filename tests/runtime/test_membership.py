@@ -17,7 +17,7 @@ from hetero.errors import TaskFailed
 from hetero.runtime.backend import Backend, BackendEvents
 from hetero.runtime.serialize import pack
 from hetero.runtime.worker import TaskOrder, TaskReply
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 
 class ClusterBackend(Backend):
@@ -121,7 +121,7 @@ steps = st.lists(
 def test_every_task_ends_once_however_devices_come_and_go(
     initial: int, actions: list[Step]
 ) -> None:
-    backend = ClusterBackend(emulated([1.0] * initial))
+    backend = ClusterBackend(emulated_fleet([1.0] * initial))
     futures: list[Future[Any]] = []
     joined = 0
     emptied = False  # the fleet was empty at some point: what waited then has failed

@@ -15,7 +15,7 @@ from hetero.devices.catalog import get_catalog
 from hetero.devices.discovery import discover_cpu, get_device_list
 from hetero.devices.fake_nvml import FakeNVML, mixed_box
 from hetero.devices.spec import Device
-from hetero.runtime.monitor import (
+from hetero.runtime.device_probe import (
     DeviceSample,
     MemoryPressure,
     Monitor,

@@ -15,13 +15,16 @@ import pytest
 import hetero
 from hetero.errors import HeteroError, TaskFailed
 from hetero.runtime.status import StatusSnapshot, read_statuses
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 
 def test_emulated_devices_deliver_their_declared_relative_speed(tmp_path: Path) -> None:
     speeds = [2.5, 1.0, 0.5]
     work = hetero.task(cost=0.01)(lambda i: i)  # 10 ms of work at speed 1
-    with hetero.Context(devices=emulated(speeds)) as ctx, ctx.profile("speeds", tmp_path) as p:
+    with (
+        hetero.Context(devices=emulated_fleet(speeds)) as ctx,
+        ctx.profile("speeds", tmp_path) as p,
+    ):
         assert list(ctx.map(work, range(300), batch_size=1, progress=False)) == list(range(300))
     summary = p.profile.summary()
     rates = {}
@@ -35,7 +38,7 @@ def test_emulated_devices_deliver_their_declared_relative_speed(tmp_path: Path) 
 
 
 def test_profile_writes_a_chrome_trace_and_an_html_report(tmp_path: Path) -> None:
-    with hetero.Context(devices=emulated([2.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([2.0, 1.0])) as ctx:
         with ctx.profile("job", tmp_path) as prof:
             list(ctx.map(hetero.task(cost=0.002)(lambda x: x), range(40), progress=False))
         assert [p.name for p in prof.paths] == ["job.trace.json", "job.html"]
@@ -56,7 +59,7 @@ def test_hetero_profile_dir_profiles_every_context(
 ) -> None:
     monkeypatch.setenv("HETERO_PROFILE_DIR", str(tmp_path))
     monkeypatch.setenv("HETERO_PROFILE_NAME", "script")
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         ctx.run(lambda: 1)
     assert (tmp_path / "script.html").exists() and (tmp_path / "script.trace.json").exists()
 
@@ -68,7 +71,7 @@ def grab(nbytes: int) -> int:
 
 
 def test_a_task_over_the_memory_limit_fails_with_the_reason() -> None:
-    devices = emulated([1.0], memory_limit="400MB")
+    devices = emulated_fleet([1.0], memory="400MB")
     with hetero.Context(devices=devices) as ctx:
         with pytest.raises(TaskFailed, match=r"exceeded the device.s limit 0\.40 GB"):
             ctx.run(hetero.task(retries=0)(grab), 600_000_000)
@@ -76,7 +79,7 @@ def test_a_task_over_the_memory_limit_fails_with_the_reason() -> None:
 
 
 def test_memory_pool_size_caps_every_device_for_placement_and_enforcement() -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0]), memory_pool_size="1GB") as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0]), memory_pool_size="1GB") as ctx:
         assert [d.memory_bytes for d in ctx.devices] == [10**9, 10**9]
         with pytest.raises(HeteroError, match=r"largest device, d0, has 953\.67 MiB"):
             ctx.submit(hetero.task(memory="2GB")(grab), 1)
@@ -116,7 +119,7 @@ def test_debug_logging_shows_each_placement_and_why(caplog: pytest.LogCaptureFix
     try:
         with (
             caplog.at_level(logging.DEBUG, logger="hetero"),
-            hetero.Context(devices=emulated([2.0, 1.0])) as ctx,
+            hetero.Context(devices=emulated_fleet([2.0, 1.0])) as ctx,
         ):
             ctx.run(hetero.task(cost=0.01, name="step")(lambda: None))
     finally:
@@ -131,7 +134,7 @@ def test_an_emulated_device_busy_with_tasks_reports_its_busy_time_as_utilization
 ) -> None:
     monkeypatch.setenv("HETERO_STATUS_DIR", str(tmp_path))
     work = hetero.task(cost=0.02)(lambda x: x)  # 20 ms each: the worker sleeps, busy all along
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         list(ctx.map(work, range(130), batch_size=1, progress=False))  # ~2.6 s of work
         (status,) = [s for s in read_statuses(tmp_path) if s["pid"] == os.getpid()]
     (device,) = status["devices"]

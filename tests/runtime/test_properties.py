@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import hetero
 from hetero.errors import TaskFailed
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 
 def counted(i: int, seconds: float, log: str) -> int:
@@ -39,7 +39,7 @@ def test_every_task_ends_exactly_once_under_random_kills(
 ) -> None:
     log = tmp_path_factory.mktemp("log") / "done"
     task = hetero.task(retries=retries)(counted)
-    with hetero.Context(devices=emulated([1.0, 1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0, 1.0])) as ctx:
         futures = [ctx.submit(task, i, s, str(log)) for i, s in enumerate(durations)]
         start = time.monotonic()
         for at, device in sorted(kills):

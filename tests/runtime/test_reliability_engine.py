@@ -22,19 +22,13 @@ import pytest
 
 import hetero
 from hetero.errors import HeteroError, TaskFailed
-from hetero.runtime.monitor import sample_device
+from hetero.runtime.device_probe import sample_device
 from hetero.runtime.serialize import segment_dir
 from hetero.runtime.status import StatusWriter, read_statuses
-from tests.runtime.conftest import emulated, wait_for
+from hetero.testing import emulated_fleet
+from tests.processes import gone, wait_for
 
 ROOT = Path(__file__).parents[2]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def hold_the_gil(seconds: int) -> None:
@@ -48,7 +42,7 @@ def hold_the_gil(seconds: int) -> None:
 
 def test_a_task_stuck_in_c_past_its_timeout_is_killed_and_the_tasks_behind_it_run() -> None:
     stuck = hetero.task(timeout=0.5, retries=0)(hold_the_gil)
-    with hetero.Context(devices=emulated([1.0])).start() as ctx:  # one worker: nowhere else
+    with hetero.Context(devices=emulated_fleet([1.0])).start() as ctx:  # one worker: nowhere else
         (worker,) = ctx.backend.pids()
         assert worker is not None
         doomed = ctx.submit(stuck, 30)
@@ -75,7 +69,7 @@ def test_no_task_is_sent_to_a_worker_being_stopped(
     # has not reached the C call yet ends itself at once, and there would be no grace period.
     stuck = hetero.task(timeout=1.0, retries=0, devices=["d0"])(hold_the_gil)
     on_d0 = hetero.task(devices=["d0"])(os.getpid)
-    with hetero.Context(devices=emulated([1.0, 1.0])).start() as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])).start() as ctx:
         old = ctx.run(on_d0)  # the worker warm, its first order behind it
         assert old == ctx.backend.pids()[0]
         doomed = ctx.submit(stuck, 30)
@@ -96,12 +90,12 @@ def test_no_task_is_sent_to_a_worker_being_stopped(
 DRIVER = textwrap.dedent(
     """
     import ctypes, sys, time, numpy, hetero
-    from tests.runtime.conftest import emulated
+    from hetero.testing import emulated_fleet
     def hold_the_gil(seconds):
         ctypes.PyDLL(None).sleep(seconds)
     def big(n):
         return numpy.ones(n)
-    ctx = hetero.Context(devices=emulated([1.0, 1.0])).start()
+    ctx = hetero.Context(devices=emulated_fleet([1.0, 1.0])).start()
     kept = [ctx.run(big, 1 << 18) for _ in range(3)]  # 2 MiB results, held in shared memory
     fs = [ctx.submit(hetero.task(devices=[d])(hold_the_gil), 60) for d in ("d0", "d1")]
     time.sleep(0.5)  # both workers are in the C call now
@@ -148,7 +142,7 @@ def test_the_next_start_reclaims_the_shared_memory_of_a_killed_driver(
     pid, _ = killed_driver
     left = list(segment_dir().glob(f"hetero-{pid}-*"))
     assert left  # the results it held: nobody was left to remove them
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         ctx.run(os.getpid)
     assert not [p for p in left if p.exists()]
 
@@ -170,7 +164,7 @@ def test_a_task_whose_child_process_goes_over_the_memory_limit_fails_and_the_chi
 ) -> None:
     marker = tmp_path / "child"
     task = hetero.task(retries=0)(spawn_hungry_child)
-    with hetero.Context(devices=emulated([1.0], memory_limit="200MB")) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0], memory="200MB")) as ctx:
         f = ctx.submit(task, str(marker))
         with pytest.raises(TaskFailed, match=r"exceeded the device.s limit 0\.20 GB"):
             f.result(timeout=7)
@@ -189,7 +183,7 @@ def test_an_emulated_device_counts_the_memory_of_its_workers_children() -> None:
     )
     try:
         wait_for(lambda: len(psutil.Process(parent.pid).children()) == 1)
-        device = emulated([1.0])[0]
+        device = emulated_fleet([1.0])[0]
         wait_for(lambda: (sample_device(device, parent.pid).memory_used or 0) > 400 << 20)
     finally:
         for proc in psutil.Process(parent.pid).children(recursive=True):
@@ -257,7 +251,7 @@ def test_a_daemon_a_task_started_does_not_outlive_the_context(
     usable(cgroups)
     marker = tmp_path / "daemon"
     backend = LocalBackend() if cgroups is True else LocalBackend(cgroups=cgroups)
-    with hetero.Context(devices=emulated([1.0]), backend=backend) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0]), backend=backend) as ctx:
         ctx.run(start_a_daemon, str(marker))
         daemon = read_pid(marker)
         (worker,) = ctx.backend.pids()
@@ -275,14 +269,14 @@ ORPHANS_DRIVER = textwrap.dedent(
     import subprocess, sys, time, hetero
     from pathlib import Path
     from hetero.runtime.local import LocalBackend
-    from tests.runtime.conftest import emulated
+    from hetero.testing import emulated_fleet
     cgroups, daemon, marker = sys.argv[1], sys.argv[2], sys.argv[3]  # "True", "False" or a path
     def start(marker):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         subprocess.run([sys.executable, "-c", daemon, marker], check=True)
         return child.pid
     options = {} if cgroups == "True" else {"cgroups": cgroups != "False" and Path(cgroups)}
-    ctx = hetero.Context(devices=emulated([1.0]), backend=LocalBackend(**options))
+    ctx = hetero.Context(devices=emulated_fleet([1.0]), backend=LocalBackend(**options))
     print(ctx.run(start, marker), *ctx.backend.pids(), flush=True)
     time.sleep(60)  # killed meanwhile
     """
@@ -385,7 +379,7 @@ def test_a_context_runs_without_publishing_into_a_refused_status_directory(
     monkeypatch.setenv("HETERO_STATUS_DIR", str(shared))
     with (
         caplog.at_level(logging.WARNING, logger="hetero"),
-        hetero.Context(devices=emulated([1.0])) as ctx,
+        hetero.Context(devices=emulated_fleet([1.0])) as ctx,
     ):
         assert ctx.run(os.getpid) != os.getpid()
     assert list(shared.iterdir()) == []
@@ -410,7 +404,7 @@ def test_many_more_devices_than_cores_warn_with_the_count(
         caplog.clear()
         backend = LocalBackend()
         with caplog.at_level(logging.WARNING, logger="hetero.runtime"):
-            backend.start(emulated([1.0] * count), Quiet())
+            backend.start(emulated_fleet([1.0] * count), Quiet())
         backend.close()
         text = caplog.text
         assert (

@@ -9,7 +9,7 @@ import numpy as np
 
 import hetero
 from hetero.runtime.serialize import SHM_THRESHOLD, pack, remove_segments, segment_dir, unpack
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 
 def test_small_values_stay_in_band_and_large_buffers_go_through_shared_memory() -> None:
@@ -49,7 +49,7 @@ def total(a: np.ndarray) -> float:
 
 
 def test_intermediate_results_flow_through_a_graph_without_copies() -> None:
-    with hetero.Context(devices=emulated([1.0, 1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0, 1.0])) as ctx:
         parent = ctx.submit(np.ones, 2_000_000)
         child = ctx.submit(total, parent)
         assert child.result(timeout=30) == 2_000_000.0
@@ -85,7 +85,7 @@ def test_files_are_reused_across_calls_and_no_live_result_is_ever_overwritten() 
 
     seen: set[str] = set()
     results = []
-    with hetero.Context(devices=emulated([1.0])) as ctx:
+    with hetero.Context(devices=emulated_fleet([1.0])) as ctx:
         for k in range(40):
             out = ctx.run(identity, np.full(200_000, float(k)))
             if k % 4 == 0:

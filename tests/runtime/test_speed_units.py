@@ -12,7 +12,7 @@ from hetero.config import parse_config
 from hetero.devices.fleet import build_fleet
 from hetero.devices.spec import Device
 from hetero.runtime.status import own_time_speeds
-from tests.runtime.conftest import emulated
+from hetero.testing import emulated_fleet
 
 TIME_SCALE = 0.1
 
@@ -23,7 +23,7 @@ def unit_of_work() -> None:
 
 
 def _with_real_cpu() -> list[Device]:
-    return [*emulated([1.0]), *build_fleet(parse_config({"devices": [{"type": "cpu"}]}))]
+    return [*emulated_fleet([1.0]), *build_fleet(parse_config({"devices": [{"type": "cpu"}]}))]
 
 
 def _run(ctx: hetero.Context) -> None:
@@ -51,7 +51,7 @@ def test_the_conversion() -> None:
         own_time_speeds(1.0, 1.0, emulated=True, time_scale=0.0, unit_rate=1.0)
 
 
-@pytest.mark.parametrize("fleet", [lambda: emulated([1.0, 2.5]), _with_real_cpu])
+@pytest.mark.parametrize("fleet", [lambda: emulated_fleet([1.0, 2.5]), _with_real_cpu])
 def test_learned_and_prior_agree_for_a_device_at_its_prior_speed(fleet: object) -> None:
     with hetero.Context(devices=fleet(), time_scale=TIME_SCALE) as ctx:  # type: ignore[operator]
         _run(ctx)

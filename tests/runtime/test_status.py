@@ -5,42 +5,12 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from hetero.runtime.status import StatusSnapshot, StatusWriter, read_statuses, status_dir
-
-
-def snapshot(pid: int, started: float | None = None, config: str | None = None) -> StatusSnapshot:
-    now = time.time()
-    return {
-        "pid": pid,
-        "started": now if started is None else started,
-        "updated": now,
-        "config": config,
-        "tasks": {"submitted": 3, "done": 1, "failed": 0, "running": 1, "waiting": 1},
-        "devices": [
-            {
-                "id": "a100-80gb:0",
-                "model": "A100-80GB",
-                "kind": "gpu",
-                "emulated": True,
-                "healthy": True,
-                "speed": 240.5,
-                "prior_speed": 250.0,
-                "running": 1,
-                "queued": 1,
-                "done": 1,
-                "failed": 0,
-                "utilization": 55.0,
-                "memory_used": 1024,
-                "memory_total": 80 * 1024**3,
-                "temperature": None,
-            }
-        ],
-    }
+from hetero.runtime.status import StatusWriter, read_statuses, status_dir
+from tests.runtime.status_snapshots import snapshot
 
 
 @pytest.fixture

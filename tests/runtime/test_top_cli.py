@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from hetero.commands.top import _watch, register
 from hetero.runtime.status import StatusWriter, status_dir
 from tests.cli_apps import command_app
+from tests.processes import interruptible
 from tests.rendering import assert_whole, flat, headers
-from tests.runtime.conftest import interruptible
-from tests.runtime.test_status import snapshot
+from tests.runtime.status_snapshots import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mixed_fleet.yaml"

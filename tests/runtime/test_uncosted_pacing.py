@@ -33,9 +33,11 @@ def test_uncosted_chunks_follow_the_speeds_without_saturating(
         ran = collections.Counter(ctx.map(digest, range(CHUNKS), batch_size=1))
     total = sum(speeds.values())
     # Total variation distance between the split and the speed shares: 0.5 before (the H100,
-    # asked to outrun this host, fell behind the A100s); within 15% now, on a shared host.
+    # asked to outrun this host, fell behind the A100s); within 0.15 now on a host this test has
+    # to itself, 0.16 beside other work keeping 10 processes runnable on 2 cores. The bound
+    # tells the two apart with room for a host busier than that.
     distance = sum(abs(ran[d] / CHUNKS - s / total) for d, s in speeds.items()) / 2
-    assert distance <= 0.15, ran
+    assert distance <= 0.3, ran
     assert "emulation saturated" not in caplog.text
 
 

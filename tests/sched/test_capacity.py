@@ -9,7 +9,7 @@ from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, ManualClock, Run, WorkItem
 from hetero.sched.capacity import CapacityOptions, ConcurrencyLimit
 from hetero.sched.registry import make_policy
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def test_options_name_every_bad_field() -> None:

@@ -7,10 +7,10 @@ import pytest
 
 from hetero.errors import ConfigError, NoCapableDevice, UnknownDevice
 from hetero.sched import Cause, Dispatcher, ItemState, ManualClock, Run, WakeAt, WorkItem
-from hetero.sched.dispatcher import Finish
+from hetero.sched.instructions import Finish
 from hetero.sched.registry import make_policy, policy_names
-from tests.sched.conftest import make_devices
-from tests.sched.test_properties import OPTIONS
+from tests.fleets import make_devices
+from tests.sched.policies import OPTIONS
 
 GB = 2**30
 

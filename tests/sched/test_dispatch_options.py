@@ -13,7 +13,7 @@ from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, DispatchOptions, ManualClock
 from hetero.sched.options import DEFAULT_MAX_QUEUE_SIZE, QUEUE_ORDERS
 from hetero.sched.registry import make_policy
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 #: The one setting the config file does not have: long runs (the simulator) turn it off.
 NOT_IN_CONFIG = {"keep_finished"}

@@ -18,7 +18,8 @@ from hetero.sched import (
     WorkItem,
 )
 from hetero.sched.policy import BoolArray, masked_argmin
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
+from tests.sched.policies import Always
 
 
 class Fastest(Policy):
@@ -28,19 +29,6 @@ class Fastest(Policy):
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
         return masked_argmin(view.expected_delay(item.kind, item.cost), allowed)
-
-
-class Always(Policy):
-    """Every item to one device (while it is usable and allowed)."""
-
-    name = "test_always"
-
-    def __init__(self, index: int = 0) -> None:
-        self.index = index
-
-    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
-        mask = view.usable if allowed is None else allowed
-        return self.index if mask[self.index] else masked_argmin(view.outstanding, mask)
 
 
 class Never(Policy):

@@ -17,7 +17,7 @@ from hetero.sched import (
 )
 from hetero.sched.driver import Driver
 from hetero.sched.health import Hold
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 class Recorder(Driver):

@@ -17,7 +17,7 @@ from hetero.sched.engine_fit import EngineFit, EnginePrior
 from hetero.sched.policies.slo import PROBE_AFTER, SloRouting
 from hetero.sched.prefix import Prefix
 from hetero.serve.engine_model import EngineModel, EngineRequest, engine_spec
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def prior(step: float, per_request: float, prefill_s: float = 1e-4) -> EnginePrior:

@@ -18,7 +18,7 @@ from hetero.sched.perf import PerfModel
 from hetero.sched.registry import make_policy
 from hetero.sched.view import SIZE_CLASSES, FleetView
 from hetero.sim.engine import Simulator
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 kernel = pytest.importorskip("hetero.sched._kernel", reason="the C kernel is not built here")
 

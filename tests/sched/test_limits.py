@@ -13,8 +13,8 @@ from hetero.errors import (
 )
 from hetero.sched import Dispatcher, ItemState, ManualClock, Run, WorkItem
 from hetero.sched.registry import make_policy, policy_names
-from tests.sched.conftest import make_devices
-from tests.sched.test_properties import OPTIONS
+from tests.fleets import make_devices
+from tests.sched.policies import OPTIONS
 
 GB = 2**30
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, Finish, ItemState, ManualClock, Run, Stop, WorkItem
 from hetero.sched.registry import make_policy
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 POLICIES = ["shortest_expected_delay", "round_robin", "power_of_two", "adaptive", "weighted"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from hetero.sched import FleetView, ManualClock, PerfModel
 from hetero.sched.metrics import Metrics
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def _view() -> FleetView:

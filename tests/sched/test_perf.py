@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hetero import get_catalog
 from hetero.devices.spec import Device
 from hetero.sched import PerfModel
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def catalog_devices(*models: str) -> list[Device]:

@@ -15,7 +15,7 @@ from hetero.sched import Completed, Composite, FleetView, ManualClock, PerfModel
 from hetero.sched.policies import AffinityFilter, CapacityFilter
 from hetero.sched.policy import Rejected
 from hetero.sched.registry import make_policy, policy_names
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 GIB = 1024**3
 ALL = [

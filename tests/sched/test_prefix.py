@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, ManualClock, WorkItem, make_policy
 from hetero.sched.prefix import BLOCK_CHARS, MAX_BLOCKS, Prefix, PrefixIndex, prefix_blocks
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 SYSTEM = "You are a helpful assistant. " * 40  # about 1,100 characters: 4 full blocks
 

@@ -12,14 +12,8 @@ from hypothesis import strategies as st
 from hetero.errors import NoCapableDevice, QueueFull
 from hetero.sched import Dispatcher, Finish, ItemState, ManualClock, Run, Stop, WakeAt, WorkItem
 from hetero.sched.registry import make_policy, policy_names
-from tests.sched.conftest import make_devices
-
-# Policies whose constructor needs arguments get some that fit the generated fleets.
-OPTIONS = {
-    "tiered": {"thresholds": [1.0], "tiers": [["gpu"], ["gpu"]]},
-    "affinity": {"rules": {"big": ["d0"]}},
-    "capacity_aware": {"on_no_fit": "wait"},
-}
+from tests.fleets import make_devices
+from tests.sched.policies import OPTIONS
 
 ops = st.lists(
     st.one_of(

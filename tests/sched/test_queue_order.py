@@ -13,8 +13,8 @@ from hetero.sched import Dispatcher, ManualClock, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.registry import make_policy
 from hetero.sched.view import SIZE_CLASSES, FleetView
-from tests.sched.conftest import make_devices
-from tests.sched.test_dispatcher import Always
+from tests.fleets import make_devices
+from tests.sched.policies import Always
 
 
 def run_order(d: Dispatcher, clock: ManualClock, device: int = 0) -> list[int | str]:

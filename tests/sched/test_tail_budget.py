@@ -16,7 +16,7 @@ from hetero.errors import ConfigError
 from hetero.sched import Dispatcher, ManualClock, WorkItem
 from hetero.sched.policies.budget import TailBudget
 from hetero.sched.registry import make_policy
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def warmed(**options: object) -> tuple[Dispatcher, TailBudget, ManualClock]:

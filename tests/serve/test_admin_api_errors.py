@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from hetero.serve.app import ServeOptions
-from hetero.serve.mock import MockReplica
-from tests.serve.conftest import Fleet, Serve, Spec, mock
+from hetero.serve.emulator.server import MockReplica
+from tests.serve.harness import Fleet, Serve, Spec, mock
 
 KEY = "admin-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.serve.conftest import CHAT, chat
+from tests.serve.harness import CHAT, chat
 
 MOCK = [sys.executable, "-m", "hetero", "mock-replica", "--engine", "vllm"]
 MOCK += ["--engine-model", "continuous", "--model-shape", "llama-3.1-8b", "--model", "m"]

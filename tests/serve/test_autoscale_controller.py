@@ -23,7 +23,7 @@ from hetero.serve.autoscale.policy import PolicyOptions, ReplicaType, ScalePolic
 from hetero.serve.autoscale.providers import LocalProcessProvider, ReplicaHandle, Retry
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
-from tests.serve.conftest import CHAT, PINNED, assert_settled, chat, wait_for
+from tests.serve.harness import CHAT, PINNED, assert_settled, chat, wait_for
 
 CPU = ReplicaType("cpu", startup_s=5, max_count=3)
 TOKENS = 60

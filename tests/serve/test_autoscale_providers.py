@@ -23,7 +23,7 @@ from hetero.serve.autoscale.providers import (
     ReplicaProcess,
     Retry,
 )
-from tests.serve.conftest import wait_for
+from tests.serve.harness import wait_for
 
 MOCK = [sys.executable, "-m", "hetero", "mock-replica", "--host", "{host}", "--port", "{port}"]
 MOCK += ["--model", "m"]

@@ -10,6 +10,7 @@ import pytest
 
 from hetero.errors import ConfigError
 from hetero.sched.prefix import prefix_blocks
+from hetero.serve.emulator.config import MockConfig
 from hetero.serve.engine_model import (
     BLOCK_SIZE,
     Calibration,
@@ -19,28 +20,20 @@ from hetero.serve.engine_model import (
     Step,
     engine_spec,
 )
-from hetero.serve.mock_config import MockConfig
+from hetero.testing import ManualClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def engine(**options: object) -> tuple[EngineModel, Clock]:
-    clock = Clock()
+def engine(**options: object) -> tuple[EngineModel, ManualClock]:
+    clock = ManualClock()
     spec = engine_spec("llama-3-8b", "H100-SXM-80GB", **options)  # type: ignore[arg-type]
-    return EngineModel(spec, clock), clock
+    return EngineModel(spec, clock.now), clock
 
 
-def run(model: EngineModel, clock: Clock) -> list[Step]:
+def run(model: EngineModel, clock: ManualClock) -> list[Step]:
     """Steps until idle, the clock following them."""
     steps = []
     while (step := model.step()) is not None:
-        clock.now = step.end
+        clock.set(step.end)
         steps.append(step)
     return steps
 
@@ -75,7 +68,7 @@ def test_decode_is_bound_by_memory_and_grows_with_the_requests_decoding() -> Non
             model.submit(EngineRequest(256, 4))
         prefill = model.step()
         assert prefill is not None and prefill.prefill_tokens == 256 * n
-        clock.now = prefill.end
+        clock.set(prefill.end)
         decode = model.step()
         assert decode is not None and (decode.decode_tokens, decode.prefill_tokens) == (n, 0)
         times[n] = decode.duration
@@ -88,7 +81,7 @@ def test_decode_is_bound_by_memory_and_grows_with_the_requests_decoding() -> Non
     assert times[32] < 2 * times[1]
 
 
-def closed_loop(model: EngineModel, clock: Clock, concurrency: int, total: int) -> float:
+def closed_loop(model: EngineModel, clock: ManualClock, concurrency: int, total: int) -> float:
     """Tokens (prompt and output) per second with ``concurrency`` clients, each sending its
     next request as the last one finishes, ``total`` requests in all."""
     sent = 0
@@ -96,12 +89,12 @@ def closed_loop(model: EngineModel, clock: Clock, concurrency: int, total: int) 
         model.submit(EngineRequest(64, 64))
         sent += 1
     while (step := model.step()) is not None:
-        clock.now = step.end
+        clock.set(step.end)
         for _ in step.finished:
             if sent < total:
                 model.submit(EngineRequest(64, 64))
                 sent += 1
-    return total * 128 / clock.now
+    return total * 128 / clock.now()
 
 
 def test_throughput_rises_with_concurrency_until_bound_by_compute() -> None:
@@ -122,7 +115,7 @@ def test_requests_join_the_batch_at_step_boundaries_and_long_prompts_prefill_in_
     short = model.submit(EngineRequest(100, 50))
     first = model.step()
     assert first is not None
-    clock.now = (first.start + first.end) / 2  # mid-step: the newcomer waits for the next one
+    clock.set((first.start + first.end) / 2)  # mid-step: the newcomer waits for the next one
     long = model.submit(EngineRequest(5000, 1))
     assert model.waiting[0] is long and short in model.running
     steps = [first, *run(model, clock)]
@@ -142,7 +135,7 @@ def test_a_full_kv_cache_preempts_the_newest_request_which_still_finishes_once()
     finished: Counter[int] = Counter()
     preempted: list[EngineRequest] = []
     while (step := model.step()) is not None:
-        clock.now = step.end
+        clock.set(step.end)
         assert model.used_blocks <= model.spec.num_blocks
         finished.update(id(r) for r in step.finished)
         preempted += step.preempted
@@ -159,7 +152,7 @@ def test_a_cached_prefix_shortens_time_to_first_token_by_the_prefill_it_skips() 
     system = "S" * 4096 * 4  # 4096 tokens shared, then 2048 of each request's own
     first = model.submit(EngineRequest(6144, 2, blocks(system + "a" * 2048 * 4, 6144)))
     run(model, clock)
-    clock.now += 1.0
+    clock.advance(1.0)
     second = model.submit(EngineRequest(6144, 2, blocks(system + "b" * 2048 * 4, 6144)))
     run(model, clock)
     assert first.first_token_at is not None and second.first_token_at is not None
@@ -178,7 +171,7 @@ def test_running_requests_share_the_blocks_of_a_prefix() -> None:
     a = model.submit(EngineRequest(1040, 100, blocks(system + "a" * 64, 1040)))
     step = model.step()
     assert step is not None
-    clock.now = step.end
+    clock.set(step.end)
     b = model.submit(EngineRequest(1040, 100, blocks(system + "b" * 64, 1040)))
     model.step()
     assert b.cached_tokens == 1024  # a still runs: its blocks are shared, not copied

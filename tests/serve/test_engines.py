@@ -13,12 +13,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from hetero.serve.emulator.server import MockReplica
 from hetero.serve.engines import VLLM, LoadError, OpenAIServer, SGLang, detect
 from hetero.serve.engines.prometheus import samples
 from hetero.serve.engines.sglang import _server_caps
 from hetero.serve.engines.vllm import parse as parse_vllm
-from hetero.serve.mock import MockReplica
-from tests.serve.conftest import Serve, Spec, chat, mock, wait_for
+from tests.serve.harness import Serve, Spec, chat, mock, wait_for
 
 DATA = Path(__file__).parent / "data"
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from hetero.serve.app import ServeOptions
 from hetero.serve.probes import MAX_MODELS_BODY
 from hetero.serve.router import RouterOptions
-from tests.serve.conftest import CHAT, Fleet, Serve, Spec, chat, mock, wait_for
+from tests.serve.harness import CHAT, Fleet, Serve, Spec, chat, mock, wait_for
 
 KEY = "admin-key"
 ADMIN = {"Authorization": f"Bearer {KEY}"}

@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
+from hetero.serve.emulator.server import MockConfig, MockReplica
 from hetero.serve.engine_model import BLOCK_SIZE
 from hetero.serve.engines.vllm import parse
-from hetero.serve.mock import MockConfig, MockReplica
 
 CHAT = "/v1/chat/completions"
 SYSTEM = "You are a careful assistant. " * 80  # 2320 characters: 36 blocks of 64

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.commands.launch import free_port
-from hetero.serve.mock_model import parameter_count
+from hetero.serve.emulator.tiny_llama import parameter_count
 from tests.vllm_engine import VllmReplica, models_dir, vllm_available
 
 runner = CliRunner()

@@ -26,15 +26,15 @@ from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.errors import ConfigError
-from hetero.serve.mock import (
+from hetero.serve.emulator.server import (
     EMBEDDING_DIM,
     OUTPUT_DISTS,
     MockConfig,
     MockReplica,
     draw_output_length,
 )
-from hetero.serve.mock_state import _Slots
-from tests.serve.conftest import openai_stream
+from hetero.serve.emulator.slots import _Slots
+from tests.serve.harness import openai_stream
 
 Start = Callable[..., Awaitable[tuple[MockReplica, str]]]
 

@@ -24,14 +24,14 @@ from hetero.commands.launch import free_port
 from hetero.commands.top_serve import serve_view
 from hetero.serve.app import ServeOptions
 from hetero.serve.cost import prompt_tokens
+from hetero.serve.emulator.server import MockReplica
 from hetero.serve.health import gray_replicas
-from hetero.serve.mock import MockReplica
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import Replica
 from hetero.serve.router import RouterOptions
 from hetero.serve.router_status import ADMIN_ONLY
 from tests.rendering import render
-from tests.serve.conftest import CHAT, PINNED, Fleet, Serve, Spec, chat, mock, wait_for
+from tests.serve.harness import CHAT, PINNED, Fleet, Serve, Spec, chat, mock, wait_for
 
 #: A replica that takes about 20 ms a request (so a slowdown shows in its learned speed).
 PACED = mock(decode_time=0.002, output_mean=10)

@@ -8,7 +8,7 @@ import asyncio
 from hetero.sched.item import Tokens
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions, Ticket, request_item
-from tests.serve.conftest import assert_settled
+from tests.serve.harness import assert_settled
 
 URL = "http://127.0.0.1:9"  # never contacted
 

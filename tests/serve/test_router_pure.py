@@ -22,17 +22,10 @@ from hetero.serve.health import gray_replicas
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.replicas import Replica, parse_replica_flag, replica_from_config
 from hetero.serve.router import NoReplica, Router, RouterOptions, Ticket, UnknownModel
-from tests.serve.conftest import PINNED, assert_settled
+from hetero.testing import ManualClock
+from tests.serve.harness import PINNED, assert_settled
 
 URL = "http://127.0.0.1:9"  # never contacted
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --- the circuit breaker -----------------------------------------------------------------------
@@ -167,26 +160,26 @@ def test_gray_ignores_the_unit_of_speed(speeds: list[float], scale: float, ratio
 
 
 def test_rate_limiter_allows_a_burst_then_refills() -> None:
-    clock = FakeClock(100.0)
-    limiter = RateLimiter(rate=2.0, burst=3.0, clock=clock)
+    clock = ManualClock(100.0)
+    limiter = RateLimiter(rate=2.0, burst=3.0, clock=clock.now)
     assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.0]
     assert limiter.take("k") == 0.5  # one token at 2 a second
-    clock.now += 0.25
+    clock.advance(0.25)
     assert limiter.take("k") == 0.25
-    clock.now += 0.25
+    clock.advance(0.25)
     assert limiter.take("k") == 0.0
     assert limiter.take("k") == 0.5
 
 
 def test_rate_limiter_keeps_no_more_than_a_burst() -> None:
-    clock = FakeClock()
-    limiter = RateLimiter(rate=4.0, burst=2.0, clock=clock)
-    clock.now += 1000.0
+    clock = ManualClock()
+    limiter = RateLimiter(rate=4.0, burst=2.0, clock=clock.now)
+    clock.advance(1000.0)
     assert [limiter.take("k") for _ in range(3)] == [0.0, 0.0, 0.25]
 
 
 def test_rate_limiter_keys_are_charged_to_the_address_they_were_first_seen_from() -> None:
-    limiter = RateLimiter(rate=1.0, clock=FakeClock())
+    limiter = RateLimiter(rate=1.0, clock=ManualClock().now)
     assert limiter.burst == 1.0
     assert limiter.take("alice") == 0.0
     assert limiter.take("alice") == 1.0
@@ -197,7 +190,7 @@ def test_rate_limiter_keys_are_charged_to_the_address_they_were_first_seen_from(
 
 
 def test_rate_limiter_charges_a_new_key_to_its_address() -> None:
-    limiter = RateLimiter(rate=1.0, clock=FakeClock())
+    limiter = RateLimiter(rate=1.0, clock=ManualClock().now)
     assert limiter.take("alice", "10.0.0.1") == 0.0
     assert limiter.take("invented", "10.0.0.1") == 1.0  # the address's token is spent
     assert limiter.take("", "10.0.0.1") == 1.0  # as is a request without a key

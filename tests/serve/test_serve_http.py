@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.serve.app import ServeOptions
-from hetero.serve.mock import MockReplica
+from hetero.serve.emulator.server import MockReplica
 from hetero.serve.replicas import Replica
 from hetero.serve.router import RouterOptions
-from tests.serve.conftest import (
+from tests.serve.harness import (
     CHAT,
     COMPLETIONS,
     PINNED,

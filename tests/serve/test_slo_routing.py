@@ -15,7 +15,7 @@ from hetero.serve.engines import LoadSample
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
 from tests.rendering import render
-from tests.serve.conftest import CHAT, Fleet, Serve, Spec, chat, mock
+from tests.serve.harness import CHAT, Fleet, Serve, Spec, chat, mock
 
 ENGINE = {
     "engine": "vllm",

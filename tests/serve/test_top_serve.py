@@ -2,56 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Iterator
-
-import aiohttp
-import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.commands.top_serve import fetch_status
-from hetero.serve.app import ServeOptions, Server
-from hetero.serve.mock import MockConfig, MockReplica
-from hetero.serve.replicas import Replica
-from hetero.serve.router import Router
+from tests.serve.harness import KEY
 
 runner = CliRunner()
-KEY = "top-secret"
-
-
-@pytest.fixture
-def router_url() -> Iterator[str]:
-    """A mock replica and a router on their own event loop thread; yields the router's URL."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> tuple[MockReplica, Server, str]:
-        mock = MockReplica(MockConfig(models=("m",), speed=2.0, slots=4, decode_time=0.001))
-        mock_url = await mock.start()
-        server = Server(
-            Router([Replica("fast", mock_url, 2.0, 4, set(), False)]),
-            ServeOptions(port=0, admin_key=KEY),
-        )
-        url = await server.start()
-        async with aiohttp.ClientSession() as session:
-            body = {"model": "m", "prompt": "hello", "max_tokens": 3}
-            async with session.post(url + "/v1/completions", json=body) as reply:
-                assert reply.status == 200
-        return mock, server, url
-
-    mock, server, url = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield url
-
-    async def stop() -> None:
-        await server.stop()
-        await mock.stop()
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
 
 
 def test_top_serve_shows_each_replica(router_url: str) -> None:

@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 from hetero.cli import app
 from hetero.commands.top_serve import fetch_status, serve_view
 from tests.rendering import render
-from tests.serve.test_top_serve import router_url  # noqa: F401  (a fixture)
 
 runner = CliRunner()
 
@@ -69,7 +68,7 @@ def test_a_watch_shows_the_rate_since_the_last_refresh() -> None:
     assert "since the last refresh" in " ".join(text.split())
 
 
-def test_top_serve_once_shows_a_real_token_rate(router_url: str) -> None:  # noqa: F811
+def test_top_serve_once_shows_a_real_token_rate(router_url: str) -> None:
     # The fixture's request generated 3 tokens; the router reports its uptime to 0.1 s.
     deadline = time.monotonic() + 10
     while not fetch_status(router_url)["uptime_s"]:

@@ -12,7 +12,7 @@ import aiohttp
 from hetero.serve.app import ServeOptions, Server
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
-from tests.serve.conftest import CHAT, PINNED, assert_settled, chat
+from tests.serve.harness import CHAT, PINNED, assert_settled, chat
 
 
 def _free_port() -> int:

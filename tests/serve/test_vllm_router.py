@@ -20,7 +20,7 @@ from aiohttp import web
 from hetero.serve.app import ServeOptions, Server
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
-from tests.serve.conftest import assert_settled, wait_for
+from tests.serve.harness import assert_settled, wait_for
 from tests.serve.vllm_fixtures import MODEL, VllmEndpoint, VllmFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -10,7 +10,7 @@ import pytest
 from hetero.sched import Policy, WorkItem
 from hetero.sched.registry import make_policy
 from hetero.sim.engine import Simulator
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 
 def arrivals(*rows: tuple[float, float]) -> Iterator[tuple[float, WorkItem]]:

@@ -24,6 +24,7 @@ from hetero.sim.engine_fleet import (
     FleetSnapshot,
     ReplicaReport,
 )
+from hetero.testing import ManualClock
 
 L4 = engine_spec("llama-3-8b", "L4")
 H100 = engine_spec("llama-3-8b", "H100-SXM-80GB")
@@ -39,30 +40,23 @@ def poisson(rate: float, n: int, seed: int = 0, prompt: int = 800, output: int =
     return out
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def engine_alone(spec: EngineSpec, arrivals: Arrivals) -> list[EngineRequest]:
     """The engine model driven by itself: each request submitted as it arrives, the next step
     scheduled as the last one ends (requests arrived by then join it)."""
-    clock = Clock()
-    model = EngineModel(spec, clock)
+    clock = ManualClock()
+    model = EngineModel(spec, clock.now)
     requests, step, i = [], None, 0
     while i < len(arrivals) or step is not None:
         if i < len(arrivals) and (step is None or arrivals[i][0] <= step.end):
-            clock.now, prompt, output = arrivals[i]
+            at, prompt, output = arrivals[i]
+            clock.set(at)
             i += 1
             requests.append(model.submit(EngineRequest(prompt, output)))
             if step is None:
                 step = model.step()
         else:
             assert step is not None
-            clock.now = step.end
+            clock.set(step.end)
             step = model.step()
     return requests
 

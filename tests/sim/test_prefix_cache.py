@@ -20,7 +20,7 @@ from hetero.sim.engine import Simulator
 from hetero.sim.result import SimResult
 from hetero.sim.run import devices_from_names, expected_duration, simulate
 from hetero.sim.workload import generate, parse_workload
-from tests.sched.conftest import make_devices
+from tests.fleets import make_devices
 
 Row = tuple[float, float, tuple[int, ...]]  # arrival time, cost, prompt blocks
 

@@ -14,8 +14,8 @@ from hetero.sim.report import comparison_table
 from hetero.sim.run import simulate
 from hetero.sim.workload import parse_workload
 from hetero.telemetry.measures import imbalance, imbalance_grade, load_balance
+from tests.fleets import make_devices
 from tests.rendering import flat, headers, render
-from tests.sched.conftest import make_devices
 
 
 def test_imbalance_is_the_busiest_over_the_least_busy() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetero.devices.spec import Device
-from hetero.errors import DeviceError
+from hetero.errors import UnknownDevice
 from hetero.plan.allocation import Allocation, DeviceUsage
 from hetero.plan.placement import gpu_of
 from hetero.plan.request import closest
@@ -51,10 +51,10 @@ class Holdings:
         self.allocations: dict[str, Allocation] = {}
 
     def position_of(self, device_id: str) -> int:
-        """The position of ``device_id``; ``DeviceError`` naming the closest ids if unknown."""
+        """The position of ``device_id``; ``UnknownDevice`` naming the closest ids if unknown."""
         position = self.position.get(device_id)
         if position is None:
-            raise DeviceError(
+            raise UnknownDevice(
                 f"no device {device_id!r} in this pool{closest(device_id, self.position)}"
             )
         return position

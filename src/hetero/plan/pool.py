@@ -27,7 +27,7 @@ import numpy.typing as npt
 from hetero.devices.rings import device_bandwidth
 from hetero.devices.spec import Device
 from hetero.devices.topology import NodeTopology, Topology
-from hetero.errors import AllocationError, ConfigError
+from hetero.errors import AllocationError, ConfigError, DuplicateMember
 from hetero.plan.allocation import Allocation, AllocationEnd, EndCause, PoolSnapshot
 from hetero.plan.eligibility import busy_error, candidates, static_filters, usable
 from hetero.plan.holdings import Holdings
@@ -189,14 +189,15 @@ class DevicePool:
     def add_device(self, device: Device) -> None:
         """Add ``device`` to the pool (after the others) and wake waiters that may now fit.
 
-        ``ConfigError`` for something that is not a ``Device``, an id already in the pool, or a
-        ``rack`` other than the one the pool knows for its node.
+        ``ConfigError`` for something that is not a ``Device`` or a ``rack`` other than the one
+        the pool knows for its node; ``DuplicateMember`` (also a ``ConfigError``) for an id
+        already in the pool.
         """
         with self._changed:
             if not isinstance(device, Device):
                 raise ConfigError([("device", f"expected a Device, got {device!r}")])
             if device.id in self._holdings.position:
-                raise ConfigError(
+                raise DuplicateMember(
                     [("device.id", f"duplicate id {device.id!r}: the pool has a device with it")]
                 )
             problems = _rack_problems(device, "device", self._rack_of)
@@ -209,7 +210,7 @@ class DevicePool:
         """Take ``device_id`` out of the pool. Every allocation that holds it ends (all of its
         devices are given back: an allocation is all or nothing), with ``EndCause.DEVICE_REMOVED``
         and a reason that names the device and ``reason``; they are returned. Waiters wake, and
-        a waiting request the pool can no longer meet raises. ``DeviceError`` for an unknown id.
+        a waiting request the pool can no longer meet raises. ``UnknownDevice`` for an unknown id.
         """
         if reason is not None and not isinstance(reason, str):
             raise ConfigError([("reason", f"expected text or None, got {reason!r}")])
