@@ -20,7 +20,7 @@ from hetero.devices.spec import Device, DeviceKind
 from hetero.errors import HeteroError
 
 if TYPE_CHECKING:  # the runtime package is imported when the command runs, not for --help
-    from hetero.runtime.monitor import DeviceSample
+    from hetero.runtime.device_probe import DeviceSample
     from hetero.runtime.status import DeviceStatus, StatusSnapshot
 
 __all__ = ["register"]
@@ -178,7 +178,7 @@ def _watch(out: Console, pid: int, interval: float) -> None:
 def _snapshot(config: Path | None, others: list[StatusSnapshot]) -> None:
     """A one-off view of ``config``'s devices (this machine's without one); ``others`` are the
     running Contexts of other configs, named so that one can be picked with --pid."""
-    from hetero.runtime.monitor import sample_devices
+    from hetero.runtime.device_probe import sample_devices
 
     try:
         from hetero.devices.fleet import fleet_for

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 from hetero.devices.spec import Device
-from hetero.runtime.monitor import DeviceSample
+from hetero.runtime.device_probe import DeviceSample
 from hetero.runtime.serialize import remove_segments
 from hetero.runtime.worker import TaskOrder
 

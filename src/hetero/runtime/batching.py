@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hetero.sched.dispatcher import Dispatcher, Instruction
+    from hetero.sched.dispatcher import Dispatcher
+    from hetero.sched.instructions import Instruction
 
 __all__ = [
     "Batch",

@@ -5,7 +5,7 @@ The public façade: it checks its arguments, builds the fleet, the ``Dispatcher`
 turns calls into work items and carries out the dispatcher's instructions. The backend reports
 to the engine's ``BackendSink`` (``hetero.runtime.events``), never to this object; the shared
 memory the tasks use is the ``Ledger``'s (``hetero.runtime.ledger``), readings and the status
-for ``hetero top`` the ``FleetMonitor``'s (``hetero.runtime.monitoring``), profiles the
+for ``hetero top`` the ``FleetMonitor``'s (``hetero.runtime.fleet_monitor``), profiles the
 ``Profiler``'s (``hetero.runtime.profiling``).
 """
 
@@ -243,7 +243,7 @@ class Context:
     @property
     def stats(self) -> dict[str, int]:
         """Tasks ``submitted``, ``done``, ``failed``, ``cancelled``, and attempts ``retried``."""
-        return self._engine.stats
+        return self._engine.books.stats
 
     @property
     def closed(self) -> bool:

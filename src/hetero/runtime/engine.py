@@ -11,8 +11,11 @@ backend reports comes in through ``BackendSink`` (``hetero.runtime.events``), th
 backend is given. No balancing logic lives here: which device runs what, in which order,
 stolen by whom, is the dispatcher's answer.
 
-One lock guards the dispatcher and the task table; futures are completed after it is released,
-so callbacks may submit more work.
+The task table and the per-device tables and counts are the engine's books
+(``hetero.runtime.books``), which it hands to those parts; each part sees the engine itself
+only through a narrow protocol of its own (``SinkHost``, ``GraphHost``, ``BatchHost``,
+``MonitorHost``, as ``MapHost`` for maps). One lock guards the dispatcher and the books;
+futures are completed after it is released, so callbacks may submit more work.
 """
 
 from __future__ import annotations
@@ -31,24 +34,26 @@ from hetero.runtime.backend import Backend
 from hetero.runtime.backlog import Backlog
 from hetero.runtime.batch_runs import BatchRuns
 from hetero.runtime.batching import Batcher
+from hetero.runtime.books import EngineBooks
 from hetero.runtime.definitions import TaskDefinitions
-from hetero.runtime.events import BackendSink, new_breaker
+from hetero.runtime.events import BackendSink
+from hetero.runtime.fleet_monitor import FleetMonitor
 from hetero.runtime.futures import Ending, TaskFuture, futures_in, settle
 from hetero.runtime.graph import TaskGraph
 from hetero.runtime.ledger import Ledger
-from hetero.runtime.monitoring import FleetMonitor
 from hetero.runtime.profiling import Profiler
 from hetero.runtime.task_record import Task, failure, task_order, work_item
 from hetero.runtime.tasks import TaskFunction
 from hetero.runtime.timer import TimerThread
 from hetero.runtime.worker import TaskOrder
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.dispatcher import Dispatcher
 from hetero.sched.driver import Driver
 from hetero.sched.health import Hold
+from hetero.sched.instructions import Finish, Instruction, Run, Stop
 from hetero.sched.item import Cause, ItemState
 from hetero.sched.view import FleetView
 
-__all__ = ["Engine", "Task", "cap_memory"]
+__all__ = ["Engine", "cap_memory"]
 
 log = logging.getLogger("hetero.runtime")
 
@@ -83,39 +88,31 @@ class Engine(Driver):
         super().__init__(dispatcher)
         self.devices = devices
         self.backend = backend
-        # Futures of the tasks that ended, completed by ``settle`` once the lock is released.
-        self.endings: list[Ending] = []
         self._strategy = strategy
         self.cpu_time_scale = cpu_time_scale
         self._checkpoint_base = checkpoint_base
         self.prefetch = prefetch
         self._memory_pool = memory_pool
         self.lock = threading.RLock()
-        self.tasks: dict[int, Task] = {}
-        self.on_device: list[set[int]] = [set() for _ in devices]
-        # Per device: judged by its lost workers (the core's breaker, as replicas are).
-        self.breakers = [new_breaker() for _ in devices]
-        self.stops = [0] * len(devices)  # orders cancelled per device, not yet confirmed
-        # Devices whose worker was told to stop the task it runs: the tasks stopped there that
-        # the worker has not yet let go of. Such a device takes no work until it has, or is gone.
-        self.holding: dict[int, set[int]] = {}
+        self.books = books = EngineBooks.for_devices(len(devices))
         self.backlog: Backlog[Task] = Backlog()
         self._definitions = TaskDefinitions(key)
         self._ids = itertools.count(1)
         self._orders = itertools.count()
-        self.stats = {"submitted": 0, "done": 0, "failed": 0, "cancelled": 0, "retried": 0}
         self.closed = False
         self.closing = False
         self._started = False
         self.timer = TimerThread(self.lock, self._next_due, self._fire, self.flush)
         # Batches of batched tasks' calls: their ids are drawn from the tasks' own.
-        self.batcher: Batcher[Task] = Batcher(dispatcher, self.tasks, lambda: next(self._ids))
-        self.batches = BatchRuns(self)
-        self.graph = TaskGraph(self)
+        self.batcher: Batcher[Task] = Batcher(dispatcher, books.tasks, lambda: next(self._ids))
+        self.batches = BatchRuns(self, books, self.batcher)
+        self.graph = TaskGraph(self, books)
         self.ledger = Ledger(f"hetero-{os.getpid()}-c{key}", backend.recycle)
         self.profiler = Profiler(self.lock, devices)
-        self.monitoring = FleetMonitor(self, config_path, monitoring_interval)
-        self.events = BackendSink(self)
+        self.events = BackendSink(
+            self, books, ledger=self.ledger, batcher=self.batcher, profiler=self.profiler
+        )
+        self.monitoring = FleetMonitor(self, books, self.events, config_path, monitoring_interval)
 
     @property
     def view(self) -> FleetView:
@@ -125,9 +122,7 @@ class Engine(Driver):
         """Track one more device (with the lock held); returns its index."""
         cap_memory(device, self._memory_pool)
         self.devices.append(device)
-        self.on_device.append(set())
-        self.breakers.append(new_breaker())
-        self.stops.append(0)
+        self.books.add_device()
         self._definitions.fleet_changed()
         self.batches.fleet_changed()
         return len(self.devices) - 1
@@ -165,7 +160,8 @@ class Engine(Driver):
             self.apply(self.batches.send_due(now))
 
     def arm_timer(self, at: float) -> None:
-        """The timer thread reads the new ``wake_at`` (called with the lock held)."""
+        """The timer thread reads its due time again: the new ``wake_at``, or a batch's
+        (called with the lock held)."""
         self.timer.wake()
 
     # --------------------------------------------------------------------------- submit
@@ -210,7 +206,7 @@ class Engine(Driver):
         elif self._checkpoint_base is not None:  # a batch has no checkpoints of its own
             task.checkpoint_dir = f"{self._checkpoint_base}/{task_id}"
         parents = futures_in((task.args, task.kwargs))
-        self.stats["submitted"] += 1
+        self.books.stats["submitted"] += 1
         task.batch = batch
         if parents:
             self.graph.wait(task, parents)
@@ -246,12 +242,13 @@ class Engine(Driver):
             if self.closed:
                 self.release(task)
                 raise HeteroError(_CLOSED)
-            self.tasks[task.id] = task
+            tasks = self.books.tasks
+            tasks[task.id] = task
             if self.backlog:
                 self.backlog.push(task, options.priority)
                 return
             if not self.dispatcher.view.usable.all() and self.stranded(task):
-                del self.tasks[task.id]
+                del tasks[task.id]
                 self.release(task)
                 raise NoCapableDevice(
                     f"task {task.name!r}: no device it may use is left in the fleet "
@@ -265,7 +262,7 @@ class Engine(Driver):
                 self.backlog.push(task, options.priority)
                 return
             except HeteroError as exc:
-                del self.tasks[task.id]
+                del tasks[task.id]
                 self.release(task)
                 if isinstance(exc, NoCapableDevice):
                     raise NoCapableDevice(f"task {task.name!r}: {exc}") from None
@@ -278,7 +275,7 @@ class Engine(Driver):
     def stranded(self, task: Task) -> bool:
         """Whether no usable device may run ``task`` (devices that left never come back)."""
         view = self.dispatcher.view
-        holding = self.holding  # held devices take work again once their worker lets go
+        holding = self.books.holding  # held devices take work again once their worker lets go
         if task.only is None:
             return not (view.usable.any() or holding)
         index = view.index
@@ -289,7 +286,7 @@ class Engine(Driver):
     def cancel(self, task_id: int) -> bool:
         """Cancel a task wherever it is (a running one is stopped); ``False`` if it has ended."""
         with self.lock:
-            task = self.tasks.get(task_id)
+            task = self.books.tasks.get(task_id)
             if task is None:
                 return False
             if task_id not in self.dispatcher.records:
@@ -311,13 +308,14 @@ class Engine(Driver):
         with self.lock:
             self.closed = True
             self.backlog.clear()
+            tasks = self.books.tasks
             out: list[Instruction] = []
-            for task_id in list(self.tasks):
+            for task_id in list(tasks):
                 if task_id in self.dispatcher.records:
                     out += self.dispatcher.cancel(task_id, "context closed")
             self.apply(out)
-            for task in list(self.tasks.values()):  # waiting on parents, or in the backlog
-                self.endings.append(Ending(task.future, cancelled=True))
+            for task in list(tasks.values()):  # waiting on parents, or in the backlog
+                self.books.endings.append(Ending(task.future, cancelled=True))
                 self._forget(task)
             self.timer.stop()
         self.flush()
@@ -328,7 +326,8 @@ class Engine(Driver):
 
     def _wait_all(self, timeout: float | None) -> None:
         with self.lock:
-            futures = [t.future for t in self.tasks.values()] + [t.future for t in self.backlog]
+            tasks = self.books.tasks.values()
+            futures = [t.future for t in tasks] + [t.future for t in self.backlog]
         from concurrent.futures import wait
 
         wait(futures, timeout=timeout)
@@ -343,9 +342,9 @@ class Engine(Driver):
             self._drain_backlog()
 
     def on_run(self, ins: Run) -> list[Instruction] | None:
-        if ins.device in self.holding:
+        if ins.device in self.books.holding:
             return self._redirect(ins)
-        task = self.tasks[ins.item.id]  # type: ignore[index]
+        task = self.books.tasks[ins.item.id]  # type: ignore[index]
         if task.batch_key is not None:
             return self.batches.run(task, ins.device)
         self._run(task, ins.device)
@@ -359,11 +358,11 @@ class Engine(Driver):
         runs, the worker ends (the backend kills it if it cannot: C code holding the GIL). Until
         it has let go of that task, its device is held (drained: its queue moves on, nothing
         new is placed there), since the slot is not free while the task may still run."""
-        task = self.tasks.get(ins.item.id)  # type: ignore[arg-type]
+        task = self.books.tasks.get(ins.item.id)  # type: ignore[arg-type]
         if task is None or task.device < 0:
             return []
         device = task.device
-        self.on_device[device].discard(task.id)
+        self.books.on_device[device].discard(task.id)
         status = "failed" if ins.cause is Cause.TIMED_OUT else "cancelled"
         self.profiler.trace(task, None, status, ins.reason)
         task.device = -1
@@ -377,18 +376,19 @@ class Engine(Driver):
     def _stop_order(self, device: int, order_id: int, number: int) -> list[Instruction]:
         """Stop the order ``order_id`` (a task, or a batch) sent to ``device``'s worker as its
         ``number``-th order."""
-        self.stops[device] += 1
+        books = self.books
+        books.stops[device] += 1
         self.backend.cancel(device, order_id)
-        held = self.holding.get(device)
+        held = books.holding.get(device)
         if held is not None:
             held.add(order_id)
             return []
-        tasks = self.tasks
+        tasks = books.tasks
         if not self.dispatcher.view.usable[device] or any(
-            tasks[t].order < number for t in self.on_device[device] if t in tasks
+            tasks[t].order < number for t in books.on_device[device] if t in tasks
         ):
             return []  # its device is going down or away, or it waits behind another order
-        self.holding[device] = {order_id}
+        books.holding[device] = {order_id}
         return self.dispatcher.hold(self.devices[device].id, Hold.STOPPING)
 
     def _redirect(self, ins: Run) -> list[Instruction]:
@@ -411,7 +411,7 @@ class Engine(Driver):
         ``device``'s worker; returns its number among the orders sent."""
         number = next(self._orders)
         now = time.monotonic()
-        on_device = self.on_device[device]
+        on_device = self.books.on_device[device]
         for call in calls:
             call.sent = now
             call.order = number
@@ -443,21 +443,22 @@ class Engine(Driver):
         )
 
     def _finish(self, ins: Finish) -> None:
-        task = self.tasks.pop(ins.item.id, None)  # type: ignore[arg-type]
+        books = self.books
+        task = books.tasks.pop(ins.item.id, None)  # type: ignore[arg-type]
         if task is None:
             return
         if task.device >= 0:
-            self.on_device[task.device].discard(task.id)
+            books.on_device[task.device].discard(task.id)
         self.release(task)
         if ins.state is ItemState.DONE:
-            self.stats["done"] += 1
-            self.endings.append(Ending(task.future, result=task.result))
+            books.stats["done"] += 1
+            books.endings.append(Ending(task.future, result=task.result))
         elif ins.state is ItemState.CANCELLED:
-            self.stats["cancelled"] += 1
-            self.endings.append(Ending(task.future, cancelled=True))
+            books.stats["cancelled"] += 1
+            books.endings.append(Ending(task.future, cancelled=True))
         else:
-            self.stats["failed"] += 1
-            self.endings.append(Ending(task.future, error=failure(task, ins.reason)))
+            books.stats["failed"] += 1
+            books.endings.append(Ending(task.future, error=failure(task, ins.reason)))
         task.result = None
 
     def release(self, task: Task) -> None:
@@ -470,7 +471,7 @@ class Engine(Driver):
             self.ledger.discard(task.checkpoint_dir)
 
     def _forget(self, task: Task) -> None:
-        self.tasks.pop(task.id, None)
+        self.books.tasks.pop(task.id, None)
         self.release(task)
 
     def end_unplaced(self, task: Task, error: TaskFailed | None = None) -> None:
@@ -478,12 +479,13 @@ class Engine(Driver):
         cancelled, or failed with ``error``."""
         self.backlog.remove(task)
         self._forget(task)
+        books = self.books
         if error is None:
-            self.stats["cancelled"] += 1
-            self.endings.append(Ending(task.future, cancelled=True))
+            books.stats["cancelled"] += 1
+            books.endings.append(Ending(task.future, cancelled=True))
         else:
-            self.stats["failed"] += 1
-            self.endings.append(Ending(task.future, error=error))
+            books.stats["failed"] += 1
+            books.endings.append(Ending(task.future, error=error))
 
     def _drain_backlog(self) -> None:
         while self.backlog and self.dispatcher.waiting < self.dispatcher.max_queue_size:
@@ -508,7 +510,7 @@ class Engine(Driver):
         """Complete the ended tasks' futures (outside the lock: their callbacks may submit),
         then remove what ended tasks left behind."""
         with self.lock:
-            endings, self.endings = self.endings, []
+            endings, self.books.endings = self.books.endings, []
         settle(endings)
         self.ledger.collect()
 

@@ -8,6 +8,10 @@ again, its next task deciding; devices that join or leave
 enter or leave the dispatcher's fleet; device readings set the memory held outside the
 engine's tasks. Each event is handled under the engine's lock, and the futures it ends are
 completed after the lock is released.
+
+The sink sees of the engine only ``SinkHost`` (its lock, dispatcher, fleet, and the few
+steps it asks of it) and the parts the engine hands it: its books (``EngineBooks``: the task
+table, what each device holds, breakers, counts), ledger, batcher and profiler.
 """
 
 from __future__ import annotations
@@ -16,22 +20,26 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero.devices.spec import Device
 from hetero.errors import TaskFailed
-from hetero.runtime.monitor import DeviceSample
+from hetero.runtime.device_probe import DeviceSample
 from hetero.runtime.worker import TaskReply
-from hetero.sched.dispatcher import Finish, Instruction
+from hetero.sched.dispatcher import Dispatcher
 from hetero.sched.health import Breaker, Hold
+from hetero.sched.instructions import Finish, Instruction
 from hetero.sched.item import ItemState
 
 if TYPE_CHECKING:
-    from hetero.runtime.batching import Batch
-    from hetero.runtime.engine import Engine, Task
+    from hetero.runtime.batching import Batch, Batcher
+    from hetero.runtime.books import EngineBooks
+    from hetero.runtime.ledger import Ledger
+    from hetero.runtime.profiling import Profiler
+    from hetero.runtime.task_record import Task
 
-__all__ = ["RECOVERY_COOLDOWN_S", "UNHEALTHY_AFTER", "BackendSink", "new_breaker"]
+__all__ = ["RECOVERY_COOLDOWN_S", "UNHEALTHY_AFTER", "BackendSink", "SinkHost", "new_breaker"]
 
 log = logging.getLogger("hetero.runtime")
 
@@ -49,19 +57,69 @@ def new_breaker() -> Breaker:
 _LET_GO = frozenset({"done", "error", "dropped"})
 
 
-class BackendSink:
-    """The engine's handlers of what its backend reports (from the backend's own thread)."""
+class SinkHost(Protocol):
+    """What the backend's sink needs of the engine (``hetero.runtime.engine.Engine``)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock that guards the engine's dispatcher and books."""
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def devices(self) -> Sequence[Device]: ...
+
+    @property
+    def closed(self) -> bool:
+        """Whether the engine has shut down (what is reported after that is ignored)."""
+
+    @property
+    def prefetch(self) -> int:
+        """Orders a device's worker holds beyond the one it runs (the slots of one that joins)."""
+
+    def apply(self, out: Sequence[Instruction]) -> None:
+        """Carry out the dispatcher's instructions."""
+
+    def flush(self) -> None:
+        """Send the orders given, then complete the ended tasks' futures (lock released)."""
+
+    def add_device(self, device: Device) -> int:
+        """Track one more device; its index."""
+
+    def stranded(self, task: Task) -> bool:
+        """Whether no usable device may run ``task``."""
+
+    def end_unplaced(self, task: Task, error: TaskFailed | None = None) -> None:
+        """End a task the dispatcher does not hold: cancelled, or failed with ``error``."""
+
+
+class BackendSink:
+    """The handlers of what the backend of ``host`` reports (from the backend's own thread):
+    the engine's ``books``, ``ledger``, ``batcher`` and ``profiler`` are updated with it."""
+
+    def __init__(
+        self,
+        host: SinkHost,
+        books: EngineBooks,
+        *,
+        ledger: Ledger,
+        batcher: Batcher[Task],
+        profiler: Profiler,
+    ) -> None:
+        self._host = host
+        self._books = books
+        self._ledger = ledger
+        self._batcher = batcher
+        self._profiler = profiler
         self._warned: set[str] = set()  # workers' warnings, each logged once
 
     def replies(self, device: int, messages: list[tuple[Any, ...]]) -> None:
         """What the worker of ``device`` reported, handled under one lock acquisition."""
-        engine = self._engine
-        ledger = engine.ledger
+        host, books = self._host, self._books
+        ledger = self._ledger
         results = [ledger.open_result(m[1].result) if m[0] == "done" else None for m in messages]
-        with engine.lock:
+        with host.lock:
             for msg, unpacked in zip(messages, results, strict=True):
                 tag = msg[0]
                 if unpacked is not None:
@@ -69,48 +127,48 @@ class BackendSink:
                 elif tag == "error":
                     self._error(device, msg[1])
                 elif tag == "dropped":
-                    engine.stops[device] = max(0, engine.stops[device] - 1)
+                    books.stops[device] = max(0, books.stops[device] - 1)
                 elif tag == "released":
                     ledger.let_go(device, msg[1])
                 elif tag == "warn" and msg[1] not in self._warned:
                     self._warned.add(msg[1])
                     log.warning("%s", msg[1])
-                if device in engine.holding and tag in _LET_GO:
+                if device in books.holding and tag in _LET_GO:
                     self._stopped(device, msg[1] if tag == "dropped" else msg[1].task_id)
-        engine.flush()
+        host.flush()
 
     def _stopped(self, device: int, task_id: int) -> None:
         """The worker of held ``device`` has let go of ``task_id`` (dropped it, or replied);
         once it has let go of every task stopped there, the device takes work again."""
-        engine = self._engine
-        held = engine.holding[device]
+        host, books = self._host, self._books
+        held = books.holding[device]
         held.discard(task_id)
         if not held:
-            del engine.holding[device]
-            engine.apply(engine.dispatcher.release(engine.devices[device].id, Hold.STOPPING))
+            del books.holding[device]
+            host.apply(host.dispatcher.release(host.devices[device].id, Hold.STOPPING))
 
     def _done(self, device: int, reply: TaskReply, unpacked: tuple[Any, float]) -> None:
-        engine = self._engine
-        finished = engine.batcher.finished(reply.task_id, device)
+        host, books = self._host, self._books
+        finished = self._batcher.finished(reply.task_id, device)
         if finished is not None:
             self._batch_done(device, reply, unpacked, *finished)
             return
         task = self._current(device, reply)
         if task is None:
             return
-        if engine.breakers[device].success():
-            log.info("%s: circuit closed, its trial task succeeded", engine.devices[device].id)
+        if books.breakers[device].success():
+            log.info("%s: circuit closed, its trial task succeeded", host.devices[device].id)
         task.result, seconds = unpacked
         reply.unpack_seconds += seconds
         task.wrote_checkpoint |= reply.checkpointed
-        task.future.device = engine.devices[device].id
-        engine.profiler.trace(task, reply, "done")
-        out = engine.dispatcher.complete(task.id, service_time=reply.ended - reply.started)
-        engine.apply(out)
+        task.future.device = host.devices[device].id
+        self._profiler.trace(task, reply, "done")
+        out = host.dispatcher.complete(task.id, service_time=reply.ended - reply.started)
+        host.apply(out)
 
     def _error(self, device: int, reply: TaskReply) -> None:
-        engine = self._engine
-        finished = engine.batcher.finished(reply.task_id, device)
+        host = self._host
+        finished = self._batcher.finished(reply.task_id, device)
         if finished is not None:
             self._batch_failed(device, reply, *finished)
             return
@@ -119,11 +177,11 @@ class BackendSink:
             return
         task.reply = reply
         task.wrote_checkpoint |= reply.checkpointed
-        task.future.device = engine.devices[device].id
+        task.future.device = host.devices[device].id
         retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
-        out = engine.dispatcher.fail(task.id, reply.error, retryable=retry)
+        out = host.dispatcher.fail(task.id, reply.error, retryable=retry)
         self._attempt_ended(task, reply, out, reply.error)
-        engine.apply(out)
+        host.apply(out)
 
     def _batch_done(
         self,
@@ -135,40 +193,40 @@ class BackendSink:
     ) -> None:
         """A batch's results, one per call in order: each call still waiting on it completes
         with its own, in its share of the batch's time (see ``_shares``)."""
-        engine = self._engine
-        if engine.breakers[device].success():
-            log.info("%s: circuit closed, its trial task succeeded", engine.devices[device].id)
+        host, books = self._host, self._books
+        if books.breakers[device].success():
+            log.info("%s: circuit closed, its trial task succeeded", host.devices[device].id)
         results, seconds = unpacked
         reply.unpack_seconds += seconds
-        device_id = engine.devices[device].id
-        on_device = engine.on_device[device]
+        device_id = host.devices[device].id
+        on_device = books.on_device[device]
         out: list[Instruction] = []
         for (k, task), part in zip(live, self._shares(batch, reply, live), strict=True):
             on_device.discard(task.id)
             task.result = results[k]
             task.future.device = device_id
-            engine.profiler.trace(task, part, "done")
-            out += engine.dispatcher.complete(task.id, service_time=part.ended - part.started)
-        engine.apply(out)
+            self._profiler.trace(task, part, "done")
+            out += host.dispatcher.complete(task.id, service_time=part.ended - part.started)
+        host.apply(out)
 
     def _batch_failed(
         self, device: int, reply: TaskReply, batch: Batch[Task], live: list[tuple[int, Task]]
     ) -> None:
         """The batch's call raised (or returned a wrong number of results): every call still
         waiting on it fails with that reason, or is retried as its options say."""
-        engine = self._engine
-        device_id = engine.devices[device].id
-        on_device = engine.on_device[device]
+        host, books = self._host, self._books
+        device_id = host.devices[device].id
+        on_device = books.on_device[device]
         out: list[Instruction] = []
         for _, task in live:
             on_device.discard(task.id)
             task.reply = reply
             task.future.device = device_id
             retry = reply.retryable and (task.options.retry_exceptions or reply.out_of_memory)
-            ended = engine.dispatcher.fail(task.id, reply.error, retryable=retry)
+            ended = host.dispatcher.fail(task.id, reply.error, retryable=retry)
             self._attempt_ended(task, reply, ended, reply.error)
             out += ended
-        engine.apply(out)
+        host.apply(out)
 
     @staticmethod
     def _shares(
@@ -187,30 +245,30 @@ class BackendSink:
         return [dataclasses.replace(reply, started=starts[k], ended=starts[k + 1]) for k, _ in live]
 
     def worker_lost(self, device: int, reason: str) -> None:
-        engine = self._engine
-        dispatcher = engine.dispatcher
-        with engine.lock:
-            if engine.closed:
+        host, books = self._host, self._books
+        dispatcher = host.dispatcher
+        with host.lock:
+            if host.closed:
                 return
-            held = engine.holding.pop(device, None) is not None  # the worker is gone now
-            engine.batcher.lost(device)  # their calls are among the tasks it held
+            held = books.holding.pop(device, None) is not None  # the worker is gone now
+            self._batcher.lost(device)  # their calls are among the tasks it held
             lost = [
                 t
-                for t in map(engine.tasks.get, sorted(engine.on_device[device]))
+                for t in map(books.tasks.get, sorted(books.on_device[device]))
                 if t is not None and dispatcher.state_of(t.id) is ItemState.RUNNING
             ]
-            engine.on_device[device].clear()
-            engine.ledger.worker_gone(device)
-            deliberate = engine.stops[device] > 0  # ended to stop a task: not the device's fault
-            engine.stops[device] = 0
+            books.on_device[device].clear()
+            self._ledger.worker_gone(device)
+            deliberate = books.stops[device] > 0  # ended to stop a task: not the device's fault
+            books.stops[device] = 0
             for task in lost:
                 task.wrote_checkpoint = True  # unknown: it may have written one
             if lost:
                 level = logging.INFO if deliberate else logging.WARNING
                 log.log(level, "%s; %d task(s) moved", reason, len(lost))
             out: list[Instruction] = []
-            dev = engine.devices[device].id
-            breaker = engine.breakers[device]
+            dev = host.devices[device].id
+            breaker = books.breakers[device]
             # The last device in service keeps its circuit closed, however it fails: without
             # it nothing runs at all; its tasks still fail by their own retries.
             others = dispatcher.view.usable.sum() - bool(dispatcher.view.usable[device])
@@ -236,84 +294,84 @@ class BackendSink:
                 out += dispatcher.release(dev, Hold.STOPPING)
             for task in lost:
                 self._attempt_ended(task, None, out, reason, charged=not deliberate)
-            engine.apply(out)
-        engine.flush()
+            host.apply(out)
+        host.flush()
 
     def _cooldown_over(self, device: int) -> None:
         """A device's circuit has been open for its cooldown: it takes work again, and its next
         task's outcome closes the circuit or opens it again (a fresh worker starts with it)."""
-        engine = self._engine
-        with engine.lock:
-            if engine.closed or not engine.breakers[device].probe_ok(time.monotonic()):
+        host, books = self._host, self._books
+        with host.lock:
+            if host.closed or not books.breakers[device].probe_ok(time.monotonic()):
                 return
-            dev = engine.devices[device].id
+            dev = host.devices[device].id
             log.info("%s: circuit half-open, on trial", dev)
-            engine.apply(engine.dispatcher.release(dev, Hold.CIRCUIT_OPEN))
-        engine.flush()
+            host.apply(host.dispatcher.release(dev, Hold.CIRCUIT_OPEN))
+        host.flush()
 
     def device_added(self, device: Device) -> int:
         """A device joined (its node joined the cluster): it takes work at once."""
-        engine = self._engine
-        with engine.lock:
-            index = engine.add_device(device)
+        host = self._host
+        with host.lock:
+            index = host.add_device(device)
             log.info("%s joined the fleet", device.id)
-            out = engine.dispatcher.add_device(device, slots=1 + engine.prefetch, parallel=1)
-            engine.apply(out)
-        engine.flush()
+            out = host.dispatcher.add_device(device, slots=1 + host.prefetch, parallel=1)
+            host.apply(out)
+        host.flush()
         return index
 
     def device_gone(self, device: int, reason: str) -> None:
         """``device`` left for good: what it ran or held queued is placed elsewhere, without
         being charged an attempt (it did not fail)."""
-        engine = self._engine
-        with engine.lock:
-            if engine.closed:
+        host, books = self._host, self._books
+        with host.lock:
+            if host.closed:
                 return
-            dev = engine.devices[device]
-            engine.on_device[device].clear()
-            engine.stops[device] = 0
-            engine.holding.pop(device, None)
-            out = engine.dispatcher.remove_device(dev.id, reason)
+            dev = host.devices[device]
+            books.on_device[device].clear()
+            books.stops[device] = 0
+            books.holding.pop(device, None)
+            out = host.dispatcher.remove_device(dev.id, reason)
             log.warning("%s left the fleet: %s", dev.id, reason)
-            engine.apply(out)
+            host.apply(out)
             self._fail_if_fleetless(reason)
-        engine.flush()
+        host.flush()
 
     def readings(self, samples: Iterable[DeviceSample]) -> list[tuple[int, DeviceSample]]:
         """A monitor round: memory measured beyond what placed tasks declare goes to the
         dispatcher, so a device that fills up gets no more tasks that need memory; a GPU
         reporting errors is marked down. Returns the samples of the fleet's devices, with
         their indices."""
-        engine = self._engine
-        dispatcher = engine.dispatcher
+        host, books = self._host, self._books
+        dispatcher = host.dispatcher
         out: list[Instruction] = []
-        with engine.lock:
+        with host.lock:
             view = dispatcher.view
             found = [(view.index[s.device_id], s) for s in samples if s.device_id in view.index]
             for i, sample in found:
-                device = engine.devices[i]
+                device = host.devices[i]
                 if sample.memory_used is not None:
                     held = max(0, sample.memory_used - int(view.mem_used[i]))
                     out += dispatcher.set_external_memory(device.id, held)
                 if sample.errors and not device.emulated and device.kind.value == "gpu":
-                    engine.holding.pop(i, None)  # down now: it takes no work until device_up
+                    books.holding.pop(i, None)  # down now: it takes no work until device_up
                     out += dispatcher.device_down(device.id, "device reported errors")
-            engine.apply(out)
-        engine.flush()
+            host.apply(out)
+        host.flush()
         return found
 
     def _fail_if_fleetless(self, reason: str) -> None:
         """End every task that no device left could run (failed, with the reason) rather than
         let its caller wait for ever: all of them when the fleet is empty."""
-        engine = self._engine
+        host, books = self._host, self._books
         why = f"no device it may use is left (the last: {reason})"
         # The dispatcher's items (its down devices are gone: the engine never brings them
         # back), then the tasks it does not hold yet (in the backlog, waiting on parents).
-        engine.apply(engine.dispatcher.abandon_stranded(why, down_is_final=True))
-        for task in list(engine.tasks.values()):
-            if task.id not in engine.dispatcher.records and engine.stranded(task):
+        host.apply(host.dispatcher.abandon_stranded(why, down_is_final=True))
+        for task in list(books.tasks.values()):
+            if task.id not in host.dispatcher.records and host.stranded(task):
                 error = TaskFailed(f"task {task.id} ({task.name}) failed: {why}")
-                engine.end_unplaced(task, error)
+                host.end_unplaced(task, error)
 
     def _attempt_ended(
         self,
@@ -327,15 +385,15 @@ class BackendSink:
         task with it (``out`` holds its ``Finish``), else ``retried``."""
         final = any(type(i) is Finish and i.item.id == task.id for i in out)
         if not final and charged:
-            self._engine.stats["retried"] += 1
-        self._engine.profiler.trace(task, reply, "failed" if final else "retried", reason)
+            self._books.stats["retried"] += 1
+        self._profiler.trace(task, reply, "failed" if final else "retried", reason)
         if reply is None:
             task.device = -1
 
     def _current(self, device: int, reply: TaskReply) -> Task | None:
         """The task a reply is for, unless the reply is stale (an attempt already moved on)."""
-        task = self._engine.tasks.get(reply.task_id)
+        task = self._books.tasks.get(reply.task_id)
         if task is None or task.attempt != reply.attempt or task.device != device:
             return None  # its result, if any, is removed when collected
-        self._engine.on_device[device].discard(task.id)
+        self._books.on_device[device].discard(task.id)
         return task

@@ -9,60 +9,75 @@ cancelled, the task ends failed without running, naming that parent.
 from __future__ import annotations
 
 import functools
+import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hetero.errors import HeteroError, TaskFailed
 from hetero.runtime.futures import Ending, resolve
 from hetero.runtime.task_record import Task
 
 if TYPE_CHECKING:
-    from hetero.runtime.engine import Engine
+    from hetero.runtime.books import EngineBooks
 
-__all__ = ["TaskGraph", "parent_failure"]
+__all__ = ["GraphHost", "TaskGraph", "parent_failure"]
+
+
+class GraphHost(Protocol):
+    """What a task graph needs of the engine (``hetero.runtime.engine.Engine``)."""
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock that guards the engine's books."""
+
+    def admit(self, task: Task) -> None:
+        """Hand ``task``, whose parents are done, to the dispatcher."""
+
+    def settle(self) -> None:
+        """Complete the futures of the tasks that ended (with the lock released)."""
 
 
 class TaskGraph:
-    """The tasks of ``engine`` waiting on their parents' futures (in its task table, not yet
-    handed to its dispatcher)."""
+    """The tasks of ``host`` waiting on their parents' futures (in the task table of its
+    ``books``, not yet handed to its dispatcher)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, host: GraphHost, books: EngineBooks) -> None:
+        self._host = host
+        self._books = books
 
     def wait(self, task: Task, parents: list[Future[Any]]) -> None:
         """Admit ``task`` once ``parents`` are done."""
-        engine = self._engine
         task.batch = True  # placed for the makespan (WorkItem.batch): the graph's end counts
         task.waiting_on = len(parents)
-        with engine.lock:
-            engine.tasks[task.id] = task
+        with self._host.lock:
+            self._books.tasks[task.id] = task
         for parent in parents:
             parent.add_done_callback(functools.partial(self._parent_done, task))
 
     def _parent_done(self, task: Task, parent: Future[Any]) -> None:
-        engine = self._engine
-        with engine.lock:
-            if task.future.done() or task.id not in engine.tasks:
+        host, books = self._host, self._books
+        with host.lock:
+            if task.future.done() or task.id not in books.tasks:
                 return
             if parent.cancelled() or parent.exception() is not None:
-                del engine.tasks[task.id]
-                engine.stats["failed"] += 1
-                engine.endings.append(Ending(task.future, error=parent_failure(task, parent)))
+                del books.tasks[task.id]
+                books.stats["failed"] += 1
+                books.endings.append(Ending(task.future, error=parent_failure(task, parent)))
                 failed = True
             else:
                 task.waiting_on -= 1
                 if task.waiting_on > 0:
                     return
-                del engine.tasks[task.id]
+                del books.tasks[task.id]
                 memo: dict[int, Any] = {}
                 task.args = resolve(task.args, memo)
                 task.kwargs = resolve(task.kwargs, memo)
                 failed = False
         if failed:
-            engine.settle()
+            host.settle()
             return
         try:
-            engine.admit(task)
+            host.admit(task)
         except HeteroError as exc:
             task.future.set_exception(exc)
 

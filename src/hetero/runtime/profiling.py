@@ -19,7 +19,7 @@ from hetero.telemetry.collectives import RECORDER, RankCollectives
 from hetero.telemetry.trace import DeviceInfo, TaskTrace
 
 if TYPE_CHECKING:
-    from hetero.runtime.engine import Task
+    from hetero.runtime.task_record import Task
 
 __all__ = ["ProfileBlock", "ProfileSession", "Profiler"]
 

@@ -22,7 +22,7 @@ from hetero.devices.network import Nic, read_nics
 from hetero.devices.spec import Device
 from hetero.errors import ConfigError, HeteroError
 from hetero.runtime import current
-from hetero.runtime.monitor import DeviceSample, sample_devices
+from hetero.runtime.device_probe import DeviceSample, sample_devices
 from hetero.runtime.ray_cluster import NODE_CONFIG_ENV
 from hetero.runtime.serialize import Packed
 from hetero.runtime.worker import (

@@ -46,7 +46,7 @@ from hetero.runtime.backend import (
     overdue,
     stops_over,
 )
-from hetero.runtime.monitor import DeviceSample
+from hetero.runtime.device_probe import DeviceSample
 from hetero.runtime.ray_cluster import import_ray
 from hetero.runtime.ray_connect import connect
 from hetero.runtime.ray_handles import ActorHandle, deliver, first_line, start_actor

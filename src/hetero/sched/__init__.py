@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from hetero.sched.clock import Clock, ManualClock, MonotonicClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.dispatcher import Dispatcher
 from hetero.sched.driver import Driver
 from hetero.sched.health import Breaker, CircuitState, Hold
+from hetero.sched.instructions import Finish, Instruction, Run, Stop, WakeAt
 from hetero.sched.item import (
     TERMINAL,
     TRANSITIONS,

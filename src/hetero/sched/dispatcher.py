@@ -9,18 +9,22 @@ deadline, whichever path admitted the item). The dispatcher does no I/O and read
 time only from its clock, so the simulator, the local engine, the Ray backend and the router all
 drive the same code.
 
-Queues: a central priority queue holds items the policy left waiting (``pending``); each device
-has its own priority queue of items placed on it (``queued``) in front of its ``slots``. Higher
-priority runs first; within a priority, ``queue_order="size"`` (the default) runs the item with
-the earliest *aged size key* first: arrival time plus ``aging`` times its service time on the
-fastest usable device (capped at ``max_bypass`` seconds), so small items pass large ones, but
-only those that arrive within that window after them. ``"fifo"`` runs them in arrival order.
-Capacity is bounded by ``max_queue_size`` (pending + queued); beyond it ``submit`` raises
-``QueueFull``.
+Queues (``hetero.sched.queues``): a central priority queue holds items the policy left waiting
+(``pending``); each device has its own priority queue of items placed on it (``queued``) in
+front of its ``slots``. Higher priority runs first; within a priority, ``queue_order="size"``
+(the default) runs the item with the earliest *aged size key* first: arrival time plus
+``aging`` times its service time on the fastest usable device (capped at ``max_bypass``
+seconds), so small items pass large ones, but only those that arrive within that window after
+them. ``"fifo"`` runs them in arrival order. Capacity is bounded by ``max_queue_size`` (pending
++ queued); beyond it ``submit`` raises ``QueueFull``.
 
 Memory is a hard limit whatever the policy: an item goes only to a device whose free memory
 (total minus what placed items hold) fits its ``memory``; one that no device of the fleet could
 ever hold is refused at ``submit``.
+
+The instructions are ``hetero.sched.instructions``; what an idle device steals is found by
+``hetero.sched.stealing``; the invariants ``validate_state`` checks are
+``hetero.sched.invariants``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,74 +44,39 @@ from hetero.devices.spec import Device
 from hetero.errors import (
     ConfigError,
     DuplicateItem,
+    DuplicateMember,
     ItemNotRunning,
     NoCapableDevice,
     QueueFull,
     UnknownDevice,
     UnknownItem,
+    UnknownMember,
 )
 from hetero.sched.clock import Clock
 from hetero.sched.health import Hold
+from hetero.sched.instructions import Finish, Instruction, Run, Stop, WakeAt
+from hetero.sched.invariants import validate_state
 from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, SharedRun, WorkItem
 from hetero.sched.metrics import Metrics
 from hetero.sched.options import QUEUE_ORDERS, DispatchOptions
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Policy
+from hetero.sched.queues import Entry, head, make_queues
+from hetero.sched.stealing import StealIndex
 from hetero.sched.view import FleetView
 from hetero.units import format_size
 
-__all__ = ["QUEUE_ORDERS", "Dispatcher", "Finish", "Instruction", "Run", "Stop", "WakeAt"]
+if TYPE_CHECKING:
+    from hetero.config import HeteroConfig
+
+__all__ = ["QUEUE_ORDERS", "Dispatcher"]
 
 PENDING, QUEUED, RUNNING = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
 DONE, FAILED, CANCELLED = ItemState.DONE, ItemState.FAILED, ItemState.CANCELLED
 RETRYING, PREEMPTED = ItemState.RETRYING, ItemState.PREEMPTED
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs 4x to build, on the hot path
-class Run:
-    """Start ``item`` on device ``device`` (position; ``device_id`` is its id)."""
-
-    item: WorkItem
-    device: int
-    device_id: str
-
-
-@dataclass(slots=True)
-class Stop:
-    """Stop ``item`` running on ``device`` (preempted, cancelled, timed out or device lost)."""
-
-    item: WorkItem
-    device: int
-    reason: str
-    cause: Cause
-
-
-@dataclass(slots=True)
-class Finish:
-    """``item`` has ended for good in ``state`` (done, failed or cancelled)."""
-
-    item: WorkItem
-    state: ItemState
-    reason: str = ""
-    cause: Cause = Cause.DONE
-
-
-@dataclass(slots=True)
-class WakeAt:
-    """Call ``expire`` at clock time ``at``: the earliest deadline moved earlier than any
-    announced before (``expire`` itself announces the next one)."""
-
-    at: float
-
-
-Instruction = Run | Stop | Finish | WakeAt
-if TYPE_CHECKING:
-    from hetero.config import HeteroConfig
-
 BoolArray = npt.NDArray[np.bool_]
-# (-priority, order key, seq, record): heap order is priority, then the key (the aged size key, or
-# 0 for FIFO), then arrival; seq also tells a live entry from a stale one.
-_Entry = tuple[int, float, int, ItemRecord]
 
 
 class Dispatcher:
@@ -161,16 +129,16 @@ class Dispatcher:
         self.aging = opts.aging
         self.max_bypass = opts.max_bypass
         self.late_after = opts.late_after
-        self._size_order = opts.queue_order == "size"
-        self.view.size_order = self._size_order
         self._largest_memory = int(self.view.mem_total.max())
         self.metrics = Metrics(self.view.n, clock.now())
         self.records: dict[int | str, ItemRecord] = {}
+        # One counter for every heap's entries: a new seq on each push makes the item's older
+        # entries stale (queues.head).
         self._seq = itertools.count()
-        self._pending: list[_Entry] = []
-        self._late: list[_Entry] = []  # pending items past late_after, in the same order
-        self._queues: list[list[_Entry]] = [[] for _ in range(self.view.n)]
-        self._tails: list[list[_Entry]] = [[] for _ in range(self.view.n)]
+        self._queues = make_queues(
+            opts.queue_order, self.view, self.perf, opts.aging, opts.max_bypass
+        )
+        self._steals = StealIndex(self.view, self.perf, policy, self._queues)
         self._running: list[set[ItemRecord]] = [set() for _ in range(self.view.n)]
         # (priority, seq, rec) of running items, only kept with preemption
         self._running_heap: list[tuple[int, int, ItemRecord]] = []
@@ -178,14 +146,7 @@ class Dispatcher:
         self._wake_at = math.inf  # the earliest deadline announced with WakeAt
         self.waiting = 0  # pending + queued (view.queued of them on devices)
         self.active = 0  # admitted and not terminal
-        self._enqueues = 0  # items queued behind others so far (for _steal's shortcut)
-        self._drain_heap: list[tuple[float, int]] = []  # see _most_queued
-        self._steal_miss_at = -1  # _enqueues when a steal last found nothing worth taking
-        self._steal_miss_speed = 0.0  # the fastest thief that found nothing since then
         self._slots = self.view.slots.tolist()  # fixed; a list is cheaper to index
-        self._default_speed = self.perf.speed()  # live array, updated in place by the model
-        # Catalog speeds as floats, for the steal heap's drain estimates (see _most_queued).
-        self._default_speed_list: list[float] = self._default_speed.tolist()
         self._free_slots = int(self.view.slots[self.view.usable].sum())  # on usable devices
         self._down: set[int] = set()  # marked down (device_down) until device_up
         # Per device, why it takes no new work now (hold / release); see usable.
@@ -490,7 +451,7 @@ class Dispatcher:
         ``add_device``."""
         i = self._device(device_id)
         if i in self._removed:
-            raise ConfigError(
+            raise UnknownMember(
                 [("device", f"{device_id!r} was removed from the fleet; add_device brings it back")]
             )
         self._down.discard(i)
@@ -560,7 +521,9 @@ class Dispatcher:
         i = self.view.index.get(device.id)
         if i is not None:
             if i not in self._removed:
-                raise ConfigError([("device", f"device id {device.id!r} is already in the fleet")])
+                raise DuplicateMember(
+                    [("device", f"device id {device.id!r} is already in the fleet")]
+                )
             self._removed.discard(i)
             return self.device_up(device.id)
         self.perf.add(device)
@@ -570,16 +533,13 @@ class Dispatcher:
             if rec.only is not None and rec.state not in TERMINAL:
                 rec.only = np.append(rec.only, False)
         self.metrics.add_device()
-        self._queues.append([])
-        self._tails.append([])
+        self._queues.add_device()
+        self._steals.add_device(i)
         self._running.append(set())
         self._holds.append(set())
         self._slots.append(slots)
-        self._default_speed = self.perf.speed()  # a new array: one more device
-        self._default_speed_list.append(float(self._default_speed[i]))
         self._largest_memory = max(self._largest_memory, device.memory_bytes)
         self._free_slots += slots
-        self._steal_miss_at = -1  # a new thief may find what the others did not
         self.policy.bind(self.view)
         out: list[Instruction] = []
         self._refill(i, out)
@@ -614,12 +574,12 @@ class Dispatcher:
         view.multi_slot = bool((view.parallel > 1).any())
         view.prefetching = bool((view.parallel < view.slots).any())
         self.perf.rescale(i, slots / old)
-        self._default_speed_list[i] = float(self._default_speed[i])
+        self._steals.rescaled(i)
         out: list[Instruction] = []
         if view.usable[i]:
             self._free_slots += self._free_on(i) - free_before
             if slots > old:
-                self._steal_miss_at = -1  # more room: a steal may be worth it now
+                self._steals.forget_misses()  # more room: a steal may be worth it now
                 self._refill(i, out)
         return out
 
@@ -668,12 +628,7 @@ class Dispatcher:
 
     def queued_items(self, device_id: str) -> list[WorkItem]:
         """The items waiting in a device's queue, in the order they would start there."""
-        i = self._device(device_id)
-        return [
-            rec.item
-            for _, _, seq, rec in sorted(self._queues[i])
-            if rec.seq == seq and rec.state is QUEUED and rec.device == i
-        ]
+        return [rec.item for rec in self._queues.ordered(self._device(device_id))]
 
     @property
     def members(self) -> list[str]:
@@ -683,15 +638,16 @@ class Dispatcher:
     def _move_queue(self, i: int, out: list[Instruction], exclude: bool = False) -> None:
         """Place the items queued on device ``i`` elsewhere (it takes no more work);
         ``exclude`` keeps them off it for good."""
-        for _, _, seq, rec in sorted(self._queues[i]):
-            if rec.seq == seq and rec.state is QUEUED and rec.device == i:
-                self._release(rec, running=False)
-                rec.move(RETRYING)
-                if exclude:
-                    self._exclude(rec, i)
-                self._place(rec, out)
-        self._queues[i].clear()
-        self._tails[i].clear()
+        queue = self._queues.devices[i]
+        # Taken one at a time, not from a list made first: placing one may steal a later one.
+        while (entry := head(queue, QUEUED, take=True)) is not None:
+            rec = entry[3]
+            self._release(rec, running=False)
+            rec.move(RETRYING)
+            if exclude:
+                self._exclude(rec, i)
+            self._place(rec, out)
+        self._steals.clear(i)
 
     def set_external_memory(self, device_id: str, used: int) -> list[Instruction]:
         """Memory measured on a device beyond what its placed items declare (other processes,
@@ -703,7 +659,7 @@ class Dispatcher:
         freed = used < self.view.mem_external[i]
         self.view.mem_external[i] = used
         out: list[Instruction] = []
-        if freed and (self._pending or self._late):
+        if freed and (self._queues.pending or self._queues.late):
             self._drain_pending(out)
         return out
 
@@ -813,8 +769,8 @@ class Dispatcher:
             if rec.state is not PENDING:
                 rec.move(PENDING)
             rec.device = -1
-            rec.seq = seq = next(self._seq)
-            heapq.heappush(self._pending, (-rec.item.priority, self._key(rec), seq, rec))
+            rec.seq = next(self._seq)
+            self._queues.wait(rec)
             return
         running = view.running_at[i]
         free = running < self._slots[i]
@@ -836,54 +792,26 @@ class Dispatcher:
             if idle[thief] < np.inf:
                 self._steal(thief, out)
 
-    def _key(self, rec: ItemRecord) -> float:
-        """The order of ``rec`` within its priority in a queue: 0 for FIFO, else its aged size
-        key (the same on every device and in the central queue)."""
-        if not self._size_order:
-            return 0.0
-        item = rec.item
-        if not item.cost:
-            return rec.submitted
-        window = self.aging * item.cost * self.perf.fastest_inv(item.kind)
-        if self.max_bypass is not None and not window <= self.max_bypass:
-            window = self.max_bypass  # also when no device is usable (an infinite window)
-        return rec.submitted + window
-
     def _enqueue(self, rec: ItemRecord, i: int) -> None:
         """Place ``rec`` in device ``i``'s queue."""
         view = self.view
         item = rec.item
         rec.move(QUEUED)
         rec.device = i
-        rec.seq = seq = next(self._seq)
-        key = self._key(rec)
-        queue = self._queues[i]
-        heapq.heappush(queue, (-item.priority, key, seq, rec))
-        # The same entry, last-to-start first, so a thief finds its item in O(log n).
-        tail = self._tails[i]
-        heapq.heappush(tail, (item.priority, -key, -seq, rec))
-        if len(tail) > 64 + 2 * len(queue):
-            # Items that started normally leave stale tail entries: drop them now and then.
-            self._tails[i] = [(-p, -k, -q, r) for p, k, q, r in queue if r.seq == q]
-            heapq.heapify(self._tails[i])
+        rec.seq = next(self._seq)
+        key = self._queues.push(rec, i)
         cost = item.cost
-        if self._size_order:
-            if rec.size_class < 0:  # classed by the policy just now, as a rule
-                last_cost, last = view.last_class
-                rec.size_class = last if last_cost == cost else view.size_class(cost)
-            view.note_queued(i, rec.size_class, cost, 1)
-        self._enqueues += 1
         view.in_flight_at[i] += 1
         view.outstanding_at[i] += cost
         view.queued_work[i] += cost
         if item.memory:
             view.mem_used_at[i] += item.memory
         view.queued += 1
-        self._note_growth(i)
+        self._steals.queued(rec, key, i)
 
     def _run_now(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
-        """``_enqueue`` then ``_start`` for a device with a free slot and an empty queue, without
-        the queue round trip (the common case, so it is worth its few lines)."""
+        """``_enqueue`` then ``_start_ready`` for a device with a free slot and an empty queue,
+        without the queue round trip (the common case, so it is worth its few lines)."""
         view = self.view
         item = rec.item
         rec.move(QUEUED)
@@ -912,36 +840,30 @@ class Dispatcher:
     def _start_ready(self, i: int, out: list[Instruction]) -> None:
         """Start queued items on device ``i`` while it has free slots."""
         view = self.view
-        queue = self._queues[i]
         slots = self._slots[i]
-        while queue and view.running_at[i] < slots:
-            _, _, seq, rec = heapq.heappop(queue)
-            if rec.seq != seq or rec.state is not QUEUED or rec.device != i:
-                continue  # stale entry: the item moved or ended
-            self._start(rec, i, out)
-
-    def _start(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
-        view = self.view
-        item = rec.item
-        cost = item.cost
-        rec.move(RUNNING)
-        rec.started = now = self.clock.now()
-        rec.attempts += 1
-        view.running_at[i] += 1
-        view.queued_work[i] -= cost
-        view.running_work_at[i] += cost
-        view.running_since_at[i] += now
-        if view.prefetching:
-            view.last_start_at[i] = now
-        if self._size_order:
-            view.note_queued(i, rec.size_class, cost, -1)
-        self._free_slots -= 1
-        view.queued -= 1
-        self.waiting -= 1
-        self._running[i].add(rec)
-        if self.preemption:
-            heapq.heappush(self._running_heap, (item.priority, rec.seq, rec))
-        out.append(Run(item, i, view.ids[i]))
+        pop = self._queues.pop
+        while view.running_at[i] < slots:
+            rec = pop(i)
+            if rec is None:
+                return
+            item = rec.item
+            cost = item.cost
+            rec.move(RUNNING)
+            rec.started = now = self.clock.now()
+            rec.attempts += 1
+            view.running_at[i] += 1
+            view.queued_work[i] -= cost
+            view.running_work_at[i] += cost
+            view.running_since_at[i] += now
+            if view.prefetching:
+                view.last_start_at[i] = now
+            self._free_slots -= 1
+            view.queued -= 1
+            self.waiting -= 1
+            self._running[i].add(rec)
+            if self.preemption:
+                heapq.heappush(self._running_heap, (item.priority, rec.seq, rec))
+            out.append(Run(item, i, view.ids[i]))
 
     def _release(self, rec: ItemRecord, running: bool) -> None:
         """Give back what ``rec`` holds on its device (slot, load, memory); a member of a
@@ -982,12 +904,10 @@ class Dispatcher:
             view.in_flight_at[i] = in_flight
             view.queued_work[i] -= cost
             view.queued -= 1
-            if self._size_order:
-                view.note_queued(i, rec.size_class, cost, -1)
-            if in_flight == view.running_at[i]:
+            emptied = in_flight == view.running_at[i]
+            self._queues.left(rec, i, emptied)
+            if emptied:
                 view.queued_work[i] = 0.0  # drop float drift once the queue is empty
-                if self._size_order:
-                    view.clear_queue(i)
         # Nothing left on the device: no float drift either.
         view.outstanding_at[i] = view.outstanding_at[i] - cost if in_flight else 0.0
 
@@ -1039,36 +959,22 @@ class Dispatcher:
                 self._start_ready(i, out)  # it starts one at least: nothing to steal then
             elif self.stealing and view.queued and view.running_at[i] == 0:
                 self._steal(i, out)
-        if self._pending or self._late:
+        queues = self._queues
+        if queues.pending or queues.late:
             self._drain_pending(out)
 
     def _drain_pending(self, out: list[Instruction]) -> None:
+        queues = self._queues
         if self.late_after is not None:
-            self._note_late()
-        if self._drain(self._pending, out) and self._late:
-            self._drain(self._late, out)
+            queues.note_late(self.clock.now() - self.late_after)
+        if self._drain(queues.pending, out) and queues.late:
+            self._drain(queues.late, out)
 
-    def _note_late(self) -> None:
-        """Move the items at the head of the pending heap that have waited past
-        ``late_after`` to the late heap, behind every item that has not."""
-        pending, late = self._pending, self._late
-        since = self.clock.now() - self.late_after  # type: ignore[operator]
-        while pending:
-            _, _, seq, rec = entry = pending[0]
-            if rec.seq == seq and rec.state is PENDING and rec.submitted > since:
-                return
-            heapq.heappop(pending)
-            if rec.seq == seq and rec.state is PENDING:
-                heapq.heappush(late, entry)
-
-    def _drain(self, pending: list[_Entry], out: list[Instruction]) -> bool:
+    def _drain(self, pending: list[Entry], out: list[Instruction]) -> bool:
         """Place the items of one pending heap in strict priority order, stopping at the first
         the policy still leaves waiting; True when the heap emptied."""
-        while pending:
-            _, _, seq, rec = pending[0]
-            if rec.seq != seq or rec.state is not PENDING:
-                heapq.heappop(pending)
-                continue
+        while (entry := head(pending, PENDING)) is not None:
+            rec = entry[3]
             allowed = self._allowed(rec)
             if allowed is not None and not allowed.any():
                 return False
@@ -1101,88 +1007,15 @@ class Dispatcher:
         self._end(rec, out, FAILED, str(exc), Cause.REJECTED)
 
     def _steal(self, thief: int, out: list[Instruction]) -> None:
-        """Idle ``thief`` takes the last queued item of the most-loaded device if it would
-        finish it sooner there."""
-        view = self.view
-        thief_speed = float(self._default_speed[thief])
-        # Queues only shrink between enqueues: if a device at least this fast found nothing
-        # worth stealing since the last enqueue, neither will this one.
-        if self._steal_miss_at == self._enqueues and thief_speed <= self._steal_miss_speed:
-            return
-        while view.running_at[thief] < self._slots[thief]:
-            victim = self._most_queued()
-            entry = self._last_entry(victim) if victim >= 0 and victim != thief else None
-            if entry is None:
-                self._miss(thief_speed)
-                return
-            rec = entry[3]
-            item = rec.item
-            if (rec.only is not None and not rec.only[thief]) or (
-                item.memory  # numpy's scalars are slow: read them only for an item that needs to
-                and item.memory
-                > view.mem_total[thief] - view.mem_used_at[thief] - view.mem_external[thief]
-            ):
-                return
-            inv = self.perf.inv_speed(item.kind)
-            here = (float(view.outstanding_at[thief]) + item.cost) * float(inv[thief])
-            there = float(view.outstanding_at[victim]) * float(inv[victim])
-            if not here < there:
-                self._miss(thief_speed)
-                return
-            if not self.policy.admits(item, view, thief):
+        """Idle ``thief`` takes queued items from the most-loaded devices while it has free
+        slots and would finish them sooner (``StealIndex.take`` finds them)."""
+        take = self._steals.take
+        while self.view.running_at[thief] < self._slots[thief]:
+            rec = take(thief)
+            if rec is None:
                 return
             self._move(rec, thief)
             self._start_ready(thief, out)
-
-    def _note_growth(self, i: int) -> None:
-        """Device ``i``'s queue grew: record its drain time in the steal heap. Shrinks are not
-        recorded: an entry's key is then an upper bound that ``_most_queued`` corrects."""
-        heap = self._drain_heap
-        heapq.heappush(heap, (-self.view.queued_work[i] / self._default_speed_list[i], i))
-        if len(heap) > 64 + 4 * self.view.n:  # mostly outdated entries: rebuild
-            self._drain_heap = [
-                (-q / sp, j)
-                for j, (q, sp) in enumerate(
-                    zip(self.view.queued_work, self._default_speed_list, strict=True)
-                )
-                if q > 1e-9
-            ]
-            heapq.heapify(self._drain_heap)
-
-    def _most_queued(self) -> int:
-        """The device whose queue takes longest to drain (-1 if no device has a queue).
-
-        A heap of (-seconds, device) whose keys never understate a queue: the top is checked
-        against the current queue and pushed back down when it shrank since. O(log n)
-        amortised, where a scan would cost a pass over every device at each idle moment."""
-        heap = self._drain_heap
-        queued = self.view.queued_work
-        speed = self._default_speed_list
-        while heap:
-            key, i = heap[0]
-            current = queued[i] / speed[i]
-            if current <= 1e-9:
-                heapq.heappop(heap)
-            elif -key <= current * (1 + 1e-9):
-                return i
-            else:
-                heapq.heapreplace(heap, (-current, i))
-        return -1
-
-    def _miss(self, thief_speed: float) -> None:
-        if self._steal_miss_at != self._enqueues or thief_speed > self._steal_miss_speed:
-            self._steal_miss_at = self._enqueues
-            self._steal_miss_speed = thief_speed
-
-    def _last_entry(self, i: int) -> _Entry | None:
-        """The queued item on ``i`` that would start last (lowest priority, newest)."""
-        tail = self._tails[i]
-        while tail:
-            priority, neg_key, neg_seq, rec = tail[0]
-            if rec.seq == -neg_seq and rec.state is QUEUED and rec.device == i:
-                return (-priority, -neg_key, -neg_seq, rec)
-            heapq.heappop(tail)  # stale: the item started, moved or ended
-        return None
 
     def _maybe_preempt(self, rec: ItemRecord, out: list[Instruction]) -> None:
         """With no slot free anywhere, stop the lowest-priority running item that ``rec``
@@ -1190,11 +1023,10 @@ class Dispatcher:
         if self._free_slots:
             return
         heap = self._running_heap
-        while heap and (heap[0][2].state is not RUNNING or heap[0][2].seq != heap[0][1]):
-            heapq.heappop(heap)
-        if not heap or heap[0][0] >= rec.item.priority:
+        top = head(heap, RUNNING, at=1)
+        if top is None or top[0] >= rec.item.priority:
             return
-        victim = heap[0][2]
+        victim = top[2]
         j = victim.device
         if rec.device != j:
             # The newcomer takes the victim's slot, if it may run there (a device going down
@@ -1247,80 +1079,6 @@ class Dispatcher:
         return rec.state
 
     def validate_state(self) -> None:
-        """Check every invariant between records, queues and the view (``AssertionError``)."""
-        view = self.view
-        running = np.zeros(view.n, dtype=np.int64)
-        queued = np.zeros(view.n, dtype=np.int64)
-        outstanding = np.zeros(view.n)
-        queued_work = np.zeros(view.n)
-        since = np.zeros(view.n)
-        mem = np.zeros(view.n, dtype=np.int64)
-        pending = 0
-        active = 0
-        members: dict[SharedRun, int] = {}
-        for rec in self.records.values():
-            state = rec.state
-            assert rec.history[-1] is state, f"{rec.item.id}: history does not end in {state}"
-            if state in TERMINAL:
-                continue
-            active += 1
-            assert state in (PENDING, QUEUED, RUNNING), f"{rec.item.id}: stuck in {state}"
-            if state is PENDING:
-                pending += 1
-                continue
-            i = rec.device
-            outstanding[i] += rec.item.cost
-            mem[i] += rec.item.memory
-            if state is RUNNING:
-                run = rec.run
-                if run is None:
-                    running[i] += 1
-                    since[i] += rec.started
-                elif run not in members:  # a shared run holds one slot
-                    members[run] = 0
-                    running[i] += 1
-                    since[i] += run.started
-                if run is not None:
-                    members[run] += 1
-                assert rec in self._running[i], f"{rec.item.id}: running but not tracked on {i}"
-            else:
-                queued[i] += 1
-                queued_work[i] += rec.item.cost
-                assert any(e[3] is rec and e[2] == rec.seq for e in self._queues[i]), (
-                    f"{rec.item.id}: queued on {i} but not in its queue"
-                )
-        for run, n in members.items():
-            assert run.members == n, f"a shared run counts {run.members} members, {n} are in it"
-        if self.keep_finished:
-            assert active == self.active, f"active {active} != counter {self.active}"
-            assert pending + int(queued.sum()) == self.waiting, "waiting counter drifted"
-            assert np.array_equal(running, view.running), "running counts drifted"
-            assert np.array_equal(running + queued, view.in_flight), "in_flight drifted"
-            assert np.allclose(outstanding, view.outstanding, atol=1e-6), "outstanding drifted"
-            assert np.allclose(queued_work, np.array(view.queued_work), atol=1e-6), (
-                "queued_work drifted"
-            )
-            assert np.array_equal(mem, view.mem_used), "mem_used drifted"
-            assert np.allclose(outstanding - queued_work, view.running_work, atol=1e-6), (
-                "running_work drifted"
-            )
-            assert np.allclose(since, view.running_since, atol=1e-6), "running_since drifted"
-            if self._size_order:
-                work_by_class, count_by_class = view.queued_totals()
-                assert np.allclose(queued_work, work_by_class, atol=1e-6), "queued_below drifted"
-                assert np.array_equal(queued, count_by_class), "queued_from drifted"
-            assert int(queued.sum()) == self.queued_total, "queued_total drifted"
-        # A device may run more than its slots only after set_slots lowered them.
-        free = int(np.maximum(view.slots - view.running, 0)[view.usable].sum())
-        assert free == self._free_slots, f"free slots {self._free_slots} != {free}"
-        assert (view.mem_used <= view.mem_total).all(), "a device holds more memory than it has"
-        # A down or removed device runs nothing; a held one finishes what it runs.
-        idle = np.zeros(view.n, dtype=bool)
-        idle[list(self._down | self._removed)] = True
-        assert (view.running[idle] == 0).all(), "an unhealthy device is running items"
-        for i in range(view.n):
-            takes = i not in self._down and i not in self._removed and not self._holds[i]
-            assert bool(view.usable[i]) == takes, f"device {i}: usable disagrees with its holds"
-        for rec in self.records.values():
-            if rec.only is not None and rec.state in (QUEUED, RUNNING):
-                assert rec.only[rec.device], f"{rec.item.id}: placed outside its only= devices"
+        """Check every invariant between records, queues and the view (``AssertionError``;
+        ``hetero.sched.invariants``)."""
+        validate_state(self)

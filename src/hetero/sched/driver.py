@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.dispatcher import Dispatcher
+from hetero.sched.instructions import Finish, Instruction, Run, Stop
 
 __all__ = ["Driver"]
 

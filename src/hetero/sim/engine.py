@@ -26,8 +26,9 @@ import numpy as np
 from hetero.devices.spec import Device
 from hetero.errors import QueueFull
 from hetero.sched.clock import ManualClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.dispatcher import Dispatcher
 from hetero.sched.driver import Driver
+from hetero.sched.instructions import Finish, Instruction, Run, Stop
 from hetero.sched.item import Cause, ItemState, WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Policy

@@ -37,11 +37,12 @@ from typing import Literal
 
 import numpy as np
 
-from hetero.errors import ConfigError, QueueFull
+from hetero.errors import ConfigError, DuplicateMember, QueueFull, UnknownMember
 from hetero.sched.capacity import ConcurrencyLimit
 from hetero.sched.clock import ManualClock
-from hetero.sched.dispatcher import Dispatcher, Finish, Instruction, Run, Stop
+from hetero.sched.dispatcher import Dispatcher
 from hetero.sched.driver import Driver
+from hetero.sched.instructions import Finish, Instruction, Run, Stop
 from hetero.sched.item import CostModel, ItemState, Tokens, WorkItem
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS, PerfModel
 from hetero.sched.policies.prefix import PrefixAffinity
@@ -486,14 +487,14 @@ class EngineFleetSimulator(Driver):
         """Drain replica ``name`` at ``time``: it finishes what it holds, then leaves."""
         asked = 0.0 if name in self._by_name else self._scheduled.get(name)
         if asked is None:
-            raise ConfigError([("name", f"no replica {name!r} is in the fleet or asked for")])
+            raise UnknownMember([("name", f"no replica {name!r} is in the fleet or asked for")])
         if not asked <= time < math.inf:
-            raise ConfigError([("time", f"{name!r} is asked for at {asked}: drain it later")])
+            raise UnknownMember([("time", f"{name!r} is asked for at {asked}: drain it later")])
         self._push(float(time), _DRAIN, Drain(name))
 
     def _check_add(self, name: str, warm_after: float) -> None:
         if name in self._by_name or name in self._scheduled:
-            raise ConfigError(
+            raise DuplicateMember(
                 [("name", f"replica {name!r} was asked for already; names are unique in a run")]
             )
         if not 0 <= warm_after < math.inf:
@@ -563,7 +564,7 @@ class EngineFleetSimulator(Driver):
     def _drain(self, name: str) -> None:
         r = self._by_name.get(name)
         if r is None:
-            raise ConfigError([("name", f"no replica {name!r} is in the fleet or asked for")])
+            raise UnknownMember([("name", f"no replica {name!r} is in the fleet or asked for")])
         if r.state is _WARMING:
             self._set_state(r, _GONE)
             r.left_at = self.clock.now()

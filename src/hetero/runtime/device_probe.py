@@ -1,4 +1,5 @@
-"""Live device monitoring: what each device is doing now, polled on a background thread.
+"""Device probes: what each device is doing now, read at once or polled on a background
+thread.
 
 ``sample_device`` reads one device: a real GPU through NVML, the CPU through psutil, an emulated
 device through its worker process. ``Monitor`` polls a fleet every ``interval`` seconds.

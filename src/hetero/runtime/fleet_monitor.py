@@ -1,17 +1,19 @@
-"""Monitoring of a running ``Context``: device readings every ``monitoring_interval`` folded
-into the fleet's live state, memory-pressure warnings, and the status that ``hetero top``
-reads (``Context.status``, ``Context.memory_usage``)."""
+"""Monitoring of a running ``Context``: device readings (``hetero.runtime.device_probe``)
+every ``monitoring_interval`` folded into the fleet's live state, memory-pressure warnings,
+and the status that ``hetero top`` reads (``Context.status``, ``Context.memory_usage``)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from hetero.devices.spec import Device
 from hetero.errors import HeteroError
-from hetero.runtime.monitor import (
+from hetero.runtime.device_probe import (
     DeviceSample,
     MemoryPressure,
     Monitor,
@@ -22,19 +24,50 @@ from hetero.runtime.status import DeviceStatus, StatusSnapshot, StatusWriter, ow
 from hetero.units import format_size
 
 if TYPE_CHECKING:
-    from hetero.runtime.engine import Engine
+    from hetero.runtime.backend import Backend
+    from hetero.runtime.books import EngineBooks
+    from hetero.runtime.events import BackendSink
+    from hetero.sched.dispatcher import Dispatcher
 
-__all__ = ["FleetMonitor"]
+__all__ = ["FleetMonitor", "MonitorHost"]
 
 log = logging.getLogger("hetero.runtime")
 
 
-class FleetMonitor:
-    """Reads the engine's devices each ``interval`` seconds once started, and publishes its
-    status. ``config_path`` is the config file the status names."""
+class MonitorHost(Protocol):
+    """What the fleet monitor reads of the engine (``hetero.runtime.engine.Engine``)."""
 
-    def __init__(self, engine: Engine, config_path: str | None, interval: float) -> None:
-        self._engine = engine
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock that guards the engine's dispatcher and books."""
+
+    @property
+    def devices(self) -> Sequence[Device]: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def backend(self) -> Backend:
+        """Where the workers run: their pids, the devices on this machine, the others' samples."""
+
+
+class FleetMonitor:
+    """Reads the devices of ``host`` each ``interval`` seconds once started, hands the readings
+    to ``sink``, and publishes the status its ``books`` and dispatcher show. ``config_path`` is
+    the config file the status names."""
+
+    def __init__(
+        self,
+        host: MonitorHost,
+        books: EngineBooks,
+        sink: BackendSink,
+        config_path: str | None,
+        interval: float,
+    ) -> None:
+        self._host = host
+        self._books = books
+        self._sink = sink
         self._config_path = config_path
         self._interval = interval
         self._started_at = time.time()
@@ -57,25 +90,25 @@ class FleetMonitor:
 
     def _targets(self) -> list[tuple[Device, int | None]]:
         """The devices this process reads itself (on this machine), with their worker pids."""
-        backend = self._engine.backend
+        backend = self._host.backend
         here = backend.on_this_machine()
         pids = backend.pids()
-        return [(d, pids[i]) for i, d in enumerate(self._engine.devices) if here[i]]
+        return [(d, pids[i]) for i, d in enumerate(self._host.devices) if here[i]]
 
     def _on_sample(self, samples: list[DeviceSample]) -> None:
         """Fold a round of device readings (this machine's, and those the backend took on
         other machines) into the fleet's state and publish a status. Slowdowns need nothing
         here: observed durations already lower the device's speed."""
-        engine = self._engine
-        samples = [*samples, *engine.backend.remote_samples()]
-        found = engine.events.readings(samples)
+        host = self._host
+        samples = [*samples, *host.backend.remote_samples()]
+        found = self._sink.readings(samples)
         busy = self._busy_percent()
-        for device, percent in zip(engine.devices, busy, strict=False):
+        for device, percent in zip(host.devices, busy, strict=False):
             if device.emulated:
                 # Its worker mostly sleeps (pacing): busy is the time it held tasks.
                 device.state.utilization = percent
         for i, sample in found:
-            device = engine.devices[i]
+            device = host.devices[i]
             state = device.state
             if not device.emulated and sample.utilization is not None:
                 state.utilization = sample.utilization
@@ -95,8 +128,8 @@ class FleetMonitor:
         """Per device, the percent of the time since the last call spent on tasks (service time
         of the tasks completed since)."""
         now = time.monotonic()
-        with self._engine.lock:
-            busy = list(self._engine.dispatcher.metrics.busy)
+        with self._host.lock:
+            busy = list(self._host.dispatcher.metrics.busy)
         last_at, last = self._busy_mark
         self._busy_mark = (now, busy)
         span = now - last_at
@@ -109,19 +142,19 @@ class FleetMonitor:
 
     def status(self) -> StatusSnapshot:
         """What ``hetero top`` shows: the tasks by state, and each device's load and speed."""
-        engine = self._engine
-        with engine.lock:
-            d = engine.dispatcher
+        host, books = self._host, self._books
+        with host.lock:
+            d = host.dispatcher
             speed = d.perf.speed()
             metrics = d.metrics
             devices: list[DeviceStatus] = []
-            for i, device in enumerate(engine.devices):
+            for i, device in enumerate(host.devices):
                 done = int(metrics.completed[i])
                 learned, prior = own_time_speeds(
                     float(speed[i]) if done else None,
                     d.perf.prior(device, "default"),
                     emulated=device.emulated,
-                    time_scale=engine.backend.time_scale,
+                    time_scale=host.backend.time_scale,
                     unit_rate=d.perf.unit_rate,
                 )
                 devices.append(
@@ -130,7 +163,7 @@ class FleetMonitor:
                         "model": device.model,
                         "kind": device.kind.value,
                         "emulated": device.emulated,
-                        "healthy": bool(d.view.usable[i]) or i in engine.holding,
+                        "healthy": bool(d.view.usable[i]) or i in books.holding,
                         "speed": learned,
                         "prior_speed": prior,
                         "running": int(d.view.running[i]),
@@ -144,7 +177,7 @@ class FleetMonitor:
                     }
                 )
             running = d.active - d.waiting  # tasks, each call of a batch among them
-            stats = engine.stats
+            stats = books.stats
             return {
                 "pid": os.getpid(),
                 "started": self._started_at,
@@ -155,7 +188,7 @@ class FleetMonitor:
                     "done": stats["done"],
                     "failed": stats["failed"],
                     "running": running,
-                    "waiting": len(engine.tasks) - running,
+                    "waiting": len(books.tasks) - running,
                 },
                 "devices": devices,
             }
@@ -165,8 +198,8 @@ class FleetMonitor:
         here = self._targets()
         pids = {d.id: p for d, p in here if p is not None}
         usage = memory_usage([d for d, _ in here], pids)
-        by_id = {d.id: d for d in self._engine.devices}
-        for sample in self._engine.backend.remote_samples():
+        by_id = {d.id: d for d in self._host.devices}
+        for sample in self._host.backend.remote_samples():
             usage[sample.device_id] = usage_of(by_id[sample.device_id], sample)
         return usage
 
