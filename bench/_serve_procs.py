@@ -371,7 +371,7 @@ def warm_up(url: str, body: bytes, n: int, path: str = "/v1/chat/completions") -
 
 
 async def _serve_mocks(configs: list[dict[str, Any]], out: TextIO) -> None:
-    from hetero.serve.mock import MockConfig, MockReplica
+    from hetero.serve.emulator.server import MockConfig, MockReplica
 
     replicas = []
     for k, fields in enumerate(configs):

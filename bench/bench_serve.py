@@ -1,5 +1,6 @@
 """``hetero serve`` against the routers a user would pick instead, on emulated replicas
-(``hetero.serve.mock``), in one run on this machine. Three figures, each run alone with ``--only``:
+(``hetero.serve.emulator``), in one run on this machine. Three figures, each run alone with
+``--only``:
 
 - ``goodput``: three mock replicas of relative speeds 1 : 2.5 : 6 with slots in proportion to
   their memory (a 16, a 40 and an 80 GB card: 4 : 10 : 20), all in one process. Poisson arrivals
@@ -224,7 +225,7 @@ def prompts(w: Goodput, n: int) -> tuple[list[str], list[int]]:
 def expected_output_tokens(w: Goodput, draws: int = 400_000) -> float:
     """E[completion tokens]: the mock's own draw, capped by ``max_tokens``, averaged."""
     # The mock's own sampler, so the capacity follows the mock if its distribution changes.
-    from hetero.serve.mock_config import draw_output_length
+    from hetero.serve.emulator.config import draw_output_length
 
     rng = random.Random(12345)
     total = sum(

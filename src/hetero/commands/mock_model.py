@@ -78,7 +78,7 @@ def mock_model(
 
       hetero mock-model /tmp/big-llama --size large --port 8001 --core 1
     """
-    from hetero.serve.mock_model import Size, make_model, parameter_count, vllm_command
+    from hetero.serve.emulator.tiny_llama import Size, make_model, parameter_count, vllm_command
 
     shape = cast(Size, size)  # make_model refuses any other
     try:

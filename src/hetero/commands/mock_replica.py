@@ -14,7 +14,7 @@ from hetero.commands.serve import check_port
 from hetero.errors import ConfigError
 
 if TYPE_CHECKING:  # the server (and aiohttp) is imported when the command runs, not for --help
-    from hetero.serve.mock_config import (
+    from hetero.serve.emulator.config import (
         Engine,
         EngineModelName,
         LoadFault,
@@ -225,7 +225,7 @@ def mock_replica(
     `hetero mock-replica --engine vllm --engine-model continuous --model-shape llama-3-8b
     --device L4 --slots 64`.
     """
-    from hetero.serve.mock_config import MockConfig
+    from hetero.serve.emulator.config import MockConfig
 
     try:
         config = MockConfig(
@@ -266,7 +266,7 @@ def mock_replica(
 
 
 async def _serve(config: MockConfig, host: str, port: int) -> None:
-    from hetero.serve.mock import MockReplica
+    from hetero.serve.emulator.server import MockReplica
 
     replica = MockReplica(config, host, port)
     url = await replica.start()

@@ -13,8 +13,8 @@ from hetero._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "ServeOptions": "hetero.serve.app",
     "Server": "hetero.serve.app",
-    "MockConfig": "hetero.serve.mock_config",
-    "MockReplica": "hetero.serve.mock",
+    "MockConfig": "hetero.serve.emulator.config",
+    "MockReplica": "hetero.serve.emulator.server",
     "Replica": "hetero.serve.replicas",
     "parse_replica_flag": "hetero.serve.replicas",
     "replica_from_config": "hetero.serve.replicas",
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
     from hetero.serve.app import ServeOptions as ServeOptions
     from hetero.serve.app import Server as Server
-    from hetero.serve.mock import MockReplica as MockReplica
-    from hetero.serve.mock_config import MockConfig as MockConfig
+    from hetero.serve.emulator.config import MockConfig as MockConfig
+    from hetero.serve.emulator.server import MockReplica as MockReplica
     from hetero.serve.replicas import Replica as Replica
     from hetero.serve.replicas import parse_replica_flag as parse_replica_flag
     from hetero.serve.replicas import replica_from_config as replica_from_config

@@ -30,8 +30,8 @@ prompt token, as vLLM does). Freed blocks stay cached until their memory is need
 least recently freed first, a prompt's tail before its head (``PrefixIndex``'s LRU).
 
 Pure: no I/O and no sleeping; time comes from an injected clock. :meth:`EngineModel.step`
-schedules the next step and returns when it ends; a driver sleeps until then (``mock_engine``)
-or, in tests and benchmarks, moves a fake clock.
+schedules the next step and returns when it ends; a driver sleeps until then
+(``emulator.continuous``) or, in tests and benchmarks, moves a fake clock.
 """
 
 from __future__ import annotations

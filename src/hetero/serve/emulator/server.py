@@ -17,10 +17,12 @@ own state, so that routers' engine adapters can be tested without the engine:
 ``/mock/config`` changes its speed or injects failures while it runs, on the API routes
 (``fail_rate``, ``garbage_rate``, ``slowdown``) or on the load endpoints (``load_fault``).
 
-It is built of parts, each in a module of its own: :class:`MockConfig` (``mock_config``), the
-shared state of slots and counters (``mock_state``), the OpenAI routes (``mock_openai``) and the
-request bodies they read (``mock_requests``), the engine's load endpoints (``mock_load``) and
-its Prometheus pages (``mock_metrics``). This module ties them to one aiohttp server.
+It is built of parts, each in a module of its own in this package: :class:`MockConfig`
+(``config``), the shared state of config and counters (``state``) around the engine that paces
+the requests (``replica_engine``: ``slots`` or ``continuous``), the OpenAI routes
+(``openai_routes``) and the request bodies they read (``request_bodies``), the engine's load
+endpoints (``load_routes``) and its Prometheus pages (``engine_metrics``). This module ties them
+to one aiohttp server.
 """
 
 from __future__ import annotations
@@ -33,8 +35,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
 from hetero.errors import ConfigError
-from hetero.serve.listener import http_url
-from hetero.serve.mock_config import (
+from hetero.serve.emulator.config import (
     ENGINES,
     LOAD_FAULTS,
     OUTPUT_DISTS,
@@ -44,12 +45,18 @@ from hetero.serve.mock_config import (
     OutputDist,
     draw_output_length,
 )
-from hetero.serve.mock_load import SGLANG_VERSION, VLLM_VERSION, LoadRoutes
-from hetero.serve.mock_openai import OpenAIRoutes
-from hetero.serve.mock_requests import EMBEDDING_DIM, BadRequest, json_object, openai_error
-from hetero.serve.mock_state import ReplicaState
+from hetero.serve.emulator.load_routes import SGLANG_VERSION, VLLM_VERSION, LoadRoutes
+from hetero.serve.emulator.openai_routes import OpenAIRoutes
+from hetero.serve.emulator.request_bodies import (
+    EMBEDDING_DIM,
+    BadRequest,
+    json_object,
+    openai_error,
+)
+from hetero.serve.emulator.state import EmulatorState
+from hetero.serve.listener import http_url
 
-# The mock's public names, wherever they are defined: ``hetero.serve.mock`` is the import path.
+# The emulator's public names, wherever they are defined: this module is the import path.
 __all__ = [
     "EMBEDDING_DIM",
     "ENGINES",
@@ -100,7 +107,7 @@ class MockReplica:
         self._port = port
         self._url: str | None = None
         self._runner: web.AppRunner | None = None
-        self._state = ReplicaState(config)
+        self._state = EmulatorState(config)
         self._openai = OpenAIRoutes(self._state)
         self._load = LoadRoutes(self._state, host, port)
 
@@ -119,15 +126,16 @@ class MockReplica:
     def stats(self) -> dict[str, int]:
         """Counters since start: ``requests`` received on the API routes, ``completed``,
         ``failed`` (an error or garbage answered), ``cancelled`` (the client left or the replica
-        stopped), ``in_flight`` (holding a slot), ``waiting`` (for a slot), ``tokens_out``."""
+        stopped), ``in_flight`` (being served: holding a slot, or running in the engine),
+        ``waiting`` (for a slot, or in the engine's queue), ``tokens_out``."""
         state = self._state
         return {
             "requests": state.requests,
             "completed": state.completed,
             "failed": state.failed,
             "cancelled": state.cancelled,
-            "in_flight": state.in_flight,
-            "waiting": state.waiting,
+            "in_flight": state.engine.in_flight,
+            "waiting": state.engine.waiting,
             "tokens_out": state.tokens_out,
         }
 

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from hetero.serve.mock_metrics import PROM_TYPE, huge_padding, loads_prometheus
-from hetero.serve.mock_state import ReplicaState
+from hetero.serve.emulator.engine_metrics import PROM_TYPE, huge_padding, loads_prometheus
+from hetero.serve.emulator.state import EmulatorState
 
 __all__ = ["SGLANG_VERSION", "VLLM_VERSION", "LoadRoutes"]
 
@@ -28,7 +28,7 @@ class LoadRoutes:
     """The handlers of the engine's own endpoints over a replica's shared state; ``host`` and
     ``port`` are what ``/server_info`` reports it was launched with."""
 
-    def __init__(self, state: ReplicaState, host: str, port: int) -> None:
+    def __init__(self, state: EmulatorState, host: str, port: int) -> None:
         self._state = state
         self._host = host
         self._port = port
@@ -53,10 +53,10 @@ class LoadRoutes:
         faulty = await self._load_fault(PROM_TYPE)
         if faulty is not None:
             return faulty
-        state, cfg = self._state, self._state.config
+        state, cfg, engine = self._state, self._state.config, self._state.engine
         page_of = state.metrics.vllm_page if cfg.engine == "vllm" else state.metrics.sglang_page
         page = page_of(
-            state.load_now(), cfg.kv_capacity, state.gauge, state.cancelled, state.cache_figures()
+            engine.load_now(), cfg.kv_capacity, state.gauge, state.cancelled, engine.cache_figures()
         )
         if cfg.load_fault == "huge":
             page = huge_padding() + page
@@ -68,8 +68,9 @@ class LoadRoutes:
         faulty = await self._load_fault("application/json")
         if faulty is not None:
             return faulty
-        running, waiting, used, _ = self._state.load_now()
-        total = used + self._state.waiting_tokens  # held, plus the prompts of the queue
+        engine = self._state.engine
+        running, waiting, used, _ = engine.load_now()
+        total = used + engine.waiting_tokens  # held, plus the prompts of the queue
         g = self._state.gauge
         return self._json(
             [
@@ -87,17 +88,17 @@ class LoadRoutes:
     def _load_snapshot(self) -> dict[str, Any]:
         """One rank's entry of SGLang's /v1/loads (``LoadSnapshot.to_dict`` in
         ``sglang/srt/managers/load_snapshot.py``), core fields in its order."""
-        cfg = self._state.config
-        running, waiting, used, rate = self._state.load_now()
-        total = used + self._state.waiting_tokens
+        cfg, engine = self._state.config, self._state.engine
+        running, waiting, used, rate = engine.load_now()
+        total = used + engine.waiting_tokens
         g = self._state.gauge
-        cache = self._state.cache_figures()
+        cache = engine.cache_figures()
         return {
             "timestamp": time.time(),
             "dp_rank": 0,
             "num_running_reqs": g(running),
             "num_waiting_reqs": g(waiting),
-            "num_waiting_uncached_tokens": g(self._state.waiting_tokens),
+            "num_waiting_uncached_tokens": g(engine.waiting_tokens),
             "num_used_tokens": g(used),
             "num_total_tokens": g(total),
             "num_active_tokens": g(total),
@@ -222,7 +223,7 @@ class LoadRoutes:
             "host": self._host,
             "port": self._port,
         }
-        _, _, _, rate = self._state.load_now()
+        rate = self._state.engine.load_now().gen_rate
         return self._json(
             {
                 **args,
@@ -264,5 +265,5 @@ class LoadRoutes:
         faulty = await self._load_fault("application/json")
         if faulty is not None:
             return faulty
-        state = self._state
-        return self._json({"server_load": state.gauge(state.in_flight + state.waiting)})
+        engine = self._state.engine
+        return self._json({"server_load": self._state.gauge(engine.in_flight + engine.waiting)})

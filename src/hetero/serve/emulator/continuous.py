@@ -1,5 +1,6 @@
-"""The continuous engine model (``engine_model``) run on the event loop, for an emulated
-replica: steps back to back while there is work, each slept for its modelled time, and each
+"""The continuous model of an emulated replica (``engine_model="continuous"``): the engine
+model the router fits and the planner sizes by (``hetero.serve.engine_model``), run on the
+event loop: steps back to back while there is work, each slept for its modelled time, and each
 request's handler woken when a step gives it a token."""
 
 from __future__ import annotations
@@ -8,15 +9,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Final
 
-from hetero.serve.engine_model import EngineModel, EngineRequest, EngineSpec, Step
+from hetero.sched.prefix import prefix_blocks
+from hetero.serve.emulator.replica_engine import CacheFigures, Load
+from hetero.serve.engine_model import BLOCK_SIZE, EngineModel, EngineRequest, EngineSpec, Step
 
-__all__ = ["EngineDriver", "EngineRun"]
+__all__ = ["ContinuousEngine", "ContinuousRun"]
 
 log = logging.getLogger(__name__)
 
+# The characters of one KV block: four to a token.
+_BLOCK_CHARS: Final = 4 * BLOCK_SIZE
 
-class EngineRun:
+
+class ContinuousRun:
     """One request in the engine as its handler sees it: ``available`` tokens, as of the last
     step that ended (the model applies a step as it starts; a handler sees it at its end)."""
 
@@ -64,14 +71,14 @@ class EngineRun:
             pass
 
 
-class EngineDriver:
+class ContinuousEngine:
     """Runs an :class:`EngineModel` on the running loop's clock; step times are stretched by
     ``scale()`` of the moment (the replica's slowdown over its speed)."""
 
     def __init__(self, spec: EngineSpec, scale: Callable[[], float]) -> None:
         self.model = EngineModel(spec, self._now)
         self._scale = scale
-        self._runs: dict[EngineRequest, EngineRun] = {}
+        self._runs: dict[EngineRequest, ContinuousRun] = {}
         self._task: asyncio.Task[None] | None = None
         self.last_step: Step | None = None
 
@@ -79,14 +86,21 @@ class EngineDriver:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
+    @property
+    def max_context(self) -> int:
+        return self.model.spec.max_context
+
     @contextlib.asynccontextmanager
     async def run(
-        self, prompt_tokens: int, output_tokens: int, blocks: tuple[int, ...]
-    ) -> AsyncIterator[EngineRun]:
-        """Submit a request for the body of the ``with``; it is aborted (its KV freed) if the
-        body ends before its last token."""
-        request = self.model.submit(EngineRequest(prompt_tokens, output_tokens, blocks))
-        run = self._runs[request] = EngineRun(request)
+        self, prompt_tokens: int, out_tokens: int, prompt: Callable[[], str]
+    ) -> AsyncIterator[ContinuousRun]:
+        """Submit a request for the body of the ``with``, its prompt's 64-character blocks (16
+        tokens) named for the prefix cache; it is aborted (its KV freed) if the body ends before
+        its last token."""
+        blocks = prefix_blocks(prompt(), _BLOCK_CHARS, limit=prompt_tokens // BLOCK_SIZE)
+        # A prompt alone (an embedding) is its prefill and the step that ends it.
+        request = self.model.submit(EngineRequest(prompt_tokens, max(1, out_tokens), blocks))
+        run = self._runs[request] = ContinuousRun(request)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drive())
         try:
@@ -121,9 +135,40 @@ class EngineDriver:
                 await task
 
     @property
-    def gen_rate(self) -> float:
+    def in_flight(self) -> int:
+        return len(self.model.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.model.waiting)
+
+    @property
+    def waiting_tokens(self) -> int:
+        return sum(r.num_tokens - r.computed for r in self.model.waiting)
+
+    @property
+    def must_wait(self) -> bool:
+        model = self.model
+        return bool(model.waiting) or len(model.running) >= model.spec.max_num_seqs
+
+    def load_now(self) -> Load:
+        model = self.model
+        used = model.used_blocks * BLOCK_SIZE
+        return Load(len(model.running), len(model.waiting), used, self._gen_rate())
+
+    def _gen_rate(self) -> float:
         """Tokens generated per second by the last step, 0 once idle."""
         step = self.last_step
         if step is None or not self.model.busy or step.duration <= 0:
             return 0.0
         return len(step.progressed) / step.duration
+
+    def cache_figures(self) -> CacheFigures:
+        model = self.model
+        return CacheFigures(
+            queries=model.prefix_queries,
+            hits=model.prefix_hits,
+            preemptions=model.preemptions,
+            block_size=BLOCK_SIZE,
+            num_blocks=model.spec.num_blocks,
+        )

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from hetero.serve.mock_config import Engine
-from hetero.serve.mock_requests import Generation
+from hetero.serve.emulator.config import Engine
+from hetero.serve.emulator.replica_engine import CacheFigures, Load
+from hetero.serve.emulator.request_bodies import Generation
 
-__all__ = ["PROM_TYPE", "CacheFigures", "EngineMetrics", "huge_padding", "loads_prometheus"]
+__all__ = ["PROM_TYPE", "EngineMetrics", "huge_padding", "loads_prometheus"]
 
 PROM_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Bucket bounds of the engines' default histograms.
@@ -109,22 +110,6 @@ class _Tally:
     requests: int = 0
     prompt_tokens: int = 0
     generated: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CacheFigures:
-    """The continuous model's prefix cache (tokens looked up and found), preemptions and KV
-    blocks, which the engines' pages publish as the real engine does."""
-
-    queries: int
-    hits: int
-    preemptions: int
-    block_size: int
-    num_blocks: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 @functools.cache
@@ -227,7 +212,7 @@ class EngineMetrics:
 
     def vllm_page(
         self,
-        load: tuple[int, int, int, float],
+        load: Load,
         kv_capacity: int,
         reading: Callable[[float], float],
         cancelled: int,
@@ -236,8 +221,9 @@ class EngineMetrics:
         """vLLM's v1 engine page (``vllm/v1/metrics/loggers.py``, PrometheusStatLogger): its
         scheduler gauges, prefix cache, token and request counters (each with the ``_created``
         sample prometheus_client adds) and two of its histograms, labelled engine and
-        model_name. With ``cache`` (the continuous model), its prefix cache and preemptions,
-        and the cache config whose blocks give the KV capacity; without, no prefix cached."""
+        model_name. With ``cache`` (an engine with a prefix cache), its prefix cache and
+        preemptions, and the cache config whose blocks give the KV capacity; without, no prefix
+        cached."""
         running, waiting, used, _ = load
         usage = min(1.0, used / kv_capacity)
         labels = self._vllm_labels
@@ -352,7 +338,7 @@ class EngineMetrics:
 
     def sglang_page(
         self,
-        load: tuple[int, int, int, float],
+        load: Load,
         kv_capacity: int,
         reading: Callable[[float], float],
         cancelled: int,

@@ -217,6 +217,11 @@ class MockConfig:
         return spec
 
     @property
+    def time_scale(self) -> float:
+        """What a request's service time is multiplied by: ``slowdown / speed``."""
+        return self.slowdown / self.speed
+
+    @property
     def kv_capacity(self) -> int:
         """KV cache capacity in tokens: ``kv_tokens``, or slots × 2048 (simple model), or the
         engine's (continuous model)."""

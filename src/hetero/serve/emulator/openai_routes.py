@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import itertools
 import json
-import math
 import random
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from aiohttp import web
 
-from hetero.sched.prefix import prefix_blocks
-from hetero.serve.engine_model import BLOCK_SIZE
-from hetero.serve.mock_config import draw_output_length
-from hetero.serve.mock_requests import (
+from hetero.serve.emulator.config import draw_output_length
+from hetero.serve.emulator.replica_engine import EngineRun
+from hetero.serve.emulator.request_bodies import (
     EMBEDDING_DIM,
     BadRequest,
     Generation,
@@ -35,45 +33,20 @@ from hetero.serve.mock_requests import (
     prompt_text,
     show,
 )
-from hetero.serve.mock_state import ReplicaState, Service
+from hetero.serve.emulator.state import EmulatorState
 
 __all__ = ["OpenAIRoutes"]
 
 _TOKEN = " tok"  # the text of every generated token
-# Below this pace, tokens share a chunk: a fast replica writes at most one chunk per millisecond
-# per stream, which keeps a benchmark's CPU in the router instead of the mock.
-_MIN_CHUNK_S = 0.001
 _COMPACT: Final = (",", ":")
-# The characters of one KV block of the continuous model: four to a token.
-_BLOCK_CHARS: Final = 4 * BLOCK_SIZE
 _SSE_HEADERS: Final = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, when: float) -> None:
-    delay = when - loop.time()
-    if delay > 0:  # an instant replica never sleeps, not even sleep(0)
-        await asyncio.sleep(delay)
-
-
-async def _paced(service: Service, out_tokens: int) -> AsyncIterator[int]:
-    """The simple model's tokens, as many at a time as one chunk takes, each when its last
-    token is due (paced from the start on the loop's clock, so the pace does not drift)."""
-    loop = asyncio.get_running_loop()
-    start, prefill_s, token_s = service.start, service.prefill_s, service.token_s
-    per_chunk = out_tokens if token_s == 0 else max(1, math.ceil(_MIN_CHUNK_S / token_s))
-    sent = 0
-    while sent < out_tokens:
-        n = min(per_chunk, out_tokens - sent)
-        await _sleep_until(loop, start + prefill_s + (sent + n) * token_s)
-        yield n
-        sent += n
 
 
 class OpenAIRoutes:
     """The handlers of ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and
     ``/v1/models`` over a replica's shared state."""
 
-    def __init__(self, state: ReplicaState) -> None:
+    def __init__(self, state: EmulatorState) -> None:
         self._state = state
         config = state.config
         self._lengths = random.Random(config.seed)
@@ -127,41 +100,19 @@ class OpenAIRoutes:
         refused = await self._refuse(request, stream=stream)
         if refused is not None:
             return refused
-        if self._state.engine is not None:
-            return await self._generate_in_engine(request, body, job, arrival, cap)
-        async with self._state.slot(prompt_tokens, job.out_tokens) as service:
-            if stream:
-                first = service.first_token_at
-                ticks = _paced(service, job.out_tokens)
-                return await self._stream(request, job, ticks, lambda: first, arrival)
-            delay = service.prefill_s + job.out_tokens * service.token_s
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self._finished(job, service.first_token_at, arrival)
-            return web.json_response(self._completion(job))
-
-    async def _generate_in_engine(
-        self, request: web.Request, body: dict[str, Any], job: Generation, arrival: float, cap: int
-    ) -> web.StreamResponse:
-        """The continuous model: the request runs in the emulated engine, its prompt's 64-
-        character blocks (16 tokens) named for the prefix cache."""
-        spec = self._state.config.engine_spec
-        assert spec is not None
-        if job.prompt_tokens + cap > spec.max_context:  # as vLLM refuses it
+        limit = self._state.engine.max_context
+        if limit is not None and prompt_tokens + cap > limit:  # as vLLM refuses it
             self._state.failed += 1
             return openai_error(
                 400,
-                f"This model's maximum context length is {spec.max_context} tokens. However, "
-                f"you requested {job.prompt_tokens + cap} tokens ({job.prompt_tokens} in the "
-                f"prompt, {cap} in the completion). Please reduce the length of the prompt or "
-                "completion.",
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + cap} tokens ({prompt_tokens} in the prompt, {cap} in the "
+                "completion). Please reduce the length of the prompt or completion.",
             )
-        text = prompt_text(body, chat=job.chat)
-        blocks = prefix_blocks(text, _BLOCK_CHARS, limit=job.prompt_tokens // BLOCK_SIZE)
-        async with self._state.engine_run(job.prompt_tokens, job.out_tokens, blocks) as run:
-            if job.stream:
-                ticks = run.tokens()
-                return await self._stream(request, job, ticks, lambda: run.first_token_at, arrival)
+        text = functools.partial(prompt_text, body, chat=chat)
+        async with self._state.run(prompt_tokens, job.out_tokens, text) as run:
+            if stream:
+                return await self._stream(request, job, run, arrival)
             await run.wait()
             self._finished(job, run.first_token_at, arrival)
             return web.json_response(self._completion(job))
@@ -188,7 +139,7 @@ class OpenAIRoutes:
 
     async def _refuse(self, request: web.Request, *, stream: bool) -> web.StreamResponse | None:
         """The injected fault, or the 429 of a full queue, for a valid request; else None."""
-        cfg, state = self._state.config, self._state
+        cfg, engine = self._state.config, self._state.engine
         fail, garbage = self._faults.random(), self._faults.random()  # two draws, always
         if fail < cfg.fail_rate:
             self._state.failed += 1
@@ -204,12 +155,12 @@ class OpenAIRoutes:
             await resp.write(b'data: {"id": "garbage", "choices": [{"delta": {"cont\n\n')
             await resp.write_eof()  # and no [DONE]
             return resp
-        if cfg.queue_limit is not None and state.must_wait and state.waiting >= cfg.queue_limit:
+        if cfg.queue_limit is not None and engine.must_wait and engine.waiting >= cfg.queue_limit:
             self._state.failed += 1
             return openai_error(
                 429,
-                f"the replica is full: {state.in_flight} requests running and "
-                f"{state.waiting} waiting (queue_limit {cfg.queue_limit}); retry later",
+                f"the replica is full: {engine.in_flight} requests running and "
+                f"{engine.waiting} waiting (queue_limit {cfg.queue_limit}); retry later",
                 kind="rate_limit_error",
                 headers={"Retry-After": "1"},
             )
@@ -236,12 +187,11 @@ class OpenAIRoutes:
         self,
         request: web.Request,
         job: Generation,
-        ticks: AsyncIterator[int],
-        first_token_at: Callable[[], float],
+        run: EngineRun,
         arrival: float,
     ) -> web.StreamResponse:
-        """Server-sent events: a chunk of the tokens each of ``ticks`` brings, the finish
-        chunk, the usage chunk if asked, ``[DONE]``."""
+        """Server-sent events: a chunk of the tokens each of the run's wake-ups brings, the
+        finish chunk, the usage chunk if asked, ``[DONE]``."""
         head = json.dumps(
             {
                 "id": self._id(job.chat),
@@ -271,7 +221,7 @@ class OpenAIRoutes:
         try:
             await resp.prepare(request)
             sent = 0
-            async for n in ticks:
+            async for n in run.tokens():
                 data = alike.get(n) if sent else chunk(n, first=True)
                 if data is None:
                     data = alike[n] = chunk(n)
@@ -284,11 +234,11 @@ class OpenAIRoutes:
                 await resp.write(f'data: {head},"choices":[],"usage":{usage}}}\n\n'.encode())
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-        except ConnectionError:  # the client left mid-stream; the slot is freed on return
+        except ConnectionError:  # the client left mid-stream; its place is freed on return
             self._state.cancelled += 1
             return resp
         self._state.completed += 1
-        self._state.finish(job, first_token_at(), arrival)
+        self._state.finish(job, run.first_token_at, arrival)
         return resp
 
     def _usage(self, job: Generation) -> dict[str, int]:
@@ -327,23 +277,16 @@ class OpenAIRoutes:
         refused = await self._refuse(request, stream=False)
         if refused is not None:
             return refused
-        spec = self._state.config.engine_spec
-        if spec is not None and tokens + 1 > spec.max_context:
+        limit = self._state.engine.max_context
+        if limit is not None and tokens + 1 > limit:
             self._state.failed += 1
             return openai_error(
                 400,
-                f"This model's maximum context length is {spec.max_context} tokens. However, "
-                f"the input has {tokens} tokens. Please reduce the length of the input.",
+                f"This model's maximum context length is {limit} tokens. However, the input "
+                f"has {tokens} tokens. Please reduce the length of the input.",
             )
-        if self._state.engine is not None:  # a prefill, and the one step that ends it
-            text = "".join(texts)
-            blocks = prefix_blocks(text, _BLOCK_CHARS, limit=tokens // BLOCK_SIZE)
-            async with self._state.engine_run(tokens, 1, blocks) as run:
-                await run.wait()
-        else:
-            async with self._state.slot(tokens, 0) as service:
-                if service.prefill_s > 0:
-                    await asyncio.sleep(service.prefill_s)
+        async with self._state.run(tokens, 0, lambda: "".join(texts)) as run:  # a prompt alone
+            await run.wait()
         vectors: list[Any] = [embed(t) for t in texts]
         if encoding == "base64":  # what the openai client asks for by default
             vectors = [
