@@ -6,7 +6,7 @@ The front (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``
 when an admin key is set. Here: the settings, the life of the listeners and the front's routes;
 a request is read and checked in ``client_requests.py``, the listeners are ``listener.py``'s, the
 admin routes ``admin.py``'s, the health checks ``probes.py``'s; ``proxy.py`` forwards one
-attempt.
+attempt and says how it went (``outcomes.py``), and ``_serve`` alone tells the router.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -38,9 +39,26 @@ from hetero.serve.cost import prompt_tokens
 from hetero.serve.listener import ADMIN_CONNECTIONS, connection_cap, listen
 from hetero.serve.logs import RepeatFilter
 from hetero.serve.metrics import ServeMetrics
+from hetero.serve.outcomes import (
+    Answered,
+    Busy,
+    ClientGone,
+    Failed,
+    Outcome,
+    OutOfResources,
+    ReplicaRefused,
+    StreamBroke,
+)
 from hetero.serve.poller import LoadPoller
 from hetero.serve.probes import HealthChecks
-from hetero.serve.proxy import Outcome, client_gone, forward, forward_stream, uncancel
+from hetero.serve.proxy import (
+    RequestContext,
+    client_gone,
+    end_stopped,
+    end_stream,
+    forward,
+    forward_stream,
+)
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.records import ReplicaState
 from hetero.serve.router import Router, Ticket
@@ -102,6 +120,30 @@ class ServeOptions:
             problems.append(("max_reply", f"must be a number of bytes >= 1, got {reply!r}"))
         if problems:
             raise ConfigError(problems)
+
+
+class _Answer:
+    """One client request's answer as it goes: what the access log and the metrics learn of
+    it (also when the client hangs up mid-way), and its stream once under way. As the proxy's
+    ``StreamWatch``, it tells the router of the stream's first event and pace."""
+
+    __slots__ = ("output_tokens", "router", "stream", "ticket", "ttft")
+
+    def __init__(self, router: Router, ticket: Ticket) -> None:
+        self.router = router
+        self.ticket = ticket
+        self.output_tokens: int | None = None
+        self.ttft: float | None = None
+        self.stream: web.StreamResponse | None = None
+
+    def began(self, response: web.StreamResponse, ttft: float) -> None:
+        self.ticket.answering = True  # the router no longer moves it elsewhere
+        self.ttft = ttft
+        self.stream = response
+        self.router.first_token(self.ticket)
+
+    def progress(self, chunks: int) -> None:
+        self.router.progress(self.ticket, chunks)
 
 
 class Server:
@@ -248,13 +290,13 @@ class Server:
             # Answered before any replica saw the request: counted under replica "-".
             self.metrics.answered("-", refused.status, time.monotonic() - arrived, None, None)
             return refused.response()
-        outcome = Outcome()
+        answer = _Answer(self.router, ticket)
         try:
-            response = await self._serve(request, ticket, call, outcome)
+            response = await self._serve(request, ticket, call, answer)
         except asyncio.CancelledError:  # the client hung up (its request has ended upstream)
-            self._answered(request, ticket, _CLIENT_GONE, outcome, arrived, call)
+            self._answered(request, ticket, _CLIENT_GONE, answer, arrived, call)
             raise
-        self._answered(request, ticket, response.status, outcome, arrived, call)
+        self._answered(request, ticket, response.status, answer, arrived, call)
         return response
 
     def _limit(self, request: web.Request) -> None:
@@ -295,76 +337,96 @@ class Server:
             ) from exc
 
     async def _serve(
-        self, request: web.Request, ticket: Ticket, call: Completion, outcome: Outcome
+        self, request: web.Request, ticket: Ticket, call: Completion, answer: _Answer
     ) -> web.StreamResponse:
+        """Forward ``ticket`` wherever the router places it until an attempt ends it: each
+        attempt's outcome is reported here, and nowhere else; one that failed (or met a 429)
+        is placed again or ended by the router, and ``ticket.waiter`` says which."""
         router = self.router
         assert self.session is not None
+        context = RequestContext(self.session, request, call.body, self.options.max_reply)
         try:
             while True:
-                waiter = ticket.waiter
-                placed = await waiter
-                if waiter is not ticket.waiter:
-                    # Stopped (and placed again, or ended) before this task woke up: a Run
-                    # that is no longer true. The new waiter says what happens now.
-                    continue
+                placed = await _placement(ticket)
                 if isinstance(placed, Finish):
                     status = 504 if placed.cause is Cause.TIMED_OUT else 502
                     return error_response(
                         status, f"request failed: {placed.reason}", "upstream_error"
                     )
-                state = router.replicas[placed]
+                replica = router.replicas[placed].replica
                 ticket.task = asyncio.current_task()
                 try:
                     if call.stream:
-                        response = await forward_stream(
-                            self.session,
-                            router,
-                            ticket,
-                            state,
-                            request.path,
-                            call.body,
-                            request,
-                            outcome,
-                            self.options.max_reply,
-                            self.metrics,
-                        )
+                        outcome = await forward_stream(context, replica, answer)
                     else:
-                        response = await forward(
-                            self.session,
-                            router,
-                            ticket,
-                            state,
-                            request.path,
-                            call.body,
-                            outcome,
-                            self.options.max_reply,
-                        )
+                        outcome = await forward(context, replica)
                 except asyncio.CancelledError:
-                    if not ticket.stopped or client_gone(request):
-                        raise
-                    uncancel()
-                    continue  # the dispatcher placed it again, or finished it
+                    stream = answer.stream
+                    if not ticket.stopped or (stream is None and client_gone(request)):
+                        raise  # the client hung up: its request ends below
+                    # The router stopped the attempt (a timeout, a circuit opening) by
+                    # cancelling this task, which goes on (see _uncancel).
+                    _uncancel()
+                    if stream is None:
+                        continue  # placed again, or ended: the waiter says
+                    await end_stopped(stream, ticket.stopped, ticket.stop_cause)
+                    router.cancel(ticket, ticket.stopped)
+                    return stream
                 finally:
                     ticket.task = None
+                response = self._report(ticket, replica.name, outcome, answer)
+                if call.stream:
+                    await end_stream(outcome)
                 if response is not None:
                     return response
-                self.metrics.errors.labels(state.replica.name, "attempt").inc()
         finally:
             if not ticket.ended:
                 router.cancel(ticket, "client disconnected")
+
+    def _report(
+        self, ticket: Ticket, replica: str, outcome: Outcome, answer: _Answer
+    ) -> web.StreamResponse | None:
+        """Tell the router how the attempt on ``replica`` went. Returns the response that ends
+        the request, or None when the router places it again (or ends it)."""
+        router = self.router
+        match outcome:
+            case Answered():
+                answer.output_tokens = outcome.output_tokens
+                router.complete(ticket, outcome.output_tokens, outcome.latency, outcome.ttft)
+                return outcome.response
+            case ReplicaRefused():
+                router.complete(ticket, 0, outcome.latency)  # no output: nothing to learn
+                return outcome.response
+            case Failed():
+                router.fail(ticket, outcome.reason, outcome.retryable)
+            case Busy():
+                router.busy(ticket, outcome.retry_after)
+            case StreamBroke():
+                self.metrics.errors.labels(replica, "stream").inc()
+                router.fail(ticket, outcome.reason, retryable=False)
+                return outcome.response
+            case ClientGone():
+                router.cancel(ticket, "client disconnected")
+                return outcome.response
+            case OutOfResources():
+                reason = f"hetero serve ran out of resources: {outcome.what}"
+                router.cancel(ticket, reason, failed=True)
+                return outcome.response
+        self.metrics.errors.labels(replica, "attempt").inc()
+        return None
 
     def _answered(
         self,
         request: web.Request,
         ticket: Ticket,
         status: int,
-        outcome: Outcome,
+        answer: _Answer,
         arrived: float,
         call: Completion,
     ) -> None:
         latency = time.monotonic() - arrived
         replica = self.router.replicas[ticket.replica].replica.name if ticket.replica >= 0 else "-"
-        self.metrics.answered(replica, status, latency, outcome.output_tokens, outcome.ttft)
+        self.metrics.answered(replica, status, latency, answer.output_tokens, answer.ttft)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
                 json.dumps(
@@ -376,9 +438,9 @@ class Server:
                         "replica": replica,
                         "attempts": ticket.attempts,
                         "latency_s": round(latency, 4),
-                        "ttft_s": None if outcome.ttft is None else round(outcome.ttft, 4),
+                        "ttft_s": None if answer.ttft is None else round(answer.ttft, 4),
                         "prompt_tokens_est": ticket.prompt,
-                        "output_tokens": outcome.output_tokens,
+                        "output_tokens": answer.output_tokens,
                         "priority": call.priority,
                         "client": request.remote,
                     }
@@ -412,3 +474,27 @@ class Server:
                 "service_unavailable",
             )
         return web.json_response({"status": "ok"})
+
+
+async def _placement(ticket: Ticket) -> int | Finish:
+    """Where the dispatcher runs ``ticket`` now (a replica's position), or how it ended. A Stop
+    between a Run and this task's waking gives the ticket a fresh waiter: that one says."""
+    while True:
+        waiter = ticket.waiter
+        placed = await waiter
+        if waiter is ticket.waiter:
+            return placed
+
+
+def _uncancel() -> None:
+    """Take back the cancellation by which the router stopped this task's attempt, handled.
+    Python (3.11 on) counts a task's pending cancellations, and asyncio.timeout (aiohttp's
+    connect timeout is one) and TaskGroup tell from that count whether a CancelledError is
+    theirs to handle or the task's: left raised, a timeout in the next attempt could come out
+    as a CancelledError, which ``_serve`` reads as the client having hung up. (An attempt run as
+    a task of its own, cancelled in this one's place, would need none: it costs every request a
+    task, and a client that hung up just as its attempt ended would lose the attempt's
+    outcome.)"""
+    task = asyncio.current_task()
+    if task is not None and sys.version_info >= (3, 11):
+        task.uncancel()

@@ -21,7 +21,7 @@ import logging
 
 import aiohttp
 
-from hetero.serve.engines import Engine, LoadError, OpenAIServer, detect
+from hetero.serve.engines import EngineAdapter, LoadError, OpenAIServer, detect
 from hetero.serve.records import ReplicaState
 from hetero.serve.router import Router
 
@@ -81,7 +81,7 @@ class LoadPoller:
                 await task
 
     async def _loop(self, state: ReplicaState) -> None:
-        engine: Engine | None = None
+        engine: EngineAdapter | None = None
         pause = self.interval
         loop = asyncio.get_running_loop()
         next_detect = 0.0

@@ -1,9 +1,10 @@
 """Forwarding one attempt of a request to its replica, and judging the answer.
 
-Each function returns the response for the client when the request ended (well or badly), or
-``None`` when the attempt failed before anything reached the client: the router has then been
-told (``fail``/``busy``) and the ticket's waiter says where the retry goes. Once a stream has
-started, a failure ends it with an error event instead: tokens already sent cannot be unsent.
+``forward`` and ``forward_stream`` do the I/O and return the attempt's outcome
+(``outcomes.py``); the router is none of their business: ``Server._serve`` reports each outcome
+to it. While a stream runs, its first event and its pace go to the caller's ``StreamWatch``.
+Once a stream has started, a failure ends it with an error event instead of a retry: tokens
+already sent cannot be unsent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import json
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -22,22 +24,30 @@ from aiohttp.http_exceptions import LineTooLong
 
 from hetero.sched import Cause
 from hetero.serve.bounded import read_at_most
-from hetero.serve.records import ReplicaState, Ticket
-from hetero.serve.router import Router
-
-if TYPE_CHECKING:
-    from hetero.serve.metrics import ServeMetrics
+from hetero.serve.outcomes import (
+    Answered,
+    Busy,
+    ClientGone,
+    Failed,
+    Outcome,
+    OutOfResources,
+    ReplicaRefused,
+    StreamBroke,
+)
+from hetero.serve.replicas import Replica
 
 __all__ = [
-    "Outcome",
+    "RequestContext",
+    "StreamWatch",
     "client_gone",
     "describe_failure",
+    "end_stopped",
+    "end_stream",
     "error_json",
     "exhausted",
     "forward",
     "forward_stream",
     "retry_after",
-    "uncancel",
 ]
 
 log = logging.getLogger("hetero.serve")
@@ -65,14 +75,25 @@ _TAIL = 4096
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
 
 
-class Outcome:
-    """What the access log and the metrics learn about one answered request."""
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What every attempt of one client request takes along."""
 
-    __slots__ = ("output_tokens", "ttft")
+    session: aiohttp.ClientSession  # to the replicas
+    request: web.Request  # the client's: its path, and where a stream is written
+    body: bytes
+    max_reply: int  # bytes of a whole reply held at most (``hetero serve --max-reply``)
 
-    def __init__(self) -> None:
-        self.output_tokens: int | None = None
-        self.ttft: float | None = None
+
+class StreamWatch(Protocol):
+    """What a stream's caller hears while it runs (``Server._serve`` tells the router)."""
+
+    def began(self, response: web.StreamResponse, ttft: float) -> None:
+        """The first event goes to the client through ``response``, ``ttft`` seconds after the
+        attempt started: from now on the attempt is the request's last."""
+
+    def progress(self, chunks: int) -> None:
+        """The stream has brought ``chunks`` content chunks so far (told at 8, 16, 32...)."""
 
 
 def retry_after(headers: Any) -> float:
@@ -128,54 +149,45 @@ def exhausted(exc: BaseException) -> str | None:
     return None
 
 
-def _attempt_error(router: Router, ticket: Ticket, exc: BaseException) -> web.Response | None:
-    """An attempt that could not reach its replica: when the router itself ran out of
-    resources, the request ends (failed, no replica blamed) with this 503; otherwise the
-    replica is blamed (``fail``: it is retried elsewhere) and the answer is None."""
+def _unreached(exc: BaseException) -> Failed | OutOfResources:
+    """An attempt that could not reach its replica: the replica's failure, unless the router
+    itself ran out of resources (then the request ends with a 503, no replica blamed)."""
     what = exhausted(exc)
     if what is None:
-        router.fail(ticket, describe_failure(exc))
-        return None
-    router.cancel(ticket, f"hetero serve ran out of resources: {what}", failed=True)
+        return Failed(describe_failure(exc))
     message = f"hetero serve is out of resources ({what}); retry later"
-    return web.Response(
-        status=503,
-        text=error_json(message, "service_unavailable", 503),
-        headers={**_JSON, "Retry-After": "1"},
+    return OutOfResources(
+        what,
+        web.Response(
+            status=503,
+            text=error_json(message, "service_unavailable", 503),
+            headers={**_JSON, "Retry-After": "1"},
+        ),
     )
 
 
-async def forward(
-    session: aiohttp.ClientSession,
-    router: Router,
-    ticket: Ticket,
-    state: ReplicaState,
-    path: str,
-    body: bytes,
-    outcome: Outcome,
-    max_reply: int,
-) -> web.Response | None:
-    """One non-streaming attempt; a reply over ``max_reply`` bytes fails the request (502)."""
+async def forward(context: RequestContext, replica: Replica) -> Outcome:
+    """One attempt of a request that is not a stream; a reply over ``max_reply`` bytes fails
+    the request (502)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
+    max_reply = context.max_reply
+    url = replica.url + context.request.path
     try:
-        async with session.post(state.replica.url + path, data=body, headers=_JSON) as reply:
+        async with context.session.post(url, data=context.body, headers=_JSON) as reply:
             data = await read_at_most(reply.content, max_reply)
             status = reply.status
             headers = reply.headers
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        return _attempt_error(router, ticket, exc)
+        return _unreached(exc)
     latency = loop.time() - started
     if status != 200 or len(data) > max_reply:
-        return _not_ok(router, ticket, status, data, headers, latency, max_reply)
+        return _not_ok(status, data, headers, latency, max_reply)
     try:
         tokens = _output_tokens(data)
     except ValueError:
-        router.fail(ticket, f"answered something that is not a JSON object: {_short(data)!r}")
-        return None
-    outcome.output_tokens = tokens
-    router.complete(ticket, tokens, latency)
-    return web.Response(body=data, headers=_JSON)
+        return Failed(f"answered something that is not a JSON object: {_short(data)!r}")
+    return Answered(web.Response(body=data, headers=_JSON), tokens, latency)
 
 
 def _output_tokens(data: bytes) -> int | None:
@@ -194,32 +206,20 @@ def _output_tokens(data: bytes) -> int | None:
     return tokens if isinstance(tokens, int) and tokens >= 0 else None
 
 
-def _not_ok(
-    router: Router,
-    ticket: Ticket,
-    status: int,
-    data: bytes,
-    headers: Any,
-    latency: float,
-    max_reply: int,
-) -> web.Response | None:
+def _not_ok(status: int, data: bytes, headers: Any, latency: float, max_reply: int) -> Outcome:
     """A replica's answer other than 200, or one over ``max_reply`` bytes: an answer too long
     fails the request (the client gets a 502 naming the limit); 429 holds the replica and
-    places the request again, 5xx fails the attempt (``None`` in each case); any other is the
-    request's own fault (bad parameters), passed on to the client."""
+    places the request again, 5xx fails the attempt; any other is the request's own fault (bad
+    parameters), passed on to the client."""
     if len(data) > max_reply:
         # Not retried: the same request would as likely bring the same answer elsewhere.
         reason = f"answered more than {max_reply} bytes (the limit of hetero serve --max-reply)"
-        router.fail(ticket, reason, retryable=False)
-        return None
+        return Failed(reason, retryable=False)
     if status == 429:
-        router.busy(ticket, retry_after(headers))
-        return None
+        return Busy(retry_after(headers))
     if status >= 500:
-        router.fail(ticket, f"HTTP {status}: {_short(data)}")
-        return None
-    router.complete(ticket, 0, latency)
-    return web.Response(status=status, body=data, headers=_JSON)
+        return Failed(f"HTTP {status}: {_short(data)}")
+    return ReplicaRefused(web.Response(status=status, body=data, headers=_JSON), latency)
 
 
 async def _first_event(content: aiohttp.StreamReader) -> list[bytes]:
@@ -263,105 +263,84 @@ def _event_problem(line: bytes, counts: list[int]) -> str | None:
     return None
 
 
-async def forward_stream(
-    session: aiohttp.ClientSession,
-    router: Router,
-    ticket: Ticket,
-    state: ReplicaState,
-    path: str,
-    body: bytes,
-    request: web.Request,
-    outcome: Outcome,
-    max_reply: int,
-    metrics: ServeMetrics | None = None,
-) -> web.StreamResponse | None:
+async def forward_stream(context: RequestContext, replica: Replica, watch: StreamWatch) -> Outcome:
     """One streaming attempt, passed through chunk by chunk (an answer other than a stream is
-    read up to ``max_reply`` bytes)."""
+    read up to ``max_reply`` bytes). A stream that began comes back open, for ``end_stream``."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    name = state.replica.name
+    url = replica.url + context.request.path
     try:
-        reply = await session.post(state.replica.url + path, data=body, headers=_JSON)
+        reply = await context.session.post(url, data=context.body, headers=_JSON)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        return _attempt_error(router, ticket, exc)
-    response: web.StreamResponse | None = None
+        return _unreached(exc)
     counts = [0, -1]
     try:
         if reply.status != 200:
-            data = await read_at_most(reply.content, max_reply)
+            try:
+                data = await read_at_most(reply.content, context.max_reply)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return _unreached(exc)  # as ``forward`` takes it: the replica's, retried
             latency = loop.time() - started
-            return _not_ok(router, ticket, reply.status, data, reply.headers, latency, max_reply)
+            return _not_ok(reply.status, data, reply.headers, latency, context.max_reply)
         try:
             first = await _first_event(reply.content)
         except _STREAM_FAULTS as exc:
-            router.fail(ticket, f"stream broke before its first event: {describe_failure(exc)}")
-            return None
+            return Failed(f"stream broke before its first event: {describe_failure(exc)}")
         problem = next((p for p in (_event_problem(x, counts) for x in first) if p), None)
         if not first or problem:
-            router.fail(ticket, problem or "closed the stream before its first event")
-            return None
+            return Failed(problem or "closed the stream before its first event")
         # Committed: from here a failure ends the stream instead of retrying it.
-        ticket.answering = True
-        outcome.ttft = loop.time() - started
-        router.first_token(ticket)
+        ttft = loop.time() - started
         response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(request)
-        await response.write(b"".join(first))
-        mark = _FIRST_MARK  # the stream's pace is reported at 8, 16, 32... chunks
-        async for line in reply.content:
-            problem = _event_problem(line, counts)
-            if problem:
-                raise _BrokenStream(problem)
-            if counts[0] >= mark:
-                router.progress(ticket, counts[0])
-                mark *= 2
-            await response.write(line)
-    except asyncio.CancelledError:
-        if not ticket.stopped or response is None:
-            raise
-        uncancel()
-        kind = "timeout" if ticket.stop_cause is Cause.TIMED_OUT else "upstream"
-        await _end_with_error(response, f"request stopped: {ticket.stopped}", kind)
-        router.cancel(ticket, ticket.stopped)
-        return response
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-        if response is None or not client_gone(request):
-            raise _BrokenStream(str(exc)) from exc
-        router.cancel(ticket, "client disconnected")
-        return response
-    except (_BrokenStream, *_STREAM_FAULTS) as exc:
-        assert response is not None
-        broke = isinstance(exc, _BrokenStream)
-        reason = str(exc) if broke else f"stream broke: {describe_failure(exc)}"
-        if metrics is not None:
-            metrics.errors.labels(name, "stream").inc()
-        router.fail(ticket, reason, retryable=False)
-        await _end_with_error(response, f"replica {name} failed mid-stream: {reason}", "upstream")
-        return response
+        watch.began(response, ttft)
+        try:
+            await response.prepare(context.request)
+            await response.write(b"".join(first))
+            mark = _FIRST_MARK  # the stream's pace is told at 8, 16, 32... chunks
+            async for line in reply.content:
+                problem = _event_problem(line, counts)
+                if problem:
+                    return StreamBroke(response, replica.name, problem)
+                if counts[0] >= mark:
+                    watch.progress(counts[0])
+                    mark *= 2
+                await response.write(line)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            # Writing to a client that hung up; with the client still there, the replica's
+            # connection reset under the read.
+            if client_gone(context.request):
+                return ClientGone(response)
+            return StreamBroke(response, replica.name, f"stream broke: {describe_failure(exc)}")
+        except _STREAM_FAULTS as exc:
+            return StreamBroke(response, replica.name, f"stream broke: {describe_failure(exc)}")
     finally:
         reply.release()
     tokens = counts[1] if counts[1] >= 0 else counts[0]
-    outcome.output_tokens = tokens
-    router.complete(ticket, tokens, loop.time() - started, outcome.ttft)
-    await response.write_eof()
-    return response
+    return Answered(response, tokens, loop.time() - started, ttft)
 
 
-class _BrokenStream(Exception):
-    pass
+async def end_stream(outcome: Outcome) -> None:
+    """End the stream of a streaming attempt once its outcome is reported (the router hears
+    before the client does): the EOF of one that ran to its end, the error event of one that
+    broke; any other outcome has no stream open."""
+    if isinstance(outcome, Answered):
+        await outcome.response.write_eof()
+    elif isinstance(outcome, StreamBroke):
+        message = f"replica {outcome.replica} failed mid-stream: {outcome.reason}"
+        await _end_with_error(outcome.response, message, "upstream")
+
+
+async def end_stopped(response: web.StreamResponse, reason: str, cause: Cause | None) -> None:
+    """End a stream under way that the router stopped (it timed out, say) with an error event
+    saying why."""
+    kind = "timeout" if cause is Cause.TIMED_OUT else "upstream"
+    await _end_with_error(response, f"request stopped: {reason}", kind)
 
 
 def client_gone(request: web.Request) -> bool:
     """Whether the client's connection is closed (or closing)."""
     transport = request.transport
     return transport is None or transport.is_closing()
-
-
-def uncancel() -> None:
-    # The router cancelled this task on purpose (a Stop); Python 3.11+ counts cancellations.
-    task = asyncio.current_task()
-    if task is not None and hasattr(task, "uncancel"):
-        task.uncancel()
 
 
 async def _end_with_error(response: web.StreamResponse, message: str, kind: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hetero.errors import ConfigError, NoReplica, UnknownModel
+from hetero.errors import ConfigError, DuplicateMember, NoReplica, UnknownMember, UnknownModel
 from hetero.sched import (
     Cause,
     CostModel,
@@ -655,12 +655,12 @@ class Router(Driver):
     def add(self, replica: Replica) -> ReplicaState:
         """A replica joins at run time."""
         if replica.name in self.by_name and not self.by_name[replica.name].removed:
-            raise ConfigError([("name", f"replica {replica.name!r} is already in the fleet")])
+            raise DuplicateMember([("name", f"replica {replica.name!r} is already in the fleet")])
         existing = same_engine(replica.url, (s.replica for s in self.replicas if not s.removed))
         if existing is not None:
             # A second replica at one address counts one engine twice: twice its share of
             # requests, each replica learning half its speed.
-            raise ConfigError(
+            raise DuplicateMember(
                 [
                     (
                         "url",
@@ -699,7 +699,7 @@ class Router(Driver):
         state = self.by_name.get(name)
         if state is None or state.removed:
             names = ", ".join(s.replica.name for s in self.replicas if not s.removed)
-            raise ConfigError([("replica", f"unknown replica {name!r}; replicas: {names}")])
+            raise UnknownMember([("replica", f"unknown replica {name!r}; replicas: {names}")])
         return state
 
     def drain(self, name: str) -> None:

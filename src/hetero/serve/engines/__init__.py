@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from hetero.serve.engines.base import Engine, LoadError, LoadSample
+from hetero.serve.engines.base import EngineAdapter, LoadError, LoadSample
 from hetero.serve.engines.openai import OpenAIServer
 from hetero.serve.engines.sglang import SGLang
 from hetero.serve.engines.vllm import VLLM
@@ -18,7 +18,7 @@ from hetero.serve.engines.vllm import VLLM
 __all__ = [
     "ENGINES",
     "VLLM",
-    "Engine",
+    "EngineAdapter",
     "LoadError",
     "LoadSample",
     "OpenAIServer",
@@ -30,7 +30,7 @@ __all__ = [
 ENGINES = ("sglang", "vllm", "openai")
 
 
-async def detect(session: aiohttp.ClientSession, url: str, timeout: float) -> Engine:
+async def detect(session: aiohttp.ClientSession, url: str, timeout: float) -> EngineAdapter:
     """The engine behind ``url`` (``LoadError`` when the server cannot be reached at all)."""
     if await (sglang := SGLang()).detect(session, url, timeout):
         return sglang

@@ -25,7 +25,7 @@ __all__ = [
     "MAX_BODY",
     "MAX_COUNT",
     "MAX_JSON",
-    "Engine",
+    "EngineAdapter",
     "LoadError",
     "LoadSample",
     "count",
@@ -74,7 +74,7 @@ class LoadSample:
         return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
 
 
-class Engine(ABC):
+class EngineAdapter(ABC):
     """One engine's load endpoints. ``detect`` says whether a replica runs it; ``read`` reads
     its load. Both raise ``LoadError`` (or return ``False``), never anything else."""
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import aiohttp
 
-from hetero.serve.engines.base import Engine, LoadError, LoadSample
+from hetero.serve.engines.base import EngineAdapter, LoadError, LoadSample
 
 __all__ = ["OpenAIServer"]
 
 
-class OpenAIServer(Engine):
+class OpenAIServer(EngineAdapter):
     name = "openai"
 
     def __init__(self, seen: str = "") -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 
 from hetero.serve.engines.base import (
-    Engine,
+    EngineAdapter,
     LoadError,
     LoadSample,
     count,
@@ -34,7 +34,7 @@ def _server_caps(info: dict[str, Any]) -> tuple[object, object]:
     return cap, tokens
 
 
-class SGLang(Engine):
+class SGLang(EngineAdapter):
     name = "sglang"
 
     def __init__(self) -> None:

@@ -10,7 +10,7 @@ import aiohttp
 
 from hetero.serve.engines.base import (
     MAX_COUNT,
-    Engine,
+    EngineAdapter,
     LoadError,
     LoadSample,
     count,
@@ -34,7 +34,7 @@ CACHE_CONFIG = "vllm:cache_config_info"  # its labels: block_size, num_gpu_block
 _NAMES = (RUNNING, WAITING, KV_USAGE[0], *PREFIX[0])
 
 
-class VLLM(Engine):
+class VLLM(EngineAdapter):
     name = "vllm"
 
     def __init__(self) -> None:
