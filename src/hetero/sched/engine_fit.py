@@ -10,9 +10,19 @@ quantities, and those are what differ between an H100 and a T4:
       TTFT = ttft_base + prefill_s · (queued + own uncached tokens) + ttft_per_running · running
 
 - **time per output token**: the engine's step time, which grows with the running batch and
-  with the KV tokens the batch reads::
+  with the KV tokens the batch reads, stretched by the prompts the engine prefills meanwhile (a
+  continuous batcher runs them in the same steps: with long prompts arriving, prefill takes a
+  large share of its time, and every running decode waits through it)::
 
-      TPOT = step_base + step_per_request · running + step_per_kv · KV tokens (thousands)
+      step = step_base + step_per_request · running + step_per_kv · KV tokens (thousands)
+      TPOT = step + step_per_prefill · prompt tokens prefilled per output token (thousands)
+
+  learned in that form from each decode (the prompt tokens its replica prefilled while it
+  ran, over its tokens), and predicted as ``step · (1 + u)``, where ``u = step_per_prefill ·
+  prompt tokens sent a second (thousands)`` is the share of the engine's time that goes to
+  prefill (at most ``MAX_PREFILL_SHARE``). First order, not ``step / (1 − u)``: a prefill
+  chunk rides partly free in a step bound by memory, and on a simulated fleet near saturation
+  the exact form over-predicted the fast replica's TPOT (``bench/bench_slo_sim.py``).
 
 These are the emulator's equations (``hetero.serve.engine_model.StepCost``: a step costs an
 overhead, a share per request, the weights and the KV cache read at the memory bandwidth, the
@@ -20,8 +30,9 @@ tokens computed at the TFLOPS), linearised: ``StepCost.prior`` gives their coeff
 model on a catalog device, and ``EnginePrior.generic`` a guess for a replica known by its URL
 alone. Each reply then corrects them: its TTFT with the prefill queue and batch it met on
 arrival, its TPOT with the mean batch and KV tokens over its decode (``EngineLoad`` integrates
-both over time). The fit is recursive least squares with forgetting, started at the prior and
-kept non-negative, so a replica that changes speed is followed within some tens of replies.
+both over time). The fit is least squares over the last replies, started at the prior, its
+coefficients never below zero, so a replica that changes speed is followed within some tens of
+replies.
 
 Predictions are the fit's means. They are not made pessimistic by the fit's uncertainty: the
 spread of a batch size never seen stays at the prior's, so a replica judged by one deviation
@@ -38,6 +49,7 @@ otherwise.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -53,8 +65,12 @@ FloatArray = npt.NDArray[np.float64]
 MAX_SECONDS = 3600.0
 #: Tokens beyond which a count is not believed (no engine holds a billion tokens at once).
 MAX_TOKENS = 1e9
-#: The least a prediction can be (seconds): a fit that extrapolates below zero predicts this.
+#: The least a prediction can be (seconds).
 FLOOR = 1e-4
+#: The largest share of an engine's time the TPOT prediction gives to prefill.
+MAX_PREFILL_SHARE = 0.9
+# Seconds over which the prompt tokens sent to a replica are averaged into a rate.
+_PREFILL_RATE_SECONDS = 10.0
 # Replies whose error is remembered, per replica and measure.
 _ERRORS = 64
 # The median |log(measured / predicted)| above which a replica is distrusted: 3x off.
@@ -66,7 +82,8 @@ _JUDGE_AFTER = 8
 @dataclass(frozen=True, slots=True)
 class EnginePrior:
     """Starting coefficients (seconds) and how unsure of them the fit starts: each ``*_sd`` is
-    one standard deviation of the coefficient. ``kv_tokens``: the KV cache size, where known."""
+    one standard deviation of the coefficient. ``kv_tokens``: the KV cache size, where known;
+    ``guess``: the prior of a replica known by its URL alone (``generic``)."""
 
     ttft_base: float
     prefill_s: float  # seconds per uncached prompt token
@@ -77,6 +94,11 @@ class EnginePrior:
     ttft_sd: tuple[float, float, float]
     tpot_sd: tuple[float, float, float]
     kv_tokens: int | None = None
+    guess: bool = False  # a guess at a replica known by its URL alone, not a model of it
+    # Seconds per thousand prompt tokens prefilled in a decode's steps, and its deviation;
+    # None: a thousand times ``prefill_s`` (and its deviation).
+    step_per_prefill: float | None = None
+    step_per_prefill_sd: float | None = None
 
     @classmethod
     def generic(cls, speed: float | None = None) -> EnginePrior:
@@ -91,65 +113,124 @@ class EnginePrior:
             *step,
             ttft_sd=(base[0] * 2, base[1] * 2, base[2] * 4),
             tpot_sd=(step[0] * 2, step[1] * 4, step[2] * 4),
+            guess=True,
         )
 
 
 class LinearFit:
-    """``y ≈ θ·x`` by recursive least squares, forgetting old replies by ``forget`` per reply,
-    started at ``prior`` with standard deviations ``sd``. Each reply is weighed by its size
-    (noise ``noise`` × the measured or the predicted value, the larger), so a 10 ms step and a
-    2 s prefill count alike.
-    The coefficients are not held non-negative (projecting each update onto that bound drives
-    correlated ones apart without end), but a negative one never extrapolates: its feature is
-    capped at the largest value the replies have shown. A slope fitted below zero from a few
-    noisy replies would otherwise predict a busy replica at no time at all and draw every
-    request to it (seen on a throttled vLLM replica). The covariance never grows past the
-    prior's."""
+    """``y ≈ θ·x`` with no coefficient below zero, by weighted least squares over the last
+    ``window`` replies, started at ``prior`` with standard deviations ``sd`` (the prior stays
+    as one pseudo-reply: a direction the replies never excite keeps the prior's value). Each
+    reply is weighed by its size (noise ``noise`` × the measured or the predicted value, the
+    larger), so a 10 ms step and a 2 s prefill count alike; a replica that changes speed is
+    followed once the window has turned over.
 
-    __slots__ = ("_ceiling", "_p0", "forget", "high", "noise", "p", "theta", "updates")
+    Bounded because a step time cannot fall with the batch, nor a prefill cost less than
+    nothing: unbounded, a throttled vLLM replica's noisy replies at batches of 5 to 15 fitted
+    a falling base, predicted it alone at 0.1 ms a token where it took 100 ms and drew requests
+    to it. A recursive fit whose iterate is projected onto the bound drifts correlated
+    coefficients apart; this one solves the windowed problem exactly after each reply (with
+    three or four coefficients, its bounded solution is found among the supports: at most 15
+    solves of at most 4×4, and one where no coefficient falls below zero)."""
 
-    def __init__(
-        self, prior: tuple[float, ...], sd: tuple[float, ...], forget: float = 0.98
-    ) -> None:
-        self.theta = np.array(prior, dtype=np.float64)
-        self.high = np.zeros_like(self.theta)  # the largest of each feature fitted so far
-        self._p0 = np.diag(np.square(np.array(sd, dtype=np.float64)))
-        self.p = self._p0.copy()
-        self._ceiling = MAX_SECONDS
-        self.forget = forget
+    __slots__ = ("_a", "_b", "_prior_a", "_prior_b", "_replies", "noise", "theta", "updates")
+
+    def __init__(self, prior: tuple[float, ...], sd: tuple[float, ...], window: int = 48) -> None:
+        self.theta = np.maximum(np.array(prior, dtype=np.float64), 0.0)
+        self._prior_a = np.diag(1.0 / np.square(np.array(sd, dtype=np.float64)))
+        self._prior_b = self._prior_a @ self.theta
+        # The window's replies (features, measured, weight) and their sums, kept as they come
+        # and go (and summed afresh each time the window turns over, against drift).
+        self._replies: deque[tuple[FloatArray, float, float]] = deque(maxlen=window)
+        self._a = self._prior_a.copy()
+        self._b = self._prior_b.copy()
         self.noise = 0.15
         self.updates = 0
 
     def predict(self, x: FloatArray) -> float:
         """The mean at features ``x`` (at least ``FLOOR``)."""
-        theta = self.theta
-        if theta.min() < 0:
-            x = np.where(theta < 0, np.minimum(x, self.high), x)
-        return max(FLOOR, float(theta @ x))
+        return max(FLOOR, float(self.theta @ x))
 
     def update(self, x: FloatArray, y: float) -> None:
-        mean = float(self.theta @ x)
-        px = self.p @ x
         # Weighed by the larger of the measured and the predicted value: a reply far below the
         # fit (a burst of tokens the server had held back) must not pull it with the weight of
         # a tiny, exact-looking measurement.
-        r = (self.noise * max(y, mean, FLOOR)) ** 2
-        gain = px / (r + float(x @ px))
-        theta = np.clip(self.theta + gain * (y - mean), -self._ceiling, self._ceiling)
-        p = (self.p - np.outer(gain, px)) / self.forget
-        p = (p + p.T) / 2
-        # Bounded: directions no reply excites do not wind up past the prior's spread.
-        diag = np.diag(p)
-        limit = np.diag(self._p0)
-        if not (np.all(np.isfinite(p)) and np.all(np.isfinite(theta))):
+        w = 1.0 / (self.noise * max(y, float(self.theta @ x), FLOOR)) ** 2
+        replies = self._replies
+        if len(replies) == replies.maxlen and self.updates % len(replies):
+            x0, y0, w0 = replies[0]
+            a = self._a - w0 * np.outer(x0, x0) + w * np.outer(x, x)
+            b = self._b - (w0 * y0) * x0 + (w * y) * x
+        else:  # summed afresh: at the start and once a window
+            xs = np.array([r[0] for r in replies] + [x])
+            ws = np.array([r[2] for r in replies] + [w])
+            ys = np.array([r[1] for r in replies] + [y])
+            if len(replies) == replies.maxlen:
+                xs, ws, ys = xs[1:], ws[1:], ys[1:]
+            a = (xs.T * ws) @ xs + self._prior_a
+            b = (xs.T * ws) @ ys + self._prior_b
+        theta = _nonnegative(a, b)
+        if theta is None:
             return  # numerically lost (never seen): keep the last good state
-        if np.any(diag > limit):
-            scale = np.sqrt(np.minimum(1.0, limit / np.maximum(diag, 1e-300)))
-            p = p * np.outer(scale, scale)
-        self.theta = theta
-        self.p = p
-        self.high = np.maximum(self.high, x)
+        replies.append((x, y, w))
+        self._a, self._b, self.theta = a, b, theta
         self.updates += 1
+
+
+def _nonnegative(a: FloatArray, b: FloatArray) -> FloatArray | None:
+    """``argmin θᵀaθ − 2bᵀθ`` over ``θ ≥ 0`` for a positive definite ``a`` (None when the
+    numbers are lost): the free minimiser on the support where it is non-negative and the
+    objective's gradient off the support is not negative (its KKT conditions), supports tried
+    largest first. In plain floats: numpy's per-call overhead on 4×4 systems was most of the
+    router's cost per reply."""
+    m, v = a.tolist(), b.tolist()
+    n = len(v)
+    tolerance = 1e-9 * (max(abs(x) for x in v) + 1.0)
+    for support in _SUPPORTS[n]:
+        part = _solve(m, v, support)
+        if part is None or min(part) < 0:
+            continue
+        theta = [0.0] * n
+        for k, value in zip(support, part, strict=True):
+            theta[k] = value
+        if all(
+            sum(m[k][j] * theta[j] for j in support) - v[k] >= -tolerance
+            for k in range(n)
+            if k not in support
+        ):
+            if max(theta) > MAX_SECONDS:
+                return None
+            return np.array(theta)
+    finite = all(math.isfinite(x) for row in m for x in row) and all(map(math.isfinite, v))
+    return np.zeros(n) if finite else None
+
+
+# Supports of up to four coefficients, largest first.
+_SUPPORTS = {
+    n: [c for size in range(n, 0, -1) for c in itertools.combinations(range(n), size)]
+    for n in (1, 2, 3, 4)
+}
+
+
+def _solve(m: list[list[float]], v: list[float], idx: tuple[int, ...]) -> list[float] | None:
+    """``m[idx, idx] θ = v[idx]`` by elimination with partial pivoting (None if singular or
+    not finite)."""
+    rows = [[m[i][j] for j in idx] + [v[i]] for i in idx]
+    n = len(idx)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        if not abs(rows[pivot][col]) > 1e-300:  # also NaN
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        head = rows[col]
+        for r in range(col + 1, n):
+            f = rows[r][col] / head[col]
+            rows[r] = [x - f * y for x, y in zip(rows[r], head, strict=True)]
+    theta = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        row = rows[r]
+        theta[r] = (row[n] - sum(row[j] * theta[j] for j in range(r + 1, n))) / row[r]
+    return theta if all(map(math.isfinite, theta)) else None
 
 
 @dataclass(slots=True)
@@ -163,6 +244,7 @@ class Flight:
     x_ttft: FloatArray  # the TTFT features it met on arrival
     predicted_ttft: float
     predicted_tpot: float
+    fitted: tuple[int, int]  # the replies the TTFT and TPOT fits had learned from at its send
     first: float | None = None  # when its first token came
     # EngineLoad's integrals of the running count and the KV tokens, and when they were read
     # (at its first token; until then at its send): the mean batch its decode met is their
@@ -170,14 +252,26 @@ class Flight:
     read_at: float = 0.0
     running_at: float = 0.0
     kv_at: float = 0.0
+    prefilled_at: float = 0.0  # EngineLoad.prefilled_total then
 
 
 class EngineLoad:
     """What runs on one replica as the router sent it: requests in the engine, prompt tokens
     still to prefill, KV tokens held, and the time integrals of the running count and the KV
-    tokens (the mean batch a reply decoded in is their difference over its decode)."""
+    tokens (the mean batch a reply decoded in is their difference over its decode); the prompt
+    tokens prefilled so far (those prefilled during a decode are their growth over it) and the
+    rate at which prompt tokens are sent (averaged over some seconds)."""
 
-    __slots__ = ("at", "kv", "kv_time", "prefill_queue", "running", "running_time")
+    __slots__ = (
+        "at",
+        "kv",
+        "kv_time",
+        "prefill_queue",
+        "prefilled_total",
+        "running",
+        "running_time",
+        "sent_tokens",
+    )
 
     def __init__(self) -> None:
         self.running = 0
@@ -186,12 +280,21 @@ class EngineLoad:
         self.at = 0.0
         self.running_time = 0.0
         self.kv_time = 0.0
+        self.prefilled_total = 0.0
+        self.sent_tokens = 0.0  # prompt tokens sent, decaying over _PREFILL_RATE_SECONDS
+
+    def prefill_rate(self, now: float) -> float:
+        """Prompt tokens sent to be prefilled a second, lately."""
+        dt = now - self.at
+        decay = math.exp(-dt / _PREFILL_RATE_SECONDS) if dt > 0 else 1.0
+        return self.sent_tokens * decay / _PREFILL_RATE_SECONDS
 
     def advance(self, now: float) -> None:
         dt = now - self.at
         if dt > 0:
             self.running_time += self.running * dt
             self.kv_time += self.kv * dt
+            self.sent_tokens *= math.exp(-dt / _PREFILL_RATE_SECONDS)
             self.at = now
         elif dt < 0 or not math.isfinite(now):
             self.at = now if math.isfinite(now) else self.at  # a clock set back: start over
@@ -201,10 +304,12 @@ class EngineLoad:
         self.running += 1
         self.prefill_queue += uncached
         self.kv += kv
+        self.sent_tokens += uncached
 
     def prefilled(self, now: float, uncached: float) -> None:
         self.advance(now)
         self.prefill_queue = max(0.0, self.prefill_queue - uncached)
+        self.prefilled_total += uncached
 
     def remove(self, now: float, kv: float, uncached: float) -> None:
         self.advance(now)
@@ -236,15 +341,30 @@ class _Errors:
         errors = np.abs(np.expm1(np.array(self.ratios)))
         return float(np.quantile(errors, q))
 
+    def bias(self) -> float | None:
+        """The median of measured / predicted (above 1: the model predicts too fast), None
+        before any reply."""
+        if not self.ratios:
+            return None
+        return math.exp(_quantile(sorted(self.ratios), 0.5))
+
     def _widening(self) -> float:
         """The 90th percentile of measured / predicted (at least 1) while the replies
-        contradict the model, else 1."""
+        contradict the model, else 1. In plain floats: numpy's median per reply was half the
+        cost of learning from it."""
         if len(self.ratios) < _JUDGE_AFTER:
             return 1.0
-        logs = np.array(self.ratios)
-        if float(np.median(np.abs(logs))) <= _DISTRUST:
+        if _quantile(sorted(map(abs, self.ratios)), 0.5) <= _DISTRUST:
             return 1.0
-        return max(1.0, math.exp(min(float(np.quantile(logs, 0.9)), 20.0)))
+        return max(1.0, math.exp(min(_quantile(sorted(self.ratios), 0.9), 20.0)))
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of a sorted, non-empty list, interpolated as ``numpy.quantile``."""
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class EngineFit:
@@ -258,8 +378,19 @@ class EngineFit:
         self.ttft = LinearFit(
             (prior.ttft_base, prior.prefill_s, prior.ttft_per_running), prior.ttft_sd
         )
+        per_prefill = prior.step_per_prefill
+        per_prefill_sd = prior.step_per_prefill_sd
         self.tpot = LinearFit(
-            (prior.step_base, prior.step_per_request, prior.step_per_kv), prior.tpot_sd
+            (
+                prior.step_base,
+                prior.step_per_request,
+                prior.step_per_kv,
+                1000 * prior.prefill_s if per_prefill is None else per_prefill,
+            ),
+            (
+                *prior.tpot_sd,
+                1000 * prior.ttft_sd[1] if per_prefill_sd is None else per_prefill_sd,
+            ),
         )
         self.kv_tokens: int | None = prior.kv_tokens
         self.ttft_errors = _Errors()
@@ -272,8 +403,26 @@ class EngineFit:
         return np.array([1.0, _tokens(prefill_tokens), _tokens(running)])
 
     @staticmethod
-    def tpot_features(running: float, kv_tokens: float) -> FloatArray:
-        return np.array([1.0, _tokens(running), _tokens(kv_tokens) / 1000.0])
+    def tpot_features(
+        running: float, kv_tokens: float, prefilled_per_token: float = 0.0
+    ) -> FloatArray:
+        """A decode's features: its mean batch, the KV tokens it read, and the prompt tokens
+        its replica prefilled per token it decoded (0 for the step alone)."""
+        return np.array(
+            [
+                1.0,
+                _tokens(running),
+                _tokens(kv_tokens) / 1000.0,
+                _tokens(prefilled_per_token) / 1000.0,
+            ]
+        )
+
+    def predict_tpot(self, running: float, kv_tokens: float, prefill_rate: float) -> float:
+        """The TPOT of a decode in a batch of ``running`` holding ``kv_tokens`` while the
+        engine is sent ``prefill_rate`` prompt tokens a second to prefill (see the module)."""
+        step = self.tpot.predict(self.tpot_features(running, kv_tokens))
+        share = min(MAX_PREFILL_SHARE, float(self.tpot.theta[3]) * _tokens(prefill_rate) / 1000)
+        return step * (1.0 + share)
 
     # --- predictions ------------------------------------------------------------------------
 
@@ -286,19 +435,28 @@ class EngineFit:
 
     # --- learning ---------------------------------------------------------------------------
 
-    def observe_ttft(self, x: FloatArray, measured: float, predicted: float) -> bool:
-        """A reply's time to first token at the features it met; False if refused."""
+    def observe_ttft(
+        self, x: FloatArray, measured: float, predicted: float, fitted: int | None = None
+    ) -> bool:
+        """A reply's time to first token at the features it met, ``predicted`` by the fit
+        when it had learned from ``fitted`` replies (None: as it stands); False if refused.
+        The prediction is judged only if that fit had learned from enough replies: the
+        fit's error, not its first guess's (requests sent in a burst before the first reply
+        came all carry the prior's guess, and judged they kept a replica distrusted)."""
         if not _seconds(measured):
             return False
-        if self.ttft.updates >= _JUDGE_AFTER:  # the fit's error, not its first guess's
+        if (self.ttft.updates if fitted is None else fitted) >= _JUDGE_AFTER:
             self.ttft_errors.add(predicted, measured)
         self.ttft.update(x, measured)
         return True
 
-    def observe_tpot(self, x: FloatArray, measured: float, predicted: float) -> bool:
+    def observe_tpot(
+        self, x: FloatArray, measured: float, predicted: float, fitted: int | None = None
+    ) -> bool:
+        """A reply's time per output token, as ``observe_ttft``."""
         if not _seconds(measured):
             return False
-        if self.tpot.updates >= _JUDGE_AFTER:
+        if (self.tpot.updates if fitted is None else fitted) >= _JUDGE_AFTER:
             self.tpot_errors.add(predicted, measured)
         self.tpot.update(x, measured)
         return True
@@ -313,8 +471,7 @@ class EngineFit:
         t, d = self.ttft.theta, self.tpot.theta
 
         def q(errors: _Errors, p: float) -> float | None:
-            v = errors.quantile(p)
-            return None if v is None else round(v, 3)
+            return _round(errors.quantile(p))
 
         return {
             "prefill_tokens_per_s": round(float(1.0 / t[1]), 1) if t[1] > 0 else None,
@@ -323,12 +480,21 @@ class EngineFit:
             "step_base_s": round(float(d[0]), 5),
             "step_per_request_s": round(float(d[1]), 6),
             "step_per_1k_kv_s": round(float(d[2]), 6),
+            "step_per_1k_prefilled_s": round(float(d[3]), 6),
             "kv_tokens": self.kv_tokens,
             "replies_fitted": {"ttft": self.ttft.updates, "tpot": self.tpot.updates},
             "error_ttft": {"p50": q(self.ttft_errors, 0.5), "p90": q(self.ttft_errors, 0.9)},
             "error_tpot": {"p50": q(self.tpot_errors, 0.5), "p90": q(self.tpot_errors, 0.9)},
+            "measured_over_predicted": {
+                "ttft": _round(self.ttft_errors.bias()),
+                "tpot": _round(self.tpot_errors.bias()),
+            },
             "distrusted": self.distrusted,
         }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _tokens(value: float) -> float:

@@ -61,6 +61,11 @@ _TPOT_MULTIPLE = 5.0
 #: proving too slow costs a request every few minutes, not every few seconds.
 PROBE_AFTER = 30.0
 PROBE_MAX = 480.0
+#: Slow start: a replica known by its URL alone runs at most ``2**k`` requests at once while its
+#: TTFT fit has learned from ``k`` replies (one before its first reply), up to ``k = _RAMP_MAX``.
+#: Until it answers, its predictions are a guess; a burst sent on a guess is a burst of misses
+#: (on real vLLM at a cold start, 15 long prompts to a replica five times slower than guessed).
+_RAMP_MAX = 6
 
 
 def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
@@ -176,11 +181,14 @@ class SloRouting(PrefixAffinity):
             fit, load = self.fits[i], self.loads[i]
             if matched is not None and matched[i]:
                 uncached[i] = max(1.0, prompt - matched[i] * self.block_tokens)
-            x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
             busy[i] = running = load.running > 0
+            if fit.prior.guess and load.running >= 1 << min(fit.ttft.updates, _RAMP_MAX):
+                idle_ok[i] = True  # its next reply is worth waiting for: see _RAMP_MAX
+                continue
+            x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
             kv = load.kv + kv_new
-            x_tpot = fit.tpot_features(load.running + 1, kv)
-            ttft, tpot = fit.ttft.predict(x) / ttft_slo, fit.tpot.predict(x_tpot) / tpot_slo
+            tpot = fit.predict_tpot(load.running + 1, kv, load.prefill_rate(now)) / tpot_slo
+            ttft = fit.ttft.predict(x) / ttft_slo
             if running and fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens:
                 tpot *= 10.0  # past its KV cache: the engine queues or preempts
             # Ranked by the plain means, so that a busy replica's widening (which decides
@@ -243,7 +251,8 @@ class SloRouting(PrefixAffinity):
             x_ttft=x,
             # The model's own figures, not widened: what its error is of.
             predicted_ttft=fit.ttft.predict(x),
-            predicted_tpot=fit.tpot.predict(fit.tpot_features(load.running + 1, load.kv + kv)),
+            predicted_tpot=fit.predict_tpot(load.running + 1, load.kv + kv, load.prefill_rate(now)),
+            fitted=(fit.ttft.updates, fit.tpot.updates),
         )
         self._flights[item_id] = flight
         load.add(now, uncached, kv)
@@ -261,7 +270,7 @@ class SloRouting(PrefixAffinity):
         self.heard[flight.device] = now
         self._read(flight, now)
         self.fits[flight.device].observe_ttft(
-            flight.x_ttft, now - flight.sent, flight.predicted_ttft
+            flight.x_ttft, now - flight.sent, flight.predicted_ttft, flight.fitted[0]
         )
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
@@ -285,16 +294,20 @@ class SloRouting(PrefixAffinity):
             start = flight.sent + min(flight.predicted_ttft, (now - flight.sent) / 2)
         self._learn_decode(flight, now, start, output_tokens)
         load = self.loads[flight.device]
-        load.remove(now, flight.kv, 0.0 if flight.first is not None else flight.uncached)
+        if flight.first is None:  # not streamed: its prefill is known done only now
+            load.prefilled(now, flight.uncached)
+        load.remove(now, flight.kv, 0.0)
 
     def _read(self, flight: Flight, now: float) -> None:
         load = self.loads[flight.device]
         load.advance(now)
         flight.read_at, flight.running_at, flight.kv_at = now, load.running_time, load.kv_time
+        flight.prefilled_at = load.prefilled_total
 
     def _learn_decode(self, flight: Flight, now: float, start: float, tokens: int) -> None:
         """One TPOT observation: the decode from ``start`` to ``tokens``, at the mean batch
-        and KV tokens since the integrals were read. Always from the start, never the stretch
+        and KV tokens since the integrals were read and with the prompt tokens its replica
+        prefilled meanwhile (per token decoded). Always from the start, never the stretch
         since the last report: a server that falls behind sends chunks in bursts, and a burst
         alone would read as a step time of nothing."""
         n, span, window = tokens - 1, now - start, now - flight.read_at
@@ -305,7 +318,9 @@ class SloRouting(PrefixAffinity):
         running = (load.running_time - flight.running_at) / window
         kv = (load.kv_time - flight.kv_at) / window
         fit = self.fits[flight.device]
-        fit.observe_tpot(fit.tpot_features(running, kv), span / n, flight.predicted_tpot)
+        prefilled = (load.prefilled_total - flight.prefilled_at) / n
+        x = fit.tpot_features(running, kv, prefilled)
+        fit.observe_tpot(x, span / n, flight.predicted_tpot, flight.fitted[1])
         self.heard[flight.device] = now
 
     def dropped(self, item_id: int | str, now: float) -> None:
@@ -328,8 +343,10 @@ class SloRouting(PrefixAffinity):
         fit, load = self.fits[device], self.loads[device]
         prompt, output = 512.0, 128.0
         ttft = fit.ttft.predict(fit.ttft_features(load.prefill_queue + prompt, load.running))
-        x = fit.tpot_features(load.running + 1, load.kv + prompt + output / 2)
-        tpot = fit.tpot.predict(x)
+        now = view.clock.now()
+        tpot = fit.predict_tpot(
+            load.running + 1, load.kv + prompt + output / 2, load.prefill_rate(now)
+        )
         ttft_slo, tpot_slo = self.slo(prompt, output)
         return {
             **fit.explain(),
