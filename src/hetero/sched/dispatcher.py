@@ -58,7 +58,7 @@ from hetero.sched.instructions import Finish, Instruction, Run, Stop, WakeAt
 from hetero.sched.invariants import validate_state
 from hetero.sched.item import TERMINAL, Cause, ItemRecord, ItemState, SharedRun, WorkItem
 from hetero.sched.metrics import Metrics
-from hetero.sched.options import QUEUE_ORDERS, DispatchOptions
+from hetero.sched.options import QUEUE_ORDERS, DispatchOptions, QueueOrder
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Completed, Policy
 from hetero.sched.queues import Entry, head, make_queues
@@ -98,7 +98,8 @@ class Dispatcher:
             ``ConfigError``.
 
     The settings are also plain attributes (``max_queue_size``, ``timeout``, ...), read from
-    ``options`` once.
+    ``options`` once; the queues' (``queue_order``, ``aging``, ``max_bypass``) are read-only,
+    as the queues were built with them.
     """
 
     def __init__(
@@ -125,9 +126,6 @@ class Dispatcher:
         self.preemption = opts.preemption
         self.stealing = opts.stealing
         self.keep_finished = opts.keep_finished
-        self.queue_order = opts.queue_order
-        self.aging = opts.aging
-        self.max_bypass = opts.max_bypass
         self.late_after = opts.late_after
         self._largest_memory = int(self.view.mem_total.max())
         self.metrics = Metrics(self.view.n, clock.now())
@@ -158,6 +156,18 @@ class Dispatcher:
         # Only build completion events for policies that learn from them.
         self._policy_learns = type(policy).observe is not Policy.observe
         policy.bind(self.view)
+
+    @property
+    def queue_order(self) -> QueueOrder:
+        return self.options.queue_order
+
+    @property
+    def aging(self) -> float:
+        return self.options.aging
+
+    @property
+    def max_bypass(self) -> float | None:
+        return self.options.max_bypass
 
     @classmethod
     def from_config(
@@ -807,7 +817,8 @@ class Dispatcher:
         if item.memory:
             view.mem_used_at[i] += item.memory
         view.queued += 1
-        self._steals.queued(rec, key, i)
+        if self.stealing:  # only _steal reads the index
+            self._steals.queued(rec, key, i)
 
     def _run_now(self, rec: ItemRecord, i: int, out: list[Instruction]) -> None:
         """``_enqueue`` then ``_start_ready`` for a device with a free slot and an empty queue,

@@ -19,14 +19,14 @@ from hetero.sched.item import TERMINAL, ItemRecord, ItemState, SharedRun
 if TYPE_CHECKING:
     from hetero.sched.dispatcher import Dispatcher
 
-__all__ = ["Tally", "validate_counters", "validate_devices", "validate_record", "validate_state"]
+__all__ = ["validate_state"]
 
 PENDING, QUEUED, RUNNING = ItemState.PENDING, ItemState.QUEUED, ItemState.RUNNING
 
 
 @dataclass(slots=True)
-class Tally:
-    """What the active records hold, per device (``validate_record`` adds each)."""
+class _Tally:
+    """What the active records hold, per device (``_validate_record`` adds each)."""
 
     n: int
     running: npt.NDArray[np.int64] = field(init=False)
@@ -51,17 +51,17 @@ class Tally:
 
 def validate_state(d: Dispatcher) -> None:
     """Check every invariant between records, queues and the view (``AssertionError``)."""
-    tally = Tally(d.view.n)
+    tally = _Tally(d.view.n)
     for rec in d.records.values():
-        validate_record(d, rec, tally)
+        _validate_record(d, rec, tally)
     for run, n in tally.members.items():
         assert run.members == n, f"a shared run counts {run.members} members, {n} are in it"
     if d.keep_finished:  # else the records of finished items are gone: no totals to check
-        validate_counters(d, tally)
-    validate_devices(d)
+        _validate_counters(d, tally)
+    _validate_devices(d)
 
 
-def validate_record(d: Dispatcher, rec: ItemRecord, tally: Tally) -> None:
+def _validate_record(d: Dispatcher, rec: ItemRecord, tally: _Tally) -> None:
     """One record: its history ends in its state, an active item is pending, queued or running,
     and a placed one is where its device's queue or running set says, on a device it may use;
     adds what it holds to ``tally``."""
@@ -99,7 +99,7 @@ def validate_record(d: Dispatcher, rec: ItemRecord, tally: Tally) -> None:
     assert rec in d._running[i], f"{rec.item.id}: running but not tracked on {i}"
 
 
-def validate_counters(d: Dispatcher, tally: Tally) -> None:
+def _validate_counters(d: Dispatcher, tally: _Tally) -> None:
     """The dispatcher's counters and the view's per-device sums against the records'."""
     view = d.view
     assert tally.active == d.active, f"active {tally.active} != counter {d.active}"
@@ -123,7 +123,7 @@ def validate_counters(d: Dispatcher, tally: Tally) -> None:
     assert int(tally.queued.sum()) == d.queued_total, "queued_total drifted"
 
 
-def validate_devices(d: Dispatcher) -> None:
+def _validate_devices(d: Dispatcher) -> None:
     """Free slots, memory, and health: a device is usable exactly when nothing keeps it out."""
     view = d.view
     # A device may run more than its slots only after set_slots lowered them.

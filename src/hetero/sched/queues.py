@@ -28,7 +28,7 @@ from hetero.sched.options import QueueOrder
 from hetero.sched.perf import PerfModel
 from hetero.sched.view import FleetView
 
-__all__ = ["Entry", "Queues", "SizeOrderedQueues", "head", "in_order", "make_queues"]
+__all__ = ["Entry", "Queues", "SizeOrderedQueues", "head", "make_queues"]
 
 PENDING, QUEUED = ItemState.PENDING, ItemState.QUEUED
 
@@ -53,15 +53,6 @@ def head(heap: list[_E], state: ItemState, take: bool = False, at: int = 2) -> _
             return entry
         heappop(heap)
     return None
-
-
-def in_order(heap: list[_E], state: ItemState, at: int = 2) -> list[_E]:
-    """The live entries of ``heap`` in the order they would leave it; ``heap`` is untouched."""
-    rest = heap.copy()
-    ordered = []
-    while (entry := head(rest, state, take=True, at=at)) is not None:
-        ordered.append(entry)
-    return ordered
 
 
 class Queues:
@@ -106,7 +97,10 @@ class Queues:
 
     def ordered(self, i: int) -> list[ItemRecord]:
         """The items queued on device ``i``, in the order they would start."""
-        return [entry[3] for entry in in_order(self.devices[i], QUEUED)]
+        # The live entries (as ``head`` checks them), sorted: the order ``pop`` takes them in,
+        # as no two entries tie (each has its own seq).
+        live = [e for e in self.devices[i] if e[3].seq == e[2] and e[3].state is QUEUED]
+        return [entry[3] for entry in sorted(live)]
 
     def class_totals(self) -> tuple[FloatArray, FloatArray] | None:
         """Per device, the queued work and items as the view's size-class sums hold them

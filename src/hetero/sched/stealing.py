@@ -25,7 +25,7 @@ import numpy.typing as npt
 from hetero.sched.item import ItemRecord, ItemState
 from hetero.sched.perf import PerfModel
 from hetero.sched.policy import Policy
-from hetero.sched.queues import Queues, head, in_order
+from hetero.sched.queues import Queues, head
 from hetero.sched.view import Cells, FleetView
 
 __all__ = ["StealIndex"]
@@ -86,8 +86,11 @@ class StealIndex:
         heappush(tail, (rec.item.priority, -key, -seq, seq, rec))
         queue = self._queues[i]
         if len(tail) > 64 + 2 * len(queue):
-            # Items that started normally leave stale tail entries: drop them now and then.
-            self._tails[i] = tail = [(-p, -k, -q, q, r) for p, k, q, r in in_order(queue, QUEUED)]
+            # Items that started normally leave stale tail entries: drop them now and then, in
+            # one pass over the queue's live entries (as ``head`` checks them) and a heapify.
+            self._tails[i] = tail = [
+                (-p, -k, -q, q, r) for p, k, q, r in queue if r.seq == q and r.state is QUEUED
+            ]
             heapify(tail)
         self._enqueues += 1
         # Its drain time grew. Shrinks are not recorded: a key is then an upper bound that
