@@ -347,7 +347,12 @@ class Server:
         context = RequestContext(self.session, request, call.body, self.options.max_reply)
         try:
             while True:
-                placed = await _placement(ticket)
+                # The waiter says where the ticket runs (a replica's position) or how it ended;
+                # a Stop between a Run and this task's waking gives it a fresh one, which says.
+                waiter = ticket.waiter
+                placed = await waiter
+                if waiter is not ticket.waiter:
+                    continue
                 if isinstance(placed, Finish):
                     status = 504 if placed.cause is Cause.TIMED_OUT else 502
                     return error_response(
@@ -376,7 +381,7 @@ class Server:
                     ticket.task = None
                 response = self._report(ticket, replica.name, outcome, answer)
                 if call.stream:
-                    await end_stream(outcome)
+                    await end_stream(outcome, replica.name)
                 if response is not None:
                     return response
         finally:
@@ -474,16 +479,6 @@ class Server:
                 "service_unavailable",
             )
         return web.json_response({"status": "ok"})
-
-
-async def _placement(ticket: Ticket) -> int | Finish:
-    """Where the dispatcher runs ``ticket`` now (a replica's position), or how it ended. A Stop
-    between a Run and this task's waking gives the ticket a fresh waiter: that one says."""
-    while True:
-        waiter = ticket.waiter
-        placed = await waiter
-        if waiter is ticket.waiter:
-            return placed
 
 
 def _uncancel() -> None:

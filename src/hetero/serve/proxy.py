@@ -75,7 +75,7 @@ _TAIL = 4096
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per request, and a frozen one costs 4x to build
 class RequestContext:
     """What every attempt of one client request takes along."""
 
@@ -300,7 +300,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             async for line in reply.content:
                 problem = _event_problem(line, counts)
                 if problem:
-                    return StreamBroke(response, replica.name, problem)
+                    return StreamBroke(response, problem)
                 if counts[0] >= mark:
                     watch.progress(counts[0])
                     mark *= 2
@@ -310,23 +310,23 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             # connection reset under the read.
             if client_gone(context.request):
                 return ClientGone(response)
-            return StreamBroke(response, replica.name, f"stream broke: {describe_failure(exc)}")
+            return StreamBroke(response, f"stream broke: {describe_failure(exc)}")
         except _STREAM_FAULTS as exc:
-            return StreamBroke(response, replica.name, f"stream broke: {describe_failure(exc)}")
+            return StreamBroke(response, f"stream broke: {describe_failure(exc)}")
     finally:
         reply.release()
     tokens = counts[1] if counts[1] >= 0 else counts[0]
     return Answered(response, tokens, loop.time() - started, ttft)
 
 
-async def end_stream(outcome: Outcome) -> None:
-    """End the stream of a streaming attempt once its outcome is reported (the router hears
-    before the client does): the EOF of one that ran to its end, the error event of one that
-    broke; any other outcome has no stream open."""
+async def end_stream(outcome: Outcome, replica: str) -> None:
+    """End the stream of a streaming attempt on ``replica`` (its name) once its outcome is
+    reported (the router hears before the client does): the EOF of one that ran to its end,
+    the error event of one that broke; any other outcome has no stream open."""
     if isinstance(outcome, Answered):
         await outcome.response.write_eof()
     elif isinstance(outcome, StreamBroke):
-        message = f"replica {outcome.replica} failed mid-stream: {outcome.reason}"
+        message = f"replica {replica} failed mid-stream: {outcome.reason}"
         await _end_with_error(outcome.response, message, "upstream")
 
 
