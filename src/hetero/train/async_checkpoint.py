@@ -36,18 +36,13 @@ class CheckpointWriter:
     """Writes checkpoints at ``path``, keeping the ``keep`` latest: in the caller's thread, or
     with ``background`` from a CPU copy taken in ``save``, in a thread of its own."""
 
-    def __init__(self, path: Path, keep: int = 1, background: bool = False) -> None:
+    def __init__(self, path: Path, keep: int, background: bool) -> None:
         self.path = path
         self.keep = keep
         self.background = background
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._copies: dict[str, torch.Tensor] = {}  # the last snapshot's tensors, by name
-
-    @property
-    def writing(self) -> bool:
-        """Whether a background write is still going on."""
-        return self._thread is not None and self._thread.is_alive()
 
     def save(self, state: dict[str, Any]) -> None:
         """Write ``state`` (a training state with its ``steps``), after the previous write has

@@ -25,11 +25,11 @@ except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 
 from hetero import comm
+from hetero._checks import is_integer
 from hetero.train.elastic import REGROUP_FILE_ENV, Regroup, regroup_answer
-from hetero.train.options import is_int
 from hetero.train.tensors import named_tensors
 
-__all__ = ["kept_path", "leave_if_regrouping", "read_checkpoint", "write_checkpoint"]
+__all__ = ["leave_if_regrouping", "read_checkpoint", "write_checkpoint"]
 
 # What a checkpoint holds beside the optional "scaler".
 _CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
@@ -38,14 +38,15 @@ _CHECKPOINT_KEYS = ("steps", "model", "optimizer", "sampler")
 def write_checkpoint(path: Path, state: dict[str, Any], keep: int = 1) -> None:
     """Save ``state`` at ``path`` atomically: it is written to a temporary file, flushed to the
     disk, and renamed over ``path``, so a crash mid-write keeps the last checkpoint whole. With
-    ``keep`` above 1 it is also kept as ``kept_path(path, state["steps"])`` (a hard link: no
-    second copy on disk where links work), and only the ``keep`` latest of those are left."""
+    ``keep`` above 1 it is also kept beside ``path`` under its step (``checkpoint-000000042.pt``
+    for ``checkpoint.pt``: a hard link, no second copy on disk where links work), and only the
+    ``keep`` latest of those are left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     torch.save(state, partial)
     _flush(partial)
     if keep > 1:
-        kept = kept_path(path, state["steps"])
+        kept = _kept_path(path, state["steps"])
         kept.unlink(missing_ok=True)  # a resumed run saving the same step again
         try:
             os.link(partial, kept)
@@ -57,7 +58,7 @@ def write_checkpoint(path: Path, state: dict[str, Any], keep: int = 1) -> None:
     _flush(path.parent)
 
 
-def kept_path(path: Path, steps: int) -> Path:
+def _kept_path(path: Path, steps: int) -> Path:
     """Where the checkpoint of step ``steps`` is kept beside ``path`` (``checkpoint_keep``)."""
     return path.with_name(f"{path.stem}-{steps:09d}{path.suffix}")
 
@@ -97,7 +98,7 @@ def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> d
     for key in _CHECKPOINT_KEYS:
         if key not in state:
             raise ValueError(f"it has no {key!r}; it holds: {', '.join(map(str, state))}")
-    if not is_int(state["steps"]) or state["steps"] < 0:
+    if not is_integer(state["steps"]) or state["steps"] < 0:
         raise ValueError(f"its 'steps' is {state['steps']!r}, not a step count (an integer >= 0)")
     weights = [(f"model {n}", t) for n, t in named_tensors(state["model"]) if n in parameters]
     weights += [(f"optimizer {n}", t) for n, t in named_tensors(state["optimizer"])]
@@ -113,7 +114,7 @@ def read_checkpoint(path: Path, device: torch.device, parameters: set[str]) -> d
     return state
 
 
-def leave_if_regrouping(device: torch.device, written: Callable[[], None] = lambda: None) -> None:
+def leave_if_regrouping(device: torch.device, written: Callable[[], None]) -> None:
     """On every rank, after a checkpoint: raise ``Regroup`` (every rank leaves with
     ``REGROUP_EXIT``) when ``hetero launch --nproc MIN:MAX`` asks the ranks to regroup, so that
     it starts them again, a lost rank rejoining, from that checkpoint. Rank 0 reads the request

@@ -21,6 +21,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hetero._checks import is_integer
 from hetero.errors import ConfigError
 from hetero.train.stages import (
     LayerCost,
@@ -101,7 +102,7 @@ def choose_layout(
     samples a step in micro-batches of ``micro_batch_size``."""
     known = check_schedule(schedule)
     for name, value in (("global_batch", global_batch), ("micro_batch_size", micro_batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_integer(value) or value < 1:
             raise ConfigError([(name, f"must be a whole number >= 1, got {value!r}")])
     if global_batch % micro_batch_size:
         raise ConfigError(

@@ -26,7 +26,9 @@ except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 from torch import nn
 
+from hetero._checks import is_integer
 from hetero.errors import ConfigError
+from hetero.train.compression import dense_bytes
 from hetero.train.memory import OptimizerFactory, optimizer_state_bytes
 from hetero.train.stages import LayerCost
 
@@ -39,17 +41,12 @@ def profile_layers(
     *,
     optimizer: OptimizerFactory | None = None,
     repeats: int = 5,
-    names: Sequence[str] | None = None,
 ) -> list[LayerCost]:
     """Each of ``layers``' cost, run in order from ``batch`` (its first dimension the
     samples). The layers' gradients are left as they were found (none)."""
     if not isinstance(batch, torch.Tensor) or batch.dim() == 0 or len(batch) == 0:
         raise ConfigError([("batch", "must be a tensor of at least one sample")])
-    if names is not None and len(names) != len(layers):
-        raise ConfigError(
-            [("names", f"has {len(names)} names for {len(layers)} layers: give one each")]
-        )
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if not is_integer(repeats) or repeats < 1:
         raise ConfigError([("repeats", f"must be a whole number >= 1, got {repeats!r}")])
     inputs, saved = _first_pass(layers, batch)
     times: list[list[float]] = [[] for _ in layers]
@@ -59,13 +56,12 @@ def profile_layers(
     samples = len(batch)
     costs = []
     for i, layer in enumerate(layers):
-        params = sum(p.numel() * p.element_size() for p in layer.parameters() if p.requires_grad)
-        state = 2 * params  # the parameters and their gradients
+        state = 2 * dense_bytes(layer)  # the parameters and their gradients, as many bytes
         if optimizer is not None:
             state += optimizer_state_bytes(optimizer, layer)
         costs.append(
             LayerCost(
-                name=names[i] if names is not None else f"{i}:{type(layer).__name__}",
+                name=f"{i}:{type(layer).__name__}",
                 seconds=min(times[i]) / samples,
                 state_bytes=state,
                 activation_bytes=-(-saved[i] // samples),

@@ -5,7 +5,6 @@ the shared options and the dataset when a ``Trainer`` starts."""
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +17,7 @@ except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 from torch import nn
 
+from hetero._checks import is_integer, is_positive
 from hetero.config import MAX_SPEED, MIN_SPEED
 from hetero.errors import ConfigError
 
@@ -30,7 +30,6 @@ __all__ = [
     "Sharding",
     "Split",
     "TrainerOptions",
-    "is_int",
     "local_sgd",
     "rank_setup",
     "setup_problems",
@@ -173,25 +172,12 @@ class TrainerOptions:
             raise ConfigError(problems)
 
 
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_positive(value: object) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
 def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
 
     def at_least(name: str, minimum: int, why: str = "") -> None:
         value = getattr(o, name)
-        if not is_int(value) or value < minimum:
+        if not is_integer(value) or value < minimum:
             problems.append((name, f"must be an integer >= {minimum}{why}, got {value!r}"))
 
     at_least("global_batch", 1)
@@ -231,7 +217,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
             " (steps between parameter averages; None or 1: the gradients are all-reduced "
             "every step)",
         )
-    if not (_is_positive(o.topk_ratio) and o.topk_ratio <= 1):
+    if not (is_positive(o.topk_ratio) and o.topk_ratio <= 1):
         problems.append(
             (
                 "topk_ratio",
@@ -239,7 +225,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                 f"compression='topk' sends), got {o.topk_ratio!r}",
             )
         )
-    if o.speed is not None and not (_is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
+    if o.speed is not None and not (is_positive(o.speed) and MIN_SPEED <= o.speed <= MAX_SPEED):
         problems.append(
             (
                 "speed",
@@ -248,7 +234,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
         )
     sample_time = o.emulate_sample_time
     if sample_time is not None and not (
-        _is_positive(sample_time) and sample_time <= _MAX_SAMPLE_SECONDS
+        is_positive(sample_time) and sample_time <= _MAX_SAMPLE_SECONDS
     ):
         problems.append(
             (
@@ -257,7 +243,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                 f"got {sample_time!r}",
             )
         )
-    if not _is_positive(o.bucket_cap_mb):
+    if not is_positive(o.bucket_cap_mb):
         problems.append(("bucket_cap_mb", f"must be a finite number > 0, got {o.bucket_cap_mb!r}"))
     if o.compression not in _COMPRESSIONS:
         allowed = ", ".join(_COMPRESSIONS)
@@ -318,7 +304,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                 f"got {o.shares!r}",
             )
         )
-    if o.max_grad_norm is not None and not _is_positive(o.max_grad_norm):
+    if o.max_grad_norm is not None and not is_positive(o.max_grad_norm):
         problems.append(
             (
                 "max_grad_norm",
@@ -328,9 +314,9 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
         )
     if o.shares is not None:
         shares = o.shares
-        if not isinstance(shares, tuple) or not all(is_int(s) and s >= 0 for s in shares):
+        if not isinstance(shares, tuple) or not all(is_integer(s) and s >= 0 for s in shares):
             problems.append(("shares", f"must be a list of integers >= 0, got {shares!r}"))
-        elif is_int(o.global_batch) and sum(shares) != o.global_batch:
+        elif is_integer(o.global_batch) and sum(shares) != o.global_batch:
             problems.append(
                 (
                     "shares",
@@ -345,7 +331,7 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
 def local_sgd(o: TrainerOptions) -> bool:
     """Whether ``o`` asks for local SGD: ranks stepping on their own between averages."""
     every = o.local_sgd_every
-    return every is not None and is_int(every) and every > 1
+    return every is not None and is_integer(every) and every > 1
 
 
 def _local_sgd_problems(o: TrainerOptions) -> list[tuple[str, str]]:

@@ -10,6 +10,9 @@ backward reaches a module that holds parameters, ``BackwardPacer`` holds it unti
 device would have finished the backward of the modules after it and of this one, its time
 shared out by their parameter counts (a layer's backward costs about in proportion to its
 weights). Each module's gradients are then ready when the emulated device would make them.
+
+Passes run back to back are paced from where the previous one was due to end (``paced_from``),
+not from their own start, so the overshoot of each sleep is made up.
 """
 
 from __future__ import annotations
@@ -29,10 +32,20 @@ from torch import nn
 
 from hetero.train.tensors import named_tensors
 
-__all__ = ["BACKWARD_SHARE", "BackwardPacer"]
+__all__ = ["BACKWARD_SHARE", "BackwardPacer", "paced_from"]
 
 # The part of a micro-batch's time that is its backward (a backward costs about two forwards).
 BACKWARD_SHARE = 2 / 3
+# A pass that starts within this long after the previous one was due to end follows it back to
+# back (as hetero's emulated workers pace their tasks).
+_PACE_SLACK = 0.002
+
+
+def paced_from(started: float, due: float) -> float:
+    """Where a pass that started at ``started`` is paced from: ``due``, where the previous pass
+    was due to end, when it started just after that (the sleep's overshoot is the host's
+    delay, not the emulated device's), else its own start."""
+    return due if 0 <= started - due < _PACE_SLACK else started
 
 
 class BackwardPacer:

@@ -36,16 +36,13 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from hetero import comm
 from hetero.errors import BackendError, ConfigError
 from hetero.train.memory import OptimizerFactory
-from hetero.train.pacing import BACKWARD_SHARE
+from hetero.train.pacing import BACKWARD_SHARE, paced_from
 from hetero.train.stages import StagePlan
 
 __all__ = ["PipelineRunner", "PipelineStepReport"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-# Passes that start within this long after the previous one was due to end are paced from that
-# due time, so a sleep's overshoot is made up (as the trainer paces micro-batches).
-_PACE_SLACK = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +76,7 @@ class _Pace:
         if self._seconds is None:
             self.total += now - started
             return
-        base = self._due if 0 <= started - self._due < _PACE_SLACK else started
+        base = paced_from(started, self._due)
         self._due = base + samples * self._seconds * share
         if self._due > now:
             time.sleep(self._due - now)

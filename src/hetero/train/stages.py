@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from hetero._checks import is_integer, is_number, is_positive
 from hetero.errors import ConfigError
 from hetero.units import format_size
 
@@ -353,26 +354,26 @@ def _problems(
 ) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for name, value in (("micro_batches", micro_batches), ("micro_batch_size", micro_batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_integer(value) or value < 1:
             problems.append((name, f"must be a whole number >= 1, got {value!r}"))
     for i, layer in enumerate(layers):
-        if not (_number(layer.seconds) and layer.seconds >= 0):
+        if not (is_number(layer.seconds) and layer.seconds >= 0):
             problems.append((f"layers[{i}].seconds", f"must be >= 0, got {layer.seconds!r}"))
         for field in ("state_bytes", "activation_bytes"):
             value = getattr(layer, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_integer(value) or value < 0:
                 problems.append((f"layers[{i}].{field}", f"must be bytes >= 0, got {value!r}"))
     seen: set[int] = set()
     for i, r in enumerate(ranks):
-        if isinstance(r.rank, bool) or not isinstance(r.rank, int) or r.rank < 0:
+        if not is_integer(r.rank) or r.rank < 0:
             problems.append((f"ranks[{i}].rank", f"must be a rank >= 0, got {r.rank!r}"))
         elif r.rank in seen:
             problems.append((f"ranks[{i}].rank", f"rank {r.rank} is listed twice; list each once"))
         else:
             seen.add(r.rank)
-        if not (_number(r.speed) and r.speed > 0):
+        if not is_positive(r.speed):
             problems.append((f"ranks[{i}].speed", f"must be > 0, got {r.speed!r}"))
-        if isinstance(r.memory, bool) or not isinstance(r.memory, int) or r.memory <= 0:
+        if not is_integer(r.memory) or r.memory <= 0:
             problems.append((f"ranks[{i}].memory", f"must be bytes > 0, got {r.memory!r}"))
     if not ranks:
         problems.append(("ranks", "needs at least one rank, got none"))
@@ -385,10 +386,6 @@ def _problems(
             )
         )
     return problems
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _refuse_oversized_layers(shape: _Shape) -> None:

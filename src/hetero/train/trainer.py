@@ -65,6 +65,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from torch.utils.data import Dataset, default_collate
 
 from hetero import comm
+from hetero._checks import is_integer
 from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
@@ -72,8 +73,8 @@ from hetero.train.async_checkpoint import CheckpointWriter
 from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint
 from hetero.train.elastic import LAUNCHED_ENV, leave_refused
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
-from hetero.train.options import PRECISIONS, TrainerOptions, is_int, rank_setup, setup_problems
-from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer
+from hetero.train.options import PRECISIONS, TrainerOptions, rank_setup, setup_problems
+from hetero.train.pacing import BACKWARD_SHARE, BackwardPacer, paced_from
 from hetero.train.parallel import wrap
 from hetero.train.pipeline import InputPipeline, idle_batch
 from hetero.train.pipeline import chunks as _chunks
@@ -92,9 +93,6 @@ OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
 Scheduler = LRScheduler | Callable[[torch.optim.Optimizer], LRScheduler]
 LossFn = Callable[[Any, Any], torch.Tensor]
 
-# Back-to-back micro-batches are paced from where the previous one was due to end, so the
-# overshoot of each sleep is made up (as hetero's emulated workers do).
-_PACE_SLACK = 0.002
 # Step reports kept in ``Trainer.reports``; the whole run is in ``report_path``.
 _KEEP_REPORTS = 10_000
 # Ranks become devices of this spec for PerfModel, their speed the measured throughput.
@@ -531,7 +529,7 @@ class Trainer:
         """Run ``steps`` steps; with ``progress``, rank 0 shows them live on stderr (a progress
         bar on a terminal, else a line every ``report_every`` steps). Returns once the last
         checkpoint is on disk."""
-        if not is_int(steps) or steps < 0:
+        if not is_integer(steps) or steps < 0:
             raise ConfigError([("steps", f"must be an integer >= 0, got {steps!r}")])
         view = (
             ProgressView(steps, self.options.report_every) if progress and self.rank == 0 else None
@@ -668,7 +666,7 @@ class Trainer:
             target = samples * o.emulate_sample_time / speed  # the real compute counts toward it
         else:
             target = (now - started + backward) / speed
-        base = self._paced_until if 0 <= started - self._paced_until < _PACE_SLACK else started
+        base = paced_from(started, self._paced_until)
         self._paced_until = base + target
         held = max(backward, target * BACKWARD_SHARE) if backward else 0.0
         if self._paced_until - held > now:
