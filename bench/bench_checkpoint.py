@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": _common.command("bench/bench_checkpoint.py", argv),
         "hetero": hetero.__version__,
         "torch": torch.__version__,
-        **revision,
+        "revision": revision,
         "setup": asdict(setup),
         "parameters": sum(p.numel() for p in setup.model().parameters()),
         "checkpoint_bytes": checkpoint_bytes,

@@ -1975,7 +1975,7 @@ def checkpoint(doc: dict[str, Any]) -> str:
     ]
     return (
         "## Background checkpoints\n\n"
-        f"`{doc['command']}` at commit `{doc['commit'][:7]}` — one gloo rank, "
+        f"`{doc['command']}`{_at_commit(doc)} — one gloo rank, "
         f"{doc['parameters']:,} parameters ({doc['checkpoint_bytes'] / 1e6:.0f} MB a "
         f"checkpoint), a checkpoint every {setup['every']} steps, {setup['steps']} timed steps, "
         f"{setup['repeats']} repeats in turns; ms per step. Goal: with `checkpoint_async` ≤ "

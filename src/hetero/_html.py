@@ -18,10 +18,14 @@ th { background: #f3f3f3; }
 """
 
 
-def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A table of text cells, escaped."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+def html_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
+    """A table of text cells, escaped; with no ``header`` (a key/value table) no ``<thead>``."""
+    head = (
+        ""
+        if header is None
+        else "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead>"
+    )
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table>{head}<tbody>{body}</tbody></table>"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hetero._format import number, percent, ratio, seconds
-from hetero._html import BASE_STYLE
+from hetero._html import BASE_STYLE, html_table
 from hetero.units import format_size
 
 if TYPE_CHECKING:
@@ -69,14 +69,14 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
     head = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{_esc(title)}</h1>",
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
     ]
     if not rows and summary.collectives:  # ranks' collectives alone: no fleet to chart
         return "\n".join(
             [
                 *head,
-                _table(None, _collective_headline(summary)),
+                html_table(None, _collective_headline(summary)),
                 _collectives(summary.collectives),
                 "</body></html>",
             ]
@@ -84,7 +84,7 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
     gutter = _gutter([_label(info.id, info.model) for info, _ in rows[:MAX_ROWS]])
     parts = [
         *head,
-        _table(None, _headline(summary) + _collective_headline(summary)[1:]),
+        html_table(None, _headline(summary) + _collective_headline(summary)[1:]),
         "<h2>Timeline</h2>",
         _legend([t for _, traces in rows for t in traces]),
         _timeline(profile, summary, rows[:MAX_ROWS], gutter),
@@ -96,7 +96,7 @@ def render_html(profile: Profile, summary: ProfileSummary) -> str:
         )
     parts += [
         "<h2>Devices</h2>",
-        _table(
+        html_table(
             [
                 "device",
                 "model",
@@ -209,7 +209,7 @@ def _collectives(ranks: Sequence[RankCollectives]) -> str:
     return "\n".join(
         [
             "<h2>Collective communication</h2>",
-            _table(
+            html_table(
                 ["rank", "op", "calls", "time", "share of its time", "per call", "bytes"],
                 rows,
             ),
@@ -243,7 +243,8 @@ def _device_row(d: DeviceSummary) -> list[str]:
 def _legend(traces: list[TaskTrace]) -> str:
     counts = Counter(t.status for t in traces)
     keys = "".join(
-        f'<span class="key" style="background:{_colour(status)}"></span>{_esc(status)} ({n:,})'
+        f'<span class="key" style="background:{_colour(status)}"></span>'
+        f"{html.escape(status)} ({n:,})"
         for status, n in sorted(counts.items(), key=lambda kv: _order(kv[0]))
     )
     return f'<p class="note">One row per device, one bar per attempt:{keys}</p>'
@@ -265,7 +266,8 @@ def _label_svg(device_id: str, model: str, right: float, y: float) -> str:
     """The label of a row, right-aligned at ``right``; its tooltip names device and model."""
     return (
         f'<text class="label" x="{right:.1f}" y="{y}" text-anchor="end">'
-        f"{_esc(_label(device_id, model))}<title>{_esc(device_id)} {_esc(model)}</title></text>"
+        f"{html.escape(_label(device_id, model))}"
+        f"<title>{html.escape(device_id)} {html.escape(model)}</title></text>"
     )
 
 
@@ -351,7 +353,7 @@ def _rect(run: list[TaskTrace], x0: float, x1: float, y: float) -> str:
         tip = f"{len(run):,} {first.status} attempts"
     return (
         f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1.0):.1f}" height="{BAR_H}" '
-        f'fill="{_colour(first.status)}"><title>{_esc(tip)}</title></rect>'
+        f'fill="{_colour(first.status)}"><title>{html.escape(tip)}</title></rect>'
     )
 
 
@@ -387,22 +389,6 @@ def _svg_open(width: float, height: float) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}">'
     )
-
-
-def _table(header: Sequence[str] | None, rows: Sequence[Sequence[str]]) -> str:
-    head = (
-        "<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in header) + "</tr></thead>"
-        if header
-        else ""
-    )
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_esc(cell)}</td>" for cell in row) + "</tr>" for row in rows
-    )
-    return f"<table>{head}<tbody>{body}</tbody></table>"
-
-
-def _esc(text: str) -> str:
-    return html.escape(text, quote=True)
 
 
 def _order(status: str) -> float:
