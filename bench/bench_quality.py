@@ -46,6 +46,7 @@ from hetero.sched.registry import make_policy, policy_names
 from hetero.sim.result import SimResult
 from hetero.sim.run import simulate
 from hetero.sim.workload import WorkloadSpec, load_workload, parse_workload
+from hetero.testing import emulated_fleet
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -67,12 +68,7 @@ def fleet(per_class: int) -> list[Device]:
 
 def speed_fleet(classes: list[tuple[float, int]]) -> list[Device]:
     """``count`` emulated devices of each relative ``speed``."""
-    spec = get_catalog().get("A100-80GB")
-    return [
-        Device(id=f"speed{speed:g}:{k}", spec=spec, emulated=True, speed_override=speed)
-        for speed, count in classes
-        for k in range(count)
-    ]
+    return emulated_fleet([speed for speed, count in classes for _ in range(count)])
 
 
 BENCHMARK_FLEET = [(speed, 4) for _, speed in CLASSES]

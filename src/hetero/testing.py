@@ -4,7 +4,7 @@ boxes, for tests, demos and benchmarks on machines without accelerators.
 - ``emulated_fleet(speeds, memory=None, model=...)``: emulated devices ``d0``, ``d1``, … of a
   catalog model (or a ``DeviceSpec``) at the given relative speeds, capped in memory if asked
   (``hetero.devices.emulated``); a fleet config entry with ``emulate: true`` (see
-  docs/config.md) builds the same from a file.
+  docs/config.md) builds alike devices from a file, named ``a100-80gb:0``, … instead.
 - ``ManualClock``: time that moves only when told (``advance``, ``set``); its ``now`` is the
   ``Clock`` a dispatcher or policy reads, and the zero-argument callable that the engine model
   and the rate limiter take (``hetero.sched.clock``).

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device, DeviceSpec
@@ -37,11 +36,3 @@ def dev(
 
 def req(count: int = 1, **fields: object) -> AllocationRequest:
     return AllocationRequest(count=count, **fields)  # type: ignore[arg-type]
-
-
-def wait_until(condition: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll until ``condition()`` holds (synchronisation only; the limit is generous)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)

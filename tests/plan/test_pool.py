@@ -22,7 +22,8 @@ from hetero.plan.holdings import Holders
 from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest, AntiAffinity
 from hetero.sched.clock import ManualClock
-from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req, wait_until
+from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req
+from tests.processes import wait_for
 
 
 def two_nodes() -> DevicePool:
@@ -428,7 +429,7 @@ def test_a_waiter_is_woken_by_a_release() -> None:
     got: list[Allocation] = []
     waiter = threading.Thread(target=lambda: got.append(pool.allocate(req(3), timeout=60)))
     waiter.start()
-    wait_until(lambda: pool.waiting == 1)
+    wait_for(lambda: pool.waiting == 1)
     everything.release()
     waiter.join(60)
     assert [a.device_ids for a in got] == [("a0", "a1", "t0")]
@@ -441,7 +442,7 @@ def test_a_waiter_is_woken_when_a_device_comes_back() -> None:
     got: list[Allocation] = []
     waiter = threading.Thread(target=lambda: got.append(pool.allocate(req(), timeout=60)))
     waiter.start()
-    wait_until(lambda: pool.waiting == 1)
+    wait_for(lambda: pool.waiting == 1)
     pool.mark_healthy("a0")
     waiter.join(60)
     assert [a.device_ids for a in got] == [("a0",)]

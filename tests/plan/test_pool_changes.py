@@ -18,7 +18,8 @@ from hetero.plan.allocation import Allocation, EndCause
 from hetero.plan.pool import DevicePool
 from hetero.plan.request import Affinity, AllocationRequest
 from hetero.sched.clock import ManualClock
-from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req, wait_until
+from tests.plan.pools import A100, GIB, H100, L4, T4, dev, req
+from tests.processes import wait_for
 
 
 def box(spec: DeviceSpec, n: int, node: str = "box", prefix: str = "") -> list[Device]:
@@ -190,7 +191,7 @@ def test_a_waiter_is_woken_by_a_device_that_joins() -> None:
     got: list[Allocation] = []
     waiter = threading.Thread(target=lambda: got.append(pool.allocate(req(), timeout=60)))
     waiter.start()
-    wait_until(lambda: pool.waiting == 1)
+    wait_for(lambda: pool.waiting == 1)
     pool.add_device(dev("a1"))
     waiter.join(60)
     assert [a.device_ids for a in got] == [("a1",)]
@@ -209,7 +210,7 @@ def test_a_waiter_the_pool_can_no_longer_serve_raises() -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    wait_until(lambda: pool.waiting == 1)
+    wait_for(lambda: pool.waiting == 1)
     pool.remove_device("a1")
     waiter.join(60)
     assert [str(e).split(":")[0] for e in errors] == ["request can never be met by this pool"]
@@ -271,7 +272,7 @@ def test_expire_wakes_a_waiter() -> None:
     got: list[Allocation] = []
     waiter = threading.Thread(target=lambda: got.append(pool.allocate(req(), timeout=math.inf)))
     waiter.start()
-    wait_until(lambda: pool.waiting == 1)
+    wait_for(lambda: pool.waiting == 1)
     clock.advance(60)
     assert len(pool.expire()) == 1
     waiter.join(60)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from typer.testing import CliRunner
 from hetero.commands.top import _watch, register
 from hetero.runtime.status import StatusWriter, status_dir
 from tests.cli_apps import command_app
-from tests.processes import interruptible
+from tests.processes import interruptible, wait_for
 from tests.rendering import assert_whole, flat, headers
 from tests.runtime.status_snapshots import snapshot
 
@@ -112,13 +111,6 @@ def test_bad_interval_is_a_usage_error(status_home: Path, interval: str) -> None
 def test_bad_config_is_a_usage_error(status_home: Path, tmp_path: Path) -> None:
     code, _, err = invoke("--once", "--config", str(tmp_path / "nope.yaml"))
     assert code == 2 and "cannot read config" in err and "nope.yaml" in err
-
-
-def wait_for(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 20
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_live_view_follows_the_context_until_it_ends(status_home: Path) -> None:

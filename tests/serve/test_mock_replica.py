@@ -34,7 +34,7 @@ from hetero.serve.emulator.server import (
     draw_output_length,
 )
 from hetero.serve.emulator.slots import _Slots
-from tests.serve.harness import openai_stream
+from tests.serve.harness import openai_stream, wait_for
 
 Start = Callable[..., Awaitable[tuple[MockReplica, str]]]
 
@@ -76,13 +76,6 @@ async def cancel(*tasks: asyncio.Task[Any]) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def wait_for(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 # --- wire format -------------------------------------------------------------------------------
@@ -259,7 +252,7 @@ async def test_one_slot_serves_one_request_at_a_time(
                 log.append(f"{name} done")
 
         first = asyncio.create_task(stream("a"))
-        await wait_for(lambda: replica.stats["in_flight"] == 1)
+        await wait_for(lambda: replica.stats["in_flight"] == 1, "one request in flight")
         await asyncio.gather(first, stream("b"))
         return log.index("b first") < log.index("a done")
 
@@ -273,9 +266,9 @@ async def test_one_slot_serves_one_request_at_a_time(
 async def test_full_queue_answers_429(start: Start, http: aiohttp.ClientSession) -> None:
     replica, url = await start(slots=1, queue_limit=1, decode_time=1.0, **FIXED)
     running = asyncio.create_task(http.post(url + CHAT, json=chat()))
-    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    await wait_for(lambda: replica.stats["in_flight"] == 1, "one request in flight")
     waiting = asyncio.create_task(http.post(url + CHAT, json=chat()))
-    await wait_for(lambda: replica.stats["waiting"] == 1)
+    await wait_for(lambda: replica.stats["waiting"] == 1, "one request waiting")
     async with http.post(url + CHAT, json=chat()) as r:
         assert r.status == 429 and r.headers["Retry-After"] == "1"
         assert (await r.json())["error"]["type"] == "rate_limit_error"
@@ -365,9 +358,9 @@ async def test_client_that_leaves_frees_its_slot(start: Start, stream: bool) -> 
             response.close()
         else:  # hang up while waiting for the answer
             request = asyncio.create_task(leaving.post(url + CHAT, json=chat()))
-            await wait_for(lambda: replica.stats["in_flight"] == 1)
+            await wait_for(lambda: replica.stats["in_flight"] == 1, "one request in flight")
             await cancel(request)
-    await wait_for(lambda: replica.stats["in_flight"] == 0)
+    await wait_for(lambda: replica.stats["in_flight"] == 0, "no request in flight")
     assert replica.stats["cancelled"] == 1 and replica.stats["completed"] == 0
     replica.configure(speed=1000)  # the next one is quick: the slot is free again
     async with aiohttp.ClientSession() as http, http.post(url + CHAT, json=chat()) as r:
@@ -380,7 +373,7 @@ async def test_slot_handed_to_a_waiter_as_it_is_cancelled_is_not_lost(release_fi
     slots = _Slots(1)
     await slots.acquire()
     waiter = asyncio.create_task(slots.acquire())
-    await wait_for(lambda: slots.waiting == 1)
+    await wait_for(lambda: slots.waiting == 1, "one waiter")
     if release_first:
         slots.release()
         waiter.cancel()
@@ -395,7 +388,7 @@ async def test_slot_handed_to_a_waiter_as_it_is_cancelled_is_not_lost(release_fi
 async def test_stop_cuts_requests_in_flight(start: Start, http: aiohttp.ClientSession) -> None:
     replica, url = await start(slots=1, decode_time=1.0, **FIXED)  # 10 s a request
     requests = [asyncio.create_task(http.post(url + CHAT, json=chat())) for _ in range(3)]
-    await wait_for(lambda: replica.stats["waiting"] == 2)
+    await wait_for(lambda: replica.stats["waiting"] == 2, "two requests waiting")
     t0 = time.perf_counter()
     await replica.stop()
     assert time.perf_counter() - t0 < 2
@@ -443,7 +436,7 @@ async def test_models_health_and_worker_info(start: Start, http: aiohttp.ClientS
         async with http.get(url + path) as r:
             assert (await r.json())["model_path"] == "big"
     busy = asyncio.create_task(http.post(url + CHAT, json=dict(chat("x" * 40), model="big")))
-    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    await wait_for(lambda: replica.stats["in_flight"] == 1, "one request in flight")
     async with http.get(url + "/get_load") as r:
         (load,) = await r.json()
     # Its 10 prompt tokens, and the output generated so far (a token a second).
@@ -641,12 +634,12 @@ async def test_gauges_follow_the_load(
         assert (running, waiting) == (0, 0) and (math.isnan(usage) or usage == 0)
     # Two hold the slots and three wait: each holds its 10 prompt tokens, then its output.
     requests = [asyncio.create_task(http.post(url + CHAT, json=chat("x" * 40))) for _ in range(5)]
-    await wait_for(lambda: replica.stats["waiting"] == 3)
+    await wait_for(lambda: replica.stats["waiting"] == 3, "three requests waiting")
     for running, waiting, usage in await load_figures(http, url, engine):
         assert (running, waiting) == (2, 3)
         assert math.isnan(usage) or 0.02 <= usage <= 0.04  # 20 to 40 of 1000 tokens
     await cancel(*requests)
-    await wait_for(lambda: replica.stats["in_flight"] == 0)
+    await wait_for(lambda: replica.stats["in_flight"] == 0, "no request in flight")
     for running, waiting, usage in await load_figures(http, url, engine):
         assert (running, waiting) == (0, 0) and (math.isnan(usage) or usage == 0)
 
@@ -658,7 +651,7 @@ async def test_kv_usage_is_held_tokens_over_capacity(
     # decode_time 10 s: a request holds its prompt alone for as long as the test looks.
     replica, url = await start(engine=engine, kv_tokens=40, slots=1, decode_time=10.0, **FIXED)
     busy = asyncio.create_task(http.post(url + CHAT, json=chat("x" * 40)))  # 10 tokens
-    await wait_for(lambda: replica.stats["in_flight"] == 1)
+    await wait_for(lambda: replica.stats["in_flight"] == 1, "one request in flight")
     (_, _, usage), *_ = await load_figures(http, url, engine)
     assert usage == 0.25
     await cancel(busy)

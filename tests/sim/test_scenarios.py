@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from hetero import build_fleet, get_catalog, parse_config
+from hetero import build_fleet, parse_config
 from hetero.config import SchedulerConfig
 from hetero.devices.spec import Device
 from hetero.sim.run import simulate
 from hetero.sim.workload import parse_workload
+from hetero.testing import emulated_fleet
 
 HETERO_AWARE = [
     "weighted",
@@ -109,12 +110,8 @@ def test_the_default_beats_round_robin_on_every_measure_and_halves_its_p99() -> 
     """bench_quality's fleet (speeds 1 : 2.5 : 6, 4 devices each) at 85% load, stealing on for
     both, fewer requests. shortest_expected_delay with size order, the default before
     tail_budget, reached only 0.58 × round robin's p99 here."""
-    catalog = get_catalog()
-    fleet = [
-        Device(id=f"{model}:{k}", spec=catalog.get(model), emulated=True, speed_override=speed)
-        for model, speed in [("T4", 1.0), ("V100-32GB", 2.5), ("A100-80GB", 6.0)]
-        for k in range(4)
-    ]
+    # T4-, V100- and A100-like by speed alone: these items ask nothing else of a device's spec.
+    fleet = emulated_fleet([speed for speed in (1.0, 2.5, 6.0) for _ in range(4)])
     workload = parse_workload(
         {
             "requests": 30000,

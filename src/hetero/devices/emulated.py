@@ -1,5 +1,5 @@
-"""Emulated fleets built in code: what a fleet config's ``emulate: true`` entries give, without a
-config, for tests, demos and benchmarks."""
+"""Emulated fleets built in code, for tests, demos and benchmarks: devices like those a fleet
+config's ``emulate: true`` entries give, without a config and under ids of their own."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def emulated_fleet(
     model: str | DeviceSpec = "A100-80GB",
 ) -> list[Device]:
     """Emulated devices ``d0``, ``d1``, … of ``model`` (a catalog name or a ``DeviceSpec``), one
-    per relative speed in ``speeds`` (a V100 is 1.0).
+    per relative speed in ``speeds`` (a V100 is 1.0). A fleet config's ``emulate: true`` entry
+    builds alike devices but names them ``a100-80gb:0``, … (or by its ``name``), not ``d0``.
 
     ``memory`` caps the memory each device may use: one size for all or one per device, in
     bytes or as text (``"2GB"``); unset, each has its spec's.
