@@ -81,6 +81,7 @@ from _serve_procs import (
 )
 
 import hetero
+from hetero.serve.emulator.tiny_llama import corpus
 from hetero.serve.router import DEFAULT_STRATEGY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,7 +340,7 @@ def make_prompts(s: Settings, n: int, tokenizer: Path) -> tuple[list[str], list[
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer))
-    words = np.array(" ".join(vllm_engine._corpus(s.seed + 1000, 2000)).split())
+    words = np.array(" ".join(corpus(s.seed + 1000, 2000)).split())
     rng = np.random.default_rng(s.seed + 1)
     mu = math.log(s.prompt_mean) - s.prompt_sigma**2 / 2
     lengths = [max(4, round(x)) for x in rng.lognormal(mu, s.prompt_sigma, n).tolist()]

@@ -56,6 +56,7 @@ from bench_serve_prefix import conversations
 from bench_serve_real import MODEL, Settings, Turns, vllm_engine
 
 import hetero
+from hetero.serve.emulator.tiny_llama import corpus
 from hetero.serve.router import DEFAULT_STRATEGY
 
 ANCHOR_KINDS = ("sglang", "vllm-router", "client", "alone")  # alone: no router at all
@@ -75,7 +76,7 @@ def chat_bodies(s: Settings, chat: Chat, n: int, tokenizer: Path) -> tuple[list[
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer))
-    vocabulary = " ".join(vllm_engine._corpus(s.seed + 2000, 2000)).split()
+    vocabulary = " ".join(corpus(s.seed + 2000, 2000)).split()
     rng = random.Random(s.seed)
 
     def text(tokens: int) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "SHAPES",
     "VLLM_MODULE",
     "Size",
+    "corpus",
     "make_model",
     "parameter_count",
     "vllm_command",
@@ -138,9 +139,9 @@ def _check_imports() -> None:
         )
 
 
-def _corpus(seed: int, sentences: int = 20_000) -> list[str]:
+def corpus(seed: int, sentences: int = 20_000) -> list[str]:
     """Generated text: words of made-up syllables with Zipf-like frequencies, enough for a BPE
-    vocabulary of ``VOCAB`` tokens."""
+    vocabulary of ``VOCAB`` tokens (and the words the real-engine benchmarks write prompts of)."""
     rng = random.Random(seed)
     onsets = ["", "b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "st", "tr"]
     vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ee"]
@@ -189,7 +190,7 @@ def _build(path: Path, size: Size, seed: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
+    bpe.train_from_iterator(corpus(seed), trainer=trainer)
     tokenizer = tf.PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<s>",
