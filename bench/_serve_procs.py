@@ -60,19 +60,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _preexec(die_with_parent: bool, cpus: frozenset[int] | None) -> Callable[[], None] | None:
-    if not die_with_parent and cpus is None:
-        return None
-
-    def run() -> None:
-        if cpus is not None:
-            os.sched_setaffinity(0, cpus)
-        if die_with_parent:
-            _die_with_parent()
-
-    return run
-
-
 @dataclass
 class Child:
     """One started process: its logs, what it printed, how much CPU its tree used."""
@@ -150,16 +137,6 @@ class Children:
         self._keep = keep_logs
         self._children: list[Child] = []
         self._count = 0
-        self._cpus: frozenset[int] | None = None
-
-    def pin(self, cpus: frozenset[int] | None) -> None:
-        """Children started from now on run on ``cpus`` only (None: anywhere), every thread
-        of theirs: the affinity is set between fork and exec."""
-        self._cpus = cpus
-
-    @property
-    def cpus(self) -> frozenset[int] | None:
-        return self._cpus
 
     @property
     def log_dir(self) -> Path:
@@ -186,7 +163,7 @@ class Children:
                 cwd=ROOT,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
-                preexec_fn=_preexec(die_with_parent, self._cpus),
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         child = Child(name, proc, out, err, list(command))
         self._children.append(child)

@@ -95,8 +95,9 @@ FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
 #: The fleets a run may use: (size, core, share of that core or None for all of it) per
 #: replica. ``two-models``: two models some ten times apart, a core each. ``one-model``: one
 #: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
-#: and 20% of core 0 (the router and the load generator share the rest of it: ``fleet`` pins
-#: them there, off the fast replica's core).
+#: and 20% of core 0. The router and the load generator run where the system places them: on
+#: two cores there is none to spare, and pinned to core 0 the Python router fell behind the
+#: fast replica's token stream (see docs/benchmarks.md).
 FLEETS: dict[str, tuple[tuple[Size, int, float | None], ...]] = {
     "two-models": tuple((size, core, None) for size, core in FLEET),
     "one-model": (("small", 1, None), ("small", 0, 0.4), ("small", 0, 0.2)),
@@ -991,7 +992,7 @@ def measure(
     replicas = fleet(children)
     try:
         with turns.held("vLLM start, warm-up and capacity"):
-            doc["fleet"] = start_fleet(replicas, children)
+            doc["fleet"] = start_fleet(replicas)
             texts, lengths = make_prompts(s, 4000, replicas[0].model / "tokenizer.json")
             outputs = output_lengths(s, len(texts))
             bodies = [chat_body(t, m) for t, m in zip(texts, outputs, strict=True)]
@@ -1102,12 +1103,10 @@ def fleet(children: Children, name: str = "two-models") -> list[Replica]:
                 cpu_share=share,
             )
         )
-    if name == "one-model" and (os.cpu_count() or 1) > 1:
-        children.pin(frozenset({0}))  # routers and load generators: see FLEETS
     return out
 
 
-def start_fleet(replicas: Sequence[Replica], children: Children) -> dict[str, Any]:
+def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
     """Start the replicas and wait for them; what the JSON says of the fleet."""
     vllm_engine.start_replicas(replicas)
     for r in replicas:
@@ -1131,7 +1130,6 @@ def start_fleet(replicas: Sequence[Replica], children: Children) -> dict[str, An
         "its defaults (prefix caching and chunked prefill on)",
         "prefix_cache": "emptied before every run (POST /reset_prefix_cache, served "
         "with VLLM_SERVER_DEV_MODE=1)",
-        "router_and_load_cores": sorted(children.cpus) if children.cpus else None,
     }
 
 

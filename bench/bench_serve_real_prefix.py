@@ -167,7 +167,7 @@ def measure(
     replicas = real.fleet(children, s.fleet)
     try:
         with turns.held("vLLM start, warm-up and capacity"):
-            doc["fleet"] = real.start_fleet(replicas, children)
+            doc["fleet"] = real.start_fleet(replicas)
             tokenizer = replicas[0].model / "tokenizer.json"
             needed = int(max(s.loads) * 40 * s.duration) + 4000
             if single_turn:

@@ -386,8 +386,6 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
             "vLLM CPU replicas of one model (the small one) at speeds made by CPU shares: "
             + ", ".join(f"{r['name']} ({r['cpu_share']:.0%} of core {r['core']})" for r in replicas)
         )
-        if cores := doc["fleet"].get("router_and_load_cores"):
-            fleet += f"; routers and load generators on core {', '.join(map(str, cores))}"
     else:
         fleet = (
             "the two vLLM CPU replicas of the real-engine benchmark (small on core 0, large on"
