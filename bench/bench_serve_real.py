@@ -97,7 +97,7 @@ FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
 #: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
 #: and 20% of core 0. The router and the load generator run where the system places them: on
 #: two cores there is none to spare, and pinned to core 0 the Python router fell behind the
-#: fast replica's token stream (see docs/benchmarks.md).
+#: fast replica's token stream (see docs/serve.md).
 FLEETS: dict[str, tuple[tuple[Size, int, float | None], ...]] = {
     "two-models": tuple((size, core, None) for size, core in FLEET),
     "one-model": (("small", 1, None), ("small", 0, 0.4), ("small", 0, 0.2)),
