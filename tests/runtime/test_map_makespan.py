@@ -99,6 +99,8 @@ def test_the_window_deepens_for_the_slowest_device_only_so_far() -> None:
     with hetero.Context(devices=emulated_fleet([2000.0, 1.0]), time_scale=0.001) as ctx:
         assert ctx.dispatcher.view.batch_depth() > MAX_WINDOW
         run = ctx.map(weighted, [1.0] * 3000, batch_size=1)
-        with run._cond:  # batches move from pending to ready as they finish: read both at once
-            assert len(run._pending) + len(run._ready) <= MAX_WINDOW
+        # In flight: at most the window. Batches that finish while the window fills (at this
+        # speed, some do) wait to be read beside it, so pending and ready together may pass it.
+        with run._cond:
+            assert len(run._pending) <= MAX_WINDOW
         assert len(list(run)) == 3000
