@@ -95,10 +95,6 @@ class EnginePrior:
     tpot_sd: tuple[float, float, float]
     kv_tokens: int | None = None
     guess: bool = False  # a guess at a replica known by its URL alone, not a model of it
-    # Seconds per thousand prompt tokens prefilled in a decode's steps, and its deviation;
-    # None: a thousand times ``prefill_s`` (and its deviation).
-    step_per_prefill: float | None = None
-    step_per_prefill_sd: float | None = None
 
     @classmethod
     def generic(cls, speed: float | None = None) -> EnginePrior:
@@ -378,19 +374,11 @@ class EngineFit:
         self.ttft = LinearFit(
             (prior.ttft_base, prior.prefill_s, prior.ttft_per_running), prior.ttft_sd
         )
-        per_prefill = prior.step_per_prefill
-        per_prefill_sd = prior.step_per_prefill_sd
+        # A thousand prompt tokens prefilled in a decode's steps cost what they cost a
+        # prefill: the TPOT fit's fourth coefficient starts at a thousand times prefill_s.
         self.tpot = LinearFit(
-            (
-                prior.step_base,
-                prior.step_per_request,
-                prior.step_per_kv,
-                1000 * prior.prefill_s if per_prefill is None else per_prefill,
-            ),
-            (
-                *prior.tpot_sd,
-                1000 * prior.ttft_sd[1] if per_prefill_sd is None else per_prefill_sd,
-            ),
+            (prior.step_base, prior.step_per_request, prior.step_per_kv, 1000 * prior.prefill_s),
+            (*prior.tpot_sd, 1000 * prior.ttft_sd[1]),
         )
         self.kv_tokens: int | None = prior.kv_tokens
         self.ttft_errors = _Errors()
