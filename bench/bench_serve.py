@@ -334,6 +334,7 @@ class Config:
     label: str
     kind: str  # hetero | client | sglang
     name: str  # strategy or policy
+    flags: tuple[str, ...] = ()  # hetero serve's further flags
 
 
 def goodput_configs(w: Goodput) -> list[Config]:
@@ -358,7 +359,7 @@ def start_router(
     router is told the replicas' URLs and nothing else: hetero serve learns their speed and
     capacity as sglang-router must."""
     if config.kind == "hetero":
-        child, url = start_hetero_serve(children, list(urls), config.name)
+        child, url = start_hetero_serve(children, list(urls), config.name, config.flags)
         return child, [url]
     if config.kind == "sglang":
         child, url = start_sglang_router(children, urls, config.name)
@@ -791,6 +792,13 @@ def overhead_configs(o: Overhead) -> list[Config]:
     return [
         Config("direct (no router)", "client", "direct"),
         Config(f"hetero serve, {DEFAULT_STRATEGY} (default)", "hetero", DEFAULT_STRATEGY),
+        # What uvloop (the default where installed) saves: the same router on asyncio's loop.
+        Config(
+            f"hetero serve, {DEFAULT_STRATEGY}, --loop asyncio",
+            "hetero",
+            DEFAULT_STRATEGY,
+            ("--loop", "asyncio"),
+        ),
         *(
             Config(
                 f"sglang-router, {p}" + (" (its default)" if p == SGLANG_DEFAULT else ""),

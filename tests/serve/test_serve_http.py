@@ -566,6 +566,10 @@ def test_cli_help() -> None:
         ),
         (["-r", "http://127.0.0.1:9", "--load-reads", "-1"], "load_reads: must be a number > 0"),
         (
+            ["-r", "http://127.0.0.1:9", "--loop", "tokio"],
+            "--loop: 'tokio' is not an event loop; allowed: auto, asyncio, uvloop",
+        ),
+        (
             ["-r", "http://127.0.0.1:9", "--capacity-tolerance", "1"],
             "capacity_tolerance: must be a number > 1, got 1.0",
         ),
@@ -614,7 +618,8 @@ def test_cli_on_a_port_in_use_says_so_and_closes_what_it_opened() -> None:
     assert "Unclosed" not in done.stderr and "Traceback" not in done.stderr
 
 
-async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])  # auto: uvloop where installed
+async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path, loop: str) -> None:
     replica = MockReplica(mock())
     url = await replica.start()
     access = tmp_path / "access.jsonl"
@@ -627,6 +632,8 @@ async def test_cli_serves_and_drains_on_sigterm(tmp_path: Path) -> None:
         "0",
         "--health-interval",
         "3600",
+        "--loop",
+        loop,
         "-r",
         f"{url}=speed:2",
         "--access-log",
