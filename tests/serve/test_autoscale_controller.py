@@ -193,6 +193,7 @@ async def test_a_replica_joins_then_leaves_by_drain_without_cutting_its_request(
             "prompt_tokens": 12,
             "output_tokens": TOKENS,
             "attainment": None,
+            "judged": None,
         }
         assert (shown["provider"], shown["failures"], shown["last_error"]) == ("local", [], None)
     finally:

@@ -275,7 +275,8 @@ async def test_a_ray_actor_starts_and_stops_a_mock_replica(http: aiohttp.ClientS
 
     if ray.is_initialized():
         pytest.skip("this process is connected to a Ray cluster already")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    # address="local": a cluster of its own, not one another run on this machine started
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         provider = RayProvider(
             [CPU],

@@ -19,7 +19,7 @@ from hetero.serve.autoscale.policy import (
     TypeFleet,
 )
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler
-from hetero.serve.autoscale.sizing import MIN_SAMPLES, PlanSizer, TypeOption
+from hetero.serve.autoscale.sizing import MIN_SAMPLES, PlanSizer, TypeOption, beyond_chance
 from hetero.serve.autoscale.traffic import TrafficLog
 from hetero.serve.engine_model import engine_spec
 from hetero.serve.records import RouterOptions
@@ -144,6 +144,35 @@ def test_a_miss_while_the_fleet_is_on_its_way_does_not_compound_the_correction()
     assert sizer.boost == raised > 1
     sizer(Traffic(rate=20, attainment=1.0, settled=False))  # meeting it eases back at once
     assert sizer.boost < raised
+
+
+def test_a_miss_that_chance_explains_does_not_raise_the_plan() -> None:
+    sizer = PlanSizer(spec(), TYPES)  # its SLO: 99 % of requests
+    for _ in range(20):  # one miss in each quiet minute's 18 requests: 17 % likely by chance
+        sizer(Traffic(rate=0.3, attainment=17 / 18, judged=18))
+    assert sizer.boost == 1.0
+    sizer(Traffic(rate=0.3, attainment=15 / 18, judged=18))  # three: 0.1 % likely
+    assert sizer.boost > 1.0
+    raised = sizer.boost
+    sizer(Traffic(rate=20, attainment=0.985, judged=1200))  # 18 misses where 12 are expected
+    assert sizer.boost == raised  # not beyond chance (7 %): held, neither raised nor eased
+    sizer(Traffic(rate=20, attainment=0.975, judged=1200))  # 30: beyond chance
+    assert sizer.boost > raised
+
+
+@pytest.mark.parametrize(
+    ("attainment", "judged", "expected"),
+    [
+        (1.0, 10, False),
+        (0.9, 10, False),
+        (0.8, 10, True),
+        (0.99, 100, False),
+        (0.95, 100, True),
+        (0.5, None, True),
+    ],
+)
+def test_beyond_chance(attainment: float, judged: int | None, expected: bool) -> None:
+    assert beyond_chance(attainment, judged, 0.99) is expected
 
 
 def test_the_policy_tells_the_sizer_whether_the_fleet_served_the_whole_window() -> None:

@@ -62,6 +62,9 @@ class Traffic:
     # The share of the window's finished requests within the SLO (None: none finished, or no
     # SLO known): what tells a sizer its model of the replicas is off.
     attainment: float | None = None
+    # How many finished requests the attainment is over (None: not told). One miss in the 18
+    # requests of a quiet minute is chance, not a fleet too small for the SLO.
+    judged: int | None = None
     # Whether the fleet served the whole window as it is now (nothing starting, no replica
     # warm for less than the window): only then does the attainment judge the fleet the
     # sizer last asked for, rather than one still on its way. Set by the policy.

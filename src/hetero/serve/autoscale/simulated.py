@@ -68,6 +68,7 @@ class SimulatedAutoscaler:
             output_tokens=sum(s.output_tokens for s in self._seen) / max(arrivals, 1),
             # The simulator counts requests within the SLO when its run was given one.
             attainment=met / finished if self.slo_given and finished else None,
+            judged=finished,
         )
         by_type: dict[str, dict[str, list[Member]]] = {}
         for r in snap.replicas:

@@ -29,9 +29,11 @@ __all__ = [
     "BOOST_UP",
     "MAX_BOOST",
     "MIN_SAMPLES",
+    "MISS_SIGNIFICANCE",
     "STICKINESS",
     "PlanSizer",
     "TypeOption",
+    "beyond_chance",
     "with_lengths",
 ]
 
@@ -44,6 +46,22 @@ STICKINESS = 0.25
 #: Easing back slower (0.995 a decision) held more replicas (1.16x the static peak plan's cost
 #: against 0.92x for the simulated day) for no fewer scale actions.
 BOOST_UP, BOOST_DOWN, MAX_BOOST = 1.25, 0.97, 8.0
+#: A window's misses raise the boost only when a fleet meeting the SLO's percentile would miss
+#: that often with a chance under this.
+MISS_SIGNIFICANCE = 0.05
+
+
+def beyond_chance(attainment: float, judged: int | None, target: float) -> bool:
+    """Whether ``judged`` requests of which a share ``attainment`` met the SLO missed more
+    often than chance explains for a fleet that meets ``target``: the chance of at least
+    that many misses, each request missing with probability ``1 - target``, is under
+    ``MISS_SIGNIFICANCE``. Unknown ``judged``: every shortfall counts."""
+    from scipy.stats import binom  # slow to import: only once a window misses
+
+    if judged is None:
+        return True
+    misses = round((1.0 - attainment) * judged)
+    return float(binom.sf(misses - 1, judged, 1.0 - target)) < MISS_SIGNIFICANCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +133,7 @@ class PlanSizer:
             self.planner = ServingPlanner(lengths)
         if not traffic.rate > 0 or not math.isfinite(traffic.rate):
             return dict.fromkeys(self.types, 0)
-        self._correct(traffic.attainment, traffic.settled)
+        self._correct(traffic.attainment, traffic.judged, traffic.settled)
         rate = traffic.rate * self.boost
         try:
             plan = self.planner.plan(rate, explain=False)
@@ -129,18 +147,21 @@ class PlanSizer:
             for name, option in self.types.items()
         }
 
-    def _correct(self, attainment: float | None, settled: bool) -> None:
+    def _correct(self, attainment: float | None, judged: int | None, settled: bool) -> None:
         """Learn how far the plan's capacities are off from what the fleet delivers: while the
         requests of the last window miss the SLO's percentile on a ``settled`` fleet (the one
-        the last answer asked for, serving the whole window) the plan is asked for a higher
-        rate (× 1.25 a call, up to × 8), and while they meet it the boost eases back (× 0.97 a
-        call, down to 1). A miss while replicas start, or just after, is held: it judges a
-        fleet that is on its way, and compounding it grew a day's fleet to 1.35× the static
-        peak plan's cost. The plan is the roofline of a model; the replies are the truth."""
+        the last answer asked for, serving the whole window) by more than chance explains
+        (``beyond_chance``), the plan is asked for a higher rate (× 1.25 a call, up to × 8),
+        and while they meet it the boost eases back (× 0.97 a call, down to 1). A miss while
+        replicas start, or just after, is held: it judges a fleet that is on its way, and
+        compounding it grew a day's fleet to 1.35× the static peak plan's cost. So is a miss
+        that chance explains: at night one request in a minute's 18 that misses read as a
+        fleet too small, and each boost held replicas for hours. The plan is the roofline of a
+        model; the replies are the truth."""
         if attainment is None:
             return
         if attainment < self.target:
-            if settled:
+            if settled and beyond_chance(attainment, judged, self.target):
                 self.boost = min(self.boost * BOOST_UP, MAX_BOOST)
         else:
             self.boost = max(1.0, self.boost * BOOST_DOWN)

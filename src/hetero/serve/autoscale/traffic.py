@@ -56,4 +56,5 @@ class TrafficLog:
             prompt_samples=prompts,
             output_samples=outputs,
             attainment=sum(m for _, m in self._met) / len(self._met) if self._met else None,
+            judged=len(self._met),
         )
