@@ -409,8 +409,25 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
         f" ({names}).\n\n"
         + _table(["load", "router", "SLO", "hit rate", "p50 s", "p99 s", "shares"], rows)
         + "\n\nAgainst the targets (hit rate ≥ the best `cache_aware` anchor's − 0.02, SLO ≥"
-        " 0.98 and ≥ every anchor's, p99 ≤ 0.5× the best anchor's):\n\n" + "\n".join(verdicts)
+        " 0.98 and ≥ every anchor's, p99 ≤ 0.5× the best anchor's):\n\n"
+        + "\n".join(verdicts)
+        + (_DYNAMO if replicas and "one model" in title else "")
     )
+
+
+# Why NVIDIA Dynamo's KV router is not an anchor of the real-engine runs (tried on this machine).
+_DYNAMO = (
+    "\n\nNVIDIA Dynamo's KV router is not among the anchors. `ai-dynamo` 1.6.1 installs from"
+    " PyPI only in part: it requires `aisimulate`, a placeholder that fetches its wheel from"
+    " pypi.nvidia.com, which this machine cannot reach (installed without it, the frontend"
+    " starts, and needs neither etcd nor NATS: `--discovery-backend file`, `--request-plane"
+    " tcp`, `--event-plane zmq`). Its vLLM worker (`python -m dynamo.vllm`), which wraps the"
+    " engine in-process and publishes the KV events its router needs, imports torchvision at"
+    " start; PyPI's torchvision is built for the CUDA torch, and with vLLM's CPU torch it fails"
+    " (`operator torchvision::nms does not exist`); the CPU build is on download.pytorch.org,"
+    " also out of reach. Dynamo also pins vLLM 0.31.0, one release before the vLLM CPU build"
+    " used here (0.32.0)."
+)
 
 
 def quality(doc: dict[str, Any]) -> str:
