@@ -397,6 +397,11 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
     else:
         outputs = f"output tokens {outputs}"
     names = "/".join(r["name"] for r in replicas)
+    alone = [r.get("requests_per_s") for r in doc["capacity"].get("replicas", [])]
+    if alone and all(isinstance(x, int | float) for x in alone) and sum(alone) > 0:
+        names += "; each replica's share of the fleet's capacity: " + "/".join(
+            f"{x / sum(alone):.0%}" for x in alone
+        )
     return (
         f"## Prefix affinity on real vLLM replicas: {title}\n\n"
         f"`{doc['command']}` — {fleet}, prefix caching on, each cache emptied before every run;"
