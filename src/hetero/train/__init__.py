@@ -21,15 +21,21 @@ _EXPORTS: dict[str, str] = {
     "PipelineRunner": "hetero.train.pipeline_parallel",
     "PipelineStepReport": "hetero.train.pipeline_parallel",
     "RankReport": "hetero.train.report",
+    "RayTrainRun": "hetero.train.ray_train",
     "Stage": "hetero.train.stages",
     "StagePlan": "hetero.train.stages",
     "StepReport": "hetero.train.report",
     "Trainer": "hetero.train.trainer",
     "TrainerOptions": "hetero.train.options",
+    "TrainerParts": "hetero.train.ray_train",
+    "WorkerDevice": "hetero.train.ray_train",
     "choose_layout": "hetero.train.fleet_layout",
     "plan_stages": "hetero.train.stages",
     "profile_layers": "hetero.train.layer_profile",
+    "ray_trainer": "hetero.train.ray_train",
+    "run_on_ray": "hetero.train.ray_train",
     "split_layers": "hetero.train.stages",
+    "worker_devices": "hetero.train.ray_train",
     "write_training_report": "hetero.train.report_html",
 }
 
@@ -46,6 +52,12 @@ if TYPE_CHECKING:
     from hetero.train.options import TrainerOptions as TrainerOptions
     from hetero.train.pipeline_parallel import PipelineRunner as PipelineRunner
     from hetero.train.pipeline_parallel import PipelineStepReport as PipelineStepReport
+    from hetero.train.ray_train import RayTrainRun as RayTrainRun
+    from hetero.train.ray_train import TrainerParts as TrainerParts
+    from hetero.train.ray_train import WorkerDevice as WorkerDevice
+    from hetero.train.ray_train import ray_trainer as ray_trainer
+    from hetero.train.ray_train import run_on_ray as run_on_ray
+    from hetero.train.ray_train import worker_devices as worker_devices
     from hetero.train.report import RankReport as RankReport
     from hetero.train.report import StepReport as StepReport
     from hetero.train.report_html import write_training_report as write_training_report
