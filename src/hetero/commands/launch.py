@@ -2,6 +2,8 @@
 does, and keep the run going when a rank fails: all ranks start again (``--max-restarts``), and
 with ``--nproc MIN:MAX`` a rank that keeps failing is left out, the others going on from the
 last checkpoint, until it may rejoin at a checkpoint (the rules: ``hetero.train.elastic``).
+A rank that hangs is found by its heartbeat within ``--heartbeat-timeout`` seconds, killed and
+recovered from as a rank that failed (the rule: ``hetero.train.heartbeat``).
 
 A set-up the Trainer refuses is not retried: every start would be refused alike. Each rank leads
 a session of its own, as under torchrun, so a terminal's Ctrl-C reaches the launcher alone: it
@@ -40,6 +42,8 @@ from hetero.train.elastic import (
     local_ranks,
     regroup_answer,
 )
+from hetero.train.heartbeat import Beat, Hung, find_hung
+from hetero.train.heartbeat_sender import HEARTBEAT_FILE_ENV, HEARTBEAT_INTERVAL_ENV
 
 __all__ = ["free_port", "parse_nproc", "register"]
 
@@ -49,6 +53,10 @@ _GRACE_S = 5.0
 _TICK_S = 0.1
 # The most of a rank's error the launcher prints.
 _ERROR_CHARS = 4000
+# The shortest --heartbeat-timeout: a rank beats every quarter of it, at most every second.
+_MIN_HEARTBEAT_S = 1.0
+# What starts a rank with its heartbeat thread, then the script.
+_RANK_MAIN = "hetero.train.rank_main"
 
 
 def register(app: typer.Typer) -> None:
@@ -92,6 +100,14 @@ def launch(
     master_port: Annotated[
         int, typer.Option(help="Port of rank 0's rendezvous; 0 picks a free one per start.")
     ] = 0,
+    heartbeat_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds after which a rank is hung: without a heartbeat, or without "
+            "progress outside any collective while a peer waits in one; it is killed and "
+            "counted as failed. 0 turns hang detection off.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Run SCRIPT as --nproc ranks on this machine; start them again when one fails.
 
@@ -107,6 +123,12 @@ def launch(
     shares), down to MIN; after --rejoin-after seconds it rejoins at their next checkpoint
     (hetero.train.Trainer does this). Errors are read from TORCHELASTIC_ERROR_FILE, which
     torch's @record on the script's main writes.
+
+    A rank that hangs is killed and counted as failed, as if it had crashed: one that sends
+    no heartbeat for --heartbeat-timeout seconds (stopped, or stuck in C), or that makes no
+    progress outside any collective that long while a peer has waited in one that long. Its
+    heartbeat thread starts before the script; completed hetero.comm calls (the Trainer makes
+    one a step) are progress, and so are hetero.train.heartbeat_sender.mark_progress() calls.
 
     A configuration error the Trainer raises before the first step is printed once, with the
     rank that raised it, and not retried. Ctrl-C stops the ranks (SIGTERM) and says which.
@@ -128,6 +150,15 @@ def launch(
         fail(f"--rejoin-after must be a number of seconds >= 0, got {rejoin_after}", code=2)
     if not 0 <= master_port < 65536:
         fail(f"--master-port must be from 0 to 65535, got {master_port}", code=2)
+    if not (
+        math.isfinite(heartbeat_timeout)
+        and (heartbeat_timeout == 0 or heartbeat_timeout >= _MIN_HEARTBEAT_S)
+    ):
+        fail(
+            f"--heartbeat-timeout must be 0 (off) or a number of seconds >= "
+            f"{_MIN_HEARTBEAT_S:g}, got {heartbeat_timeout}",
+            code=2,
+        )
     if not script.is_file():
         fail(f"script {str(script)!r} does not exist or is not a file", code=2)
     if rank_restarts is None:
@@ -141,11 +172,15 @@ def launch(
         rejoin_after=rejoin_after,
     )
     topology = _gpu_topology(maximum)
-    args = [sys.executable, str(script), *ctx.args]
+    # A watched rank runs its heartbeat thread, then the script, in one process.
+    runner = ("-m", _RANK_MAIN) if heartbeat_timeout else ()
+    args = [sys.executable, *runner, str(script), *ctx.args]
     with tempfile.TemporaryDirectory(prefix="hetero-launch-") as folder:
         # Only an elastic launch asks its ranks to regroup; a fixed one leaves them alone.
         request = Path(folder) / "regroup" if minimum < maximum else None
-        _supervise(args, membership, master_port, Path(folder), request, topology)
+        _supervise(
+            args, membership, master_port, Path(folder), request, topology, heartbeat_timeout
+        )
 
 
 def _gpu_topology(ranks: int) -> Topology:
@@ -174,9 +209,11 @@ def _supervise(
     folder: Path,
     request: Path | None,
     topology: Topology,
+    heartbeat: float,
 ) -> None:
     """Start the live slots again and again until they all succeed or the membership gives up;
-    each start numbers the ranks along the best ring through their GPUs."""
+    each start numbers the ranks along the best ring through their GPUs. ``heartbeat``: the
+    seconds after which a rank is hung (0: not watched)."""
     from hetero.train.gpus import ring_slots
 
     start = 0
@@ -187,7 +224,7 @@ def _supervise(
                 regroup_answer(request).unlink(missing_ok=True)
             port = master_port or free_port()
             slots = ring_slots(membership.live, topology)
-            group = _Group(args, slots, port, start, folder, request)
+            group = _Group(args, slots, port, start, folder, request, heartbeat)
             interrupts.watch(group)
             regroup = False
             try:
@@ -224,9 +261,14 @@ def _next_start(
             f"({local_ranks(membership.live)}), {local_ranks(joined)} rejoining"
         )
         return
-    slot, error = group.first_failure(ended[0])
+    if group.hung is not None:
+        # Killed by the launcher: the hang, not what its peers raised after, is the failure.
+        slot, error = group.hung.rank, None
+        how = f"hung: {group.hung.reason}"
+    else:
+        slot, error = group.first_failure(ended[0])
+        how = f"raised {error.splitlines()[0]}" if error else f"exited with {_describe(ended[1])}"
     decision = membership.failed(slot, time.monotonic(), error)
-    how = f"raised {error.splitlines()[0]}" if error else f"exited with {_describe(ended[1])}"
     failed = f"local rank {slot} {how}"
     if decision.next is Next.STOP:
         _say(failed)
@@ -236,7 +278,8 @@ def _next_start(
 
 class _Group:
     """One start of the ranks: a process per live slot, each watched by a thread that reports
-    its exit, and the files (in ``folder``) where they may say how they failed."""
+    its exit, and the files (in ``folder``) where they may say how they failed and, when
+    ``heartbeat`` (seconds) is not 0, where they write their heartbeats."""
 
     def __init__(
         self,
@@ -246,6 +289,7 @@ class _Group:
         start: int,
         folder: Path,
         request: Path | None,
+        heartbeat: float,
     ) -> None:
         base = {
             **os.environ,
@@ -259,10 +303,14 @@ class _Group:
         }
         if request is not None:
             base[REGROUP_FILE_ENV] = str(request)
+        if heartbeat:
+            base[HEARTBEAT_INTERVAL_ENV] = str(min(1.0, heartbeat / 4))
         # As torchrun: ranks that share a machine's cores each get one thread unless told
         # otherwise (three ranks of two threads on two cores ran their compute 40 times slower).
         base.setdefault("OMP_NUM_THREADS", "1")
         self.request = request
+        self.heartbeat = heartbeat
+        self.hung: Hung | None = None  # the rank the launcher killed as hung
         self.exits: queue.Queue[tuple[int, int]] = queue.Queue()
         self.ended_at: dict[int, int] = {}  # slot -> when its end was seen (ns, wall clock)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -270,6 +318,9 @@ class _Group:
         self.waiters: list[threading.Thread] = []
         # Where torch's @record writes a rank's uncaught exception, as under torchrun.
         self.errors = {slot: folder / f"error-{start}-{slot}.json" for slot in slots}
+        self.beats = (
+            {slot: folder / f"heartbeat-{start}-{slot}.json" for slot in slots} if heartbeat else {}
+        )
         for rank, slot in enumerate(slots):
             env = {
                 **base,
@@ -277,6 +328,8 @@ class _Group:
                 "LOCAL_RANK": str(slot),
                 "TORCHELASTIC_ERROR_FILE": str(self.errors[slot]),
             }
+            if heartbeat:
+                env[HEARTBEAT_FILE_ENV] = str(self.beats[slot])
             self.procs[slot] = proc = subprocess.Popen(args, env=env, start_new_session=True)
             waiter = threading.Thread(target=self._wait, args=(slot, proc), daemon=True)
             waiter.start()
@@ -284,9 +337,23 @@ class _Group:
 
     def watch(self, membership: Membership) -> tuple[int, int] | None:
         """Wait until every rank succeeded (None) or one ended otherwise: (slot, status), the
-        first one. Meanwhile, when a lost slot may rejoin, ask the ranks to regroup."""
+        first one, or one hung: killed, its slot and SIGKILL (``hung`` says why). Meanwhile,
+        when a lost slot may rejoin, ask the ranks to regroup."""
         running = set(self.procs)
+        watched_since = looked = time.monotonic()
         while running:
+            now = time.monotonic()
+            if now - looked > self.heartbeat / 2:
+                watched_since = now  # the launcher itself did not run: nobody is blamed for it
+            looked = now
+            hung = self._find_hung(running, now, watched_since)
+            if hung is not None:
+                # The others first: the hung rank's end would fail their collectives, each
+                # printing its error.
+                self.hung = hung
+                self.terminate()
+                self._kill(hung.rank)
+                return hung.rank, -signal.SIGKILL
             if self.request is not None and not self.request.exists():
                 back = membership.due(time.monotonic())
                 if back:
@@ -370,6 +437,20 @@ class _Group:
         done = f"{local_ranks(finished)} had finished" if finished else "none had finished"
         return f"{name}: stopped {local_ranks(stopped)}; {done}" if stopped else f"{name}: {done}"
 
+    def _find_hung(self, running: set[int], now: float, watched_since: float) -> Hung | None:
+        """The hung rank among the ``running`` slots at ``now``, by their last heartbeats."""
+        if not self.heartbeat:
+            return None
+        beats = {
+            slot: beat for slot in running if (beat := _read_beat(self.beats[slot])) is not None
+        }
+        return find_hung(beats, now, self.heartbeat, watched_since)
+
+    def _kill(self, slot: int) -> None:
+        """Kill ``slot``'s session at once: SIGKILL ends a stopped process too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.procs[slot].pid, signal.SIGKILL)
+
     def _signal(self, signum: int) -> None:
         for slot, proc in self.procs.items():
             if proc.returncode is None:
@@ -448,6 +529,14 @@ def parse_nproc(text: str) -> tuple[int, int]:
             "ranks and go on with no fewer than MIN)"
         )
     return low, high
+
+
+def _read_beat(path: Path) -> Beat | None:
+    """The heartbeat a rank last wrote at ``path``; None before its first."""
+    try:
+        return Beat.from_json(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _recorded_error(path: Path) -> str | None:

@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "TrainerParts": "hetero.train.ray_train",
     "WorkerDevice": "hetero.train.ray_train",
     "choose_layout": "hetero.train.fleet_layout",
+    "mark_progress": "hetero.train.heartbeat_sender",
     "plan_stages": "hetero.train.stages",
     "profile_layers": "hetero.train.layer_profile",
     "ray_trainer": "hetero.train.ray_train",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
     from hetero.train.fleet_layout import FleetLayout as FleetLayout
     from hetero.train.fleet_layout import choose_layout as choose_layout
+    from hetero.train.heartbeat_sender import mark_progress as mark_progress
     from hetero.train.layer_profile import profile_layers as profile_layers
     from hetero.train.memory import MemoryEstimate as MemoryEstimate
     from hetero.train.options import TrainerOptions as TrainerOptions
