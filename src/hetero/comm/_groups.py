@@ -42,6 +42,12 @@ class Group:
         """Whether this rank is in the group."""
         return self._pg is not None
 
+    @property
+    def torch_group(self) -> Any:
+        """torch.distributed's group, for the torch APIs that take one (``PipelineStage``);
+        None on a rank outside it."""
+        return self._pg
+
     def __contains__(self, rank: object) -> bool:
         return rank in self.ranks
 

@@ -13,9 +13,13 @@ from hetero._lazy import lazy_exports
 
 #: Each public name and the module that defines it (imported on first use).
 _EXPORTS: dict[str, str] = {
+    "AttentionLayout": "hetero.train.tensor_parallel",
+    "BlockLayout": "hetero.train.tensor_parallel",
     "FleetLayout": "hetero.train.fleet_layout",
     "HeteroSampler": "hetero.train.sampler",
+    "LAYER_KINDS": "hetero.train.tensor_parallel",
     "LayerCost": "hetero.train.stages",
+    "MLPLayout": "hetero.train.tensor_parallel",
     "MemoryEstimate": "hetero.train.memory",
     "PipelineRank": "hetero.train.stages",
     "PipelineRunner": "hetero.train.pipeline_parallel",
@@ -31,11 +35,16 @@ _EXPORTS: dict[str, str] = {
     "WorkerDevice": "hetero.train.ray_train",
     "choose_layout": "hetero.train.fleet_layout",
     "mark_progress": "hetero.train.heartbeat_sender",
+    "parameter_bytes": "hetero.train.tensor_parallel",
     "plan_stages": "hetero.train.stages",
     "profile_layers": "hetero.train.layer_profile",
     "ray_trainer": "hetero.train.ray_train",
     "run_on_ray": "hetero.train.ray_train",
     "split_layers": "hetero.train.stages",
+    "tensor_parallel": "hetero.train.tensor_parallel",
+    "tensor_parallel_groups": "hetero.train.tensor_parallel_groups",
+    "tensor_parallel_mesh": "hetero.train.tensor_parallel_groups",
+    "tensor_parallel_plan": "hetero.train.tensor_parallel",
     "worker_devices": "hetero.train.ray_train",
     "write_training_report": "hetero.train.report_html",
 }
@@ -70,4 +79,13 @@ if TYPE_CHECKING:
     from hetero.train.stages import StagePlan as StagePlan
     from hetero.train.stages import plan_stages as plan_stages
     from hetero.train.stages import split_layers as split_layers
+    from hetero.train.tensor_parallel import LAYER_KINDS as LAYER_KINDS
+    from hetero.train.tensor_parallel import AttentionLayout as AttentionLayout
+    from hetero.train.tensor_parallel import BlockLayout as BlockLayout
+    from hetero.train.tensor_parallel import MLPLayout as MLPLayout
+    from hetero.train.tensor_parallel import parameter_bytes as parameter_bytes
+    from hetero.train.tensor_parallel import tensor_parallel as tensor_parallel
+    from hetero.train.tensor_parallel import tensor_parallel_plan as tensor_parallel_plan
+    from hetero.train.tensor_parallel_groups import tensor_parallel_groups as tensor_parallel_groups
+    from hetero.train.tensor_parallel_groups import tensor_parallel_mesh as tensor_parallel_mesh
     from hetero.train.trainer import Trainer as Trainer
