@@ -15,13 +15,17 @@ from hetero._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "AttentionLayout": "hetero.train.tensor_parallel",
     "BlockLayout": "hetero.train.tensor_parallel",
+    "DataPipelineRunner": "hetero.train.pipeline_parallel",
     "FleetLayout": "hetero.train.fleet_layout",
+    "GradientRange": "hetero.train.fleet_layout",
     "HeteroSampler": "hetero.train.sampler",
     "LAYER_KINDS": "hetero.train.tensor_parallel",
     "LayerCost": "hetero.train.stages",
+    "LayoutOption": "hetero.train.fleet_layout",
     "MLPLayout": "hetero.train.tensor_parallel",
     "MemoryEstimate": "hetero.train.memory",
     "PipelineRank": "hetero.train.stages",
+    "PipelineReplica": "hetero.train.fleet_layout",
     "PipelineRunner": "hetero.train.pipeline_parallel",
     "PipelineStepReport": "hetero.train.pipeline_parallel",
     "RankReport": "hetero.train.report",
@@ -34,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "TrainerParts": "hetero.train.ray_train",
     "WorkerDevice": "hetero.train.ray_train",
     "choose_layout": "hetero.train.fleet_layout",
+    "given_layout": "hetero.train.fleet_layout",
     "mark_progress": "hetero.train.heartbeat_sender",
     "parameter_bytes": "hetero.train.tensor_parallel",
     "plan_stages": "hetero.train.stages",
@@ -56,11 +61,16 @@ if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
     from hetero.train.fleet_layout import FleetLayout as FleetLayout
+    from hetero.train.fleet_layout import GradientRange as GradientRange
+    from hetero.train.fleet_layout import LayoutOption as LayoutOption
+    from hetero.train.fleet_layout import PipelineReplica as PipelineReplica
     from hetero.train.fleet_layout import choose_layout as choose_layout
+    from hetero.train.fleet_layout import given_layout as given_layout
     from hetero.train.heartbeat_sender import mark_progress as mark_progress
     from hetero.train.layer_profile import profile_layers as profile_layers
     from hetero.train.memory import MemoryEstimate as MemoryEstimate
     from hetero.train.options import TrainerOptions as TrainerOptions
+    from hetero.train.pipeline_parallel import DataPipelineRunner as DataPipelineRunner
     from hetero.train.pipeline_parallel import PipelineRunner as PipelineRunner
     from hetero.train.pipeline_parallel import PipelineStepReport as PipelineStepReport
     from hetero.train.ray_train import RayTrainRun as RayTrainRun

@@ -8,7 +8,8 @@ time is its least: on a shared machine others' work only ever slows a pass down,
 a millisecond or two is easily caught by a burst of it (a median of 3 passes, tried first, made
 one of 12 identical transformer blocks 13 times as costly as the others). Its state is its
 parameters, their gradients and the optimizer's state for them
-(``memory.optimizer_state_bytes``); its activations are the tensors autograd saves in its
+(``memory.optimizer_state_bytes``), and its parameters' bytes (its gradients', which data
+parallelism all-reduces) are given apart; its activations are the tensors autograd saves in its
 forward for the backward (``saved_tensors_hooks``, each storage once, the parameters left
 out), per sample of the batch.
 """
@@ -56,7 +57,8 @@ def profile_layers(
     samples = len(batch)
     costs = []
     for i, layer in enumerate(layers):
-        state = 2 * dense_bytes(layer)  # the parameters and their gradients, as many bytes
+        parameters = dense_bytes(layer)
+        state = 2 * parameters  # the parameters and their gradients, as many bytes
         if optimizer is not None:
             state += optimizer_state_bytes(optimizer, layer)
         costs.append(
@@ -65,6 +67,7 @@ def profile_layers(
                 seconds=min(times[i]) / samples,
                 state_bytes=state,
                 activation_bytes=-(-saved[i] // samples),
+                parameter_bytes=parameters,
             )
         )
     return costs

@@ -36,6 +36,7 @@ __all__ = [
     "Schedule",
     "Stage",
     "StagePlan",
+    "check_fleet",
     "check_schedule",
     "even_counts",
     "pipeline_seconds",
@@ -55,12 +56,21 @@ _SAME = 1e-9
 class LayerCost:
     """One layer as the planner sees it: ``seconds`` for its forward and backward of one sample
     at relative speed 1; ``state_bytes`` held whatever the batch (parameters, gradients,
-    optimizer state); ``activation_bytes`` per sample kept from its forward for its backward."""
+    optimizer state); ``activation_bytes`` per sample kept from its forward for its backward;
+    ``parameter_bytes``, its parameters' (as many as the gradients data parallelism
+    all-reduces; None: not known, and half its state, the most it can be, is assumed)."""
 
     name: str
     seconds: float
     state_bytes: int
     activation_bytes: int = 0
+    parameter_bytes: int | None = None
+
+    @property
+    def gradient_bytes(self) -> int:
+        """The bytes of its gradients: its parameters', else at most half its state (which
+        holds the parameters and their gradients at least)."""
+        return self.state_bytes // 2 if self.parameter_bytes is None else self.parameter_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +209,9 @@ def plan_stages(
     """Contiguous layers for each of ``ranks`` (a stage each), balanced by speed within every
     rank's memory; with ``reorder`` the ranks' order in the pipeline too (else as given)."""
     shape = _Shape.checked(layers, ranks, micro_batches, micro_batch_size, schedule)
-    _refuse_oversized_layers(shape)
+    _refuse_oversized_layers(
+        shape.layers, shape.ranks, shape.in_flight(len(shape.ranks) - 1), micro_batch_size
+    )
     best: tuple[float, list[int], tuple[PipelineRank, ...]] | None = None
     for order in _orders(shape.ranks) if reorder else [shape.ranks]:
         cuts = _best_cuts(shape, order)
@@ -356,11 +368,30 @@ def _problems(
     for name, value in (("micro_batches", micro_batches), ("micro_batch_size", micro_batch_size)):
         if not is_integer(value) or value < 1:
             problems.append((name, f"must be a whole number >= 1, got {value!r}"))
+    problems += _fleet_problems(layers, ranks)
+    if len(layers) < len(ranks):
+        problems.append(
+            (
+                "layers",
+                f"{len(layers)} layers cannot fill {len(ranks)} stages (each runs at least one "
+                "layer): use fewer ranks",
+            )
+        )
+    return problems
+
+
+def _fleet_problems(
+    layers: Sequence[LayerCost], ranks: Sequence[PipelineRank]
+) -> list[tuple[str, str]]:
+    """Every bad cost of a layer and bad field of a rank, by its path."""
+    problems: list[tuple[str, str]] = []
     for i, layer in enumerate(layers):
         if not (is_number(layer.seconds) and layer.seconds >= 0):
             problems.append((f"layers[{i}].seconds", f"must be >= 0, got {layer.seconds!r}"))
-        for field in ("state_bytes", "activation_bytes"):
+        for field in ("state_bytes", "activation_bytes", "parameter_bytes"):
             value = getattr(layer, field)
+            if field == "parameter_bytes" and value is None:
+                continue
             if not is_integer(value) or value < 0:
                 problems.append((f"layers[{i}].{field}", f"must be bytes >= 0, got {value!r}"))
     seen: set[int] = set()
@@ -377,30 +408,42 @@ def _problems(
             problems.append((f"ranks[{i}].memory", f"must be bytes > 0, got {r.memory!r}"))
     if not ranks:
         problems.append(("ranks", "needs at least one rank, got none"))
-    if len(layers) < len(ranks):
-        problems.append(
-            (
-                "layers",
-                f"{len(layers)} layers cannot fill {len(ranks)} stages (each runs at least one "
-                "layer): use fewer ranks",
-            )
-        )
     return problems
 
 
-def _refuse_oversized_layers(shape: _Shape) -> None:
-    """A layer that fits no rank on its own, at the fewest activations any stage holds, makes
-    every layout fail: name it and the largest rank."""
-    largest = max(shape.ranks, key=lambda r: r.memory)
-    fewest = shape.in_flight(len(shape.ranks) - 1)
-    for i, layer in enumerate(shape.layers):
-        activations = fewest * shape.micro_batch_size * layer.activation_bytes
+def check_fleet(
+    layers: Sequence[LayerCost], ranks: Sequence[PipelineRank], *, micro_batch_size: int
+) -> None:
+    """Refuse, before any layout of ``ranks`` is planned, bad costs or ranks (each by its path)
+    and a layer that no rank holds on its own with one micro-batch of ``micro_batch_size`` in
+    flight, the fewest any stage holds (naming the layer and the largest rank)."""
+    problems = _fleet_problems(layers, ranks)
+    if not is_integer(micro_batch_size) or micro_batch_size < 1:
+        problems.append(
+            ("micro_batch_size", f"must be a whole number >= 1, got {micro_batch_size!r}")
+        )
+    if problems:
+        raise ConfigError(problems)
+    _refuse_oversized_layers(layers, ranks, 1, micro_batch_size)
+
+
+def _refuse_oversized_layers(
+    layers: Sequence[LayerCost],
+    ranks: Sequence[PipelineRank],
+    fewest: int,
+    micro_batch_size: int,
+) -> None:
+    """A layer that fits no rank on its own, at the ``fewest`` micro-batches in flight any stage
+    holds, makes every layout fail: name it and the largest rank."""
+    largest = max(ranks, key=lambda r: r.memory)
+    for i, layer in enumerate(layers):
+        activations = fewest * micro_batch_size * layer.activation_bytes
         need = layer.state_bytes + activations
         if need > largest.memory:
             held = (
                 f"{_size(layer.state_bytes)} of parameters, gradients and optimizer state + "
                 f"{_size(activations)} of activations for {fewest} micro-batch(es) of "
-                f"{shape.micro_batch_size}"
+                f"{micro_batch_size}"
             )
             raise ConfigError(
                 [
