@@ -16,6 +16,9 @@ _EXPORTS: dict[str, str] = {
     "AttentionLayout": "hetero.train.tensor_parallel",
     "BlockLayout": "hetero.train.tensor_parallel",
     "DataPipelineRunner": "hetero.train.pipeline_parallel",
+    "ExpertParallelMoE": "hetero.train.expert_parallel",
+    "ExpertPlacement": "hetero.train.expert_placement",
+    "ExpertRank": "hetero.train.expert_placement",
     "FleetLayout": "hetero.train.fleet_layout",
     "GradientRange": "hetero.train.fleet_layout",
     "HeteroSampler": "hetero.train.sampler",
@@ -24,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "LayoutOption": "hetero.train.fleet_layout",
     "MLPLayout": "hetero.train.tensor_parallel",
     "MemoryEstimate": "hetero.train.memory",
+    "MixtureOfExperts": "hetero.train.expert_parallel",
     "PipelineRank": "hetero.train.stages",
     "PipelineReplica": "hetero.train.fleet_layout",
     "PipelineRunner": "hetero.train.pipeline_parallel",
@@ -41,9 +45,12 @@ _EXPORTS: dict[str, str] = {
     "given_layout": "hetero.train.fleet_layout",
     "mark_progress": "hetero.train.heartbeat_sender",
     "parameter_bytes": "hetero.train.tensor_parallel",
+    "place_experts": "hetero.train.expert_placement",
+    "place_experts_evenly": "hetero.train.expert_placement",
     "plan_stages": "hetero.train.stages",
     "profile_layers": "hetero.train.layer_profile",
     "ray_trainer": "hetero.train.ray_train",
+    "reduce_dense_gradients": "hetero.train.expert_parallel",
     "run_on_ray": "hetero.train.ray_train",
     "split_layers": "hetero.train.stages",
     "tensor_parallel": "hetero.train.tensor_parallel",
@@ -60,6 +67,13 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.train.expert_parallel import ExpertParallelMoE as ExpertParallelMoE
+    from hetero.train.expert_parallel import MixtureOfExperts as MixtureOfExperts
+    from hetero.train.expert_parallel import reduce_dense_gradients as reduce_dense_gradients
+    from hetero.train.expert_placement import ExpertPlacement as ExpertPlacement
+    from hetero.train.expert_placement import ExpertRank as ExpertRank
+    from hetero.train.expert_placement import place_experts as place_experts
+    from hetero.train.expert_placement import place_experts_evenly as place_experts_evenly
     from hetero.train.fleet_layout import FleetLayout as FleetLayout
     from hetero.train.fleet_layout import GradientRange as GradientRange
     from hetero.train.fleet_layout import LayoutOption as LayoutOption

@@ -32,7 +32,7 @@ from torch import nn
 
 from hetero.train.tensors import named_tensors
 
-__all__ = ["BACKWARD_SHARE", "BackwardPacer", "paced_from"]
+__all__ = ["BACKWARD_SHARE", "BackwardPacer", "PassPacer", "paced_from"]
 
 # The part of a micro-batch's time that is its backward (a backward costs about two forwards).
 BACKWARD_SHARE = 2 / 3
@@ -105,3 +105,25 @@ class BackwardPacer:
         delay = start + seconds * self._done / self._total - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
+
+
+class PassPacer:
+    """Holds a pass (a forward or a backward: its ``share`` of a micro-batch's time) of ``n``
+    samples until ``n × seconds × share`` after it started, as a device of ``seconds`` a sample
+    would take, and counts the time passes took (real when not emulating)."""
+
+    def __init__(self, seconds_per_sample: float | None) -> None:
+        self._seconds = seconds_per_sample
+        self._due = -1.0
+        self.total = 0.0
+
+    def run(self, started: float, samples: int, share: float) -> None:
+        now = time.perf_counter()
+        if self._seconds is None:
+            self.total += now - started
+            return
+        base = paced_from(started, self._due)
+        self._due = base + samples * self._seconds * share
+        if self._due > now:
+            time.sleep(self._due - now)
+        self.total += max(self._due, now) - base

@@ -46,7 +46,7 @@ from hetero import comm
 from hetero.errors import BackendError, ConfigError
 from hetero.train.fleet_layout import FleetLayout
 from hetero.train.memory import OptimizerFactory
-from hetero.train.pacing import BACKWARD_SHARE, paced_from
+from hetero.train.pacing import BACKWARD_SHARE, PassPacer
 from hetero.train.stages import StagePlan
 
 __all__ = ["DataPipelineRunner", "PipelineRunner", "PipelineStepReport"]
@@ -74,32 +74,10 @@ class PipelineStepReport:
         return max(0.0, self.seconds - self.compute_seconds)
 
 
-class _Pace:
-    """Holds a pass (a forward or a backward: its ``share`` of a micro-batch's time) of ``n``
-    samples until ``n × seconds × share`` after it started, as a device of ``seconds`` a sample
-    would take, and counts the time passes took (real when not emulating)."""
-
-    def __init__(self, seconds_per_sample: float | None) -> None:
-        self._seconds = seconds_per_sample
-        self._due = -1.0
-        self.total = 0.0
-
-    def run(self, started: float, samples: int, share: float) -> None:
-        now = time.perf_counter()
-        if self._seconds is None:
-            self.total += now - started
-            return
-        base = paced_from(started, self._due)
-        self._due = base + samples * self._seconds * share
-        if self._due > now:
-            time.sleep(self._due - now)
-        self.total += max(self._due, now) - base
-
-
 class _PacedStage(PipelineStage):
     """A ``PipelineStage`` whose forward and backward of each micro-batch are paced."""
 
-    def __init__(self, pace: _Pace, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, pace: PassPacer, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pace = pace
         self._rows: dict[int, int] = {}
@@ -178,7 +156,7 @@ class PipelineRunner:
         self.optimizer = optimizer(parameters) if parameters else None
         self._loss_fn = loss_fn
         per_sample = sum(plan.layers[i].seconds for i in self.stage.layers) / self.stage.speed
-        self._pace = _Pace(per_sample if emulate else None)
+        self._pace = PassPacer(per_sample if emulate else None)
         pipe = _PacedStage(
             self._pace,
             self.module,
