@@ -10,7 +10,10 @@ turns, ``--repeats`` times each, each turn starting with the next one:
 - ``sync``: a checkpoint every ``--every`` steps, written in the step (``checkpoint_async=False``,
   the default): torch.save to a temporary file, fsync, rename;
 - ``async``: the same, ``checkpoint_async=True``: the step copies the state into CPU memory kept
-  from the previous checkpoint, and a thread writes it while the next steps run.
+  from the previous checkpoint, and a thread writes it while the next steps run;
+- ``async_mirror`` (with ``--mirror [DIR]``): ``async`` with one mirror
+  (``checkpoint_mirrors``) in ``DIR`` (default: beside the primary copy, on the same disk):
+  the same background write also copies the file there.
 
 Each run takes ``--every`` untimed steps (which end with a first checkpoint, so the async
 copy's memory is mapped), then ``--steps`` timed ones; a step's time is the wall time of
@@ -24,6 +27,7 @@ repeats are many and short, and the load average is recorded.
 Prints JSON; ``--out`` saves it.
 
     python bench/bench_checkpoint.py --out bench/results/checkpoint.json
+    python bench/bench_checkpoint.py --mirror --out bench/results/checkpoint_mirror.json
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def run(setup: Setup, configuration: str, folder: Path) -> list[float]:
-    """The seconds of each timed step of one run."""
+def run(setup: Setup, configuration: str, folder: Path, mirrors: Path) -> list[float]:
+    """The seconds of each timed step of one run (``async_mirror``: its mirror in ``mirrors``)."""
     options = TrainerOptions(
         global_batch=setup.batch,
         profile_steps=1,
@@ -91,7 +95,8 @@ def run(setup: Setup, configuration: str, folder: Path) -> list[float]:
         seed=setup.seed,
         checkpoint_dir=None if configuration == "none" else str(folder),
         checkpoint_every=setup.every,
-        checkpoint_async=configuration == "async",
+        checkpoint_async=configuration.startswith("async"),
+        checkpoint_mirrors=[str(mirrors / folder.name)] if configuration == "async_mirror" else [],
     )
     loss = nn.CrossEntropyLoss(reduction="sum")
     trainer = Trainer(setup.model(), sgd, loss, setup.data(), options)
@@ -134,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=Setup.steps, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=Setup.repeats)
     parser.add_argument("--dir", help="where checkpoints are written (default: a temporary one)")
+    parser.add_argument(
+        "--mirror",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="also run async_mirror: async with one mirror in DIR (default: beside the primary)",
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -150,19 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]  # other work on this shared machine, for the record
     torch.set_num_threads(1)
     comm.init(0, 1, backend="gloo", master_port=free_port(), timeout=600)
-    runs: dict[str, list[list[float]]] = {c: [] for c in CONFIGURATIONS}
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    configurations = CONFIGURATIONS + (() if args.mirror is None else ("async_mirror",))
+    runs: dict[str, list[list[float]]] = {c: [] for c in configurations}
+    with (
+        tempfile.TemporaryDirectory(dir=args.dir) as tmp,
+        tempfile.TemporaryDirectory(dir=args.mirror or args.dir) as mirrors,
+    ):
         for repeat in range(setup.repeats):
             # Each repeat starts with the next configuration: none is not always first.
-            turn = CONFIGURATIONS[repeat % 3 :] + CONFIGURATIONS[: repeat % 3]
+            first = repeat % len(configurations)
+            turn = configurations[first:] + configurations[:first]
             for configuration in turn:
                 folder = Path(tmp, f"{configuration}-{repeat}")
-                runs[configuration].append(run(setup, configuration, folder))
+                runs[configuration].append(run(setup, configuration, folder, Path(mirrors)))
                 print(f"{configuration} {repeat}: done", file=sys.stderr, flush=True)
         checkpoint_bytes = sum(p.stat().st_size for p in Path(tmp).glob("sync-0/checkpoint.pt"))
     comm.destroy()
     results = {c: figures(r, setup) for c, r in runs.items()}
-    for c in CONFIGURATIONS:
+    for c in configurations:
         # Each repeat's runs ran back to back: their ratio is the least shaken by other work.
         ratios = [
             statistics.fmean(mine) / statistics.fmean(none)
@@ -179,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "setup": asdict(setup),
         "parameters": sum(p.numel() for p in setup.model().parameters()),
         "checkpoint_bytes": checkpoint_bytes,
+        "mirror_dir": args.mirror,  # None: no async_mirror; "": beside the primary
         "results": results,
         "goal_async_vs_none": GOAL,
         "met": results["async"]["vs_none"] <= GOAL,

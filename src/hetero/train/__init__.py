@@ -15,6 +15,7 @@ from hetero._lazy import lazy_exports
 _EXPORTS: dict[str, str] = {
     "AttentionLayout": "hetero.train.tensor_parallel",
     "BlockLayout": "hetero.train.tensor_parallel",
+    "CheckpointCopies": "hetero.train.checkpoint",
     "DataPipelineRunner": "hetero.train.pipeline_parallel",
     "ExpertParallelMoE": "hetero.train.expert_parallel",
     "ExpertPlacement": "hetero.train.expert_placement",
@@ -67,6 +68,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     # What type checkers read in place of the lazy look-up: ``_EXPORTS`` again, as explicit
     # re-exports. Nothing here runs; tests/test_public_api.py checks that both say the same.
+    from hetero.train.checkpoint import CheckpointCopies as CheckpointCopies
     from hetero.train.expert_parallel import ExpertParallelMoE as ExpertParallelMoE
     from hetero.train.expert_parallel import MixtureOfExperts as MixtureOfExperts
     from hetero.train.expert_parallel import reduce_dense_gradients as reduce_dense_gradients

@@ -4,7 +4,8 @@ At the checkpoint's step rank 0 copies the state to CPU memory (the training cha
 tensors in place from the next step on), and a thread of its own writes the copy, atomically
 (``checkpoint.write_checkpoint``: a temporary file, flushed, then renamed), while the training
 thread runs the next steps. A process killed mid-write leaves the temporary file and the last
-complete checkpoint: a resumed run starts from that one.
+complete checkpoint: a resumed run starts from that one. The mirrors (``checkpoint_mirrors``)
+are written in the same background write, after the primary copy.
 
 One write at a time: a checkpoint that comes due while the previous one is still being written
 waits for it (the step then pays for the rest of that write), so none is skipped. The copy's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +28,25 @@ try:
 except ImportError as exc:  # an optional extra
     raise torch_missing(__name__) from exc
 
-from hetero.train.checkpoint import write_checkpoint
+from hetero.train.checkpoint import CheckpointCopies, write_checkpoint
 from hetero.train.tensors import named_tensors
 
 __all__ = ["CheckpointWriter"]
 
 
 class CheckpointWriter:
-    """Writes checkpoints at ``path``, keeping the ``keep`` latest: in the caller's thread, or
-    with ``background`` from a CPU copy taken in ``save``, in a thread of its own."""
+    """Writes checkpoints at ``path`` and in each of ``mirrors`` (directories), keeping the
+    ``keep`` latest: in the caller's thread, or with ``background`` from a CPU copy taken in
+    ``save``, in a thread of its own. ``written``: where the last finished write went."""
 
-    def __init__(self, path: Path, keep: int, background: bool) -> None:
+    def __init__(
+        self, path: Path, keep: int, background: bool, mirrors: Sequence[str | Path] = ()
+    ) -> None:
         self.path = path
         self.keep = keep
         self.background = background
+        self.mirrors = tuple(mirrors)
+        self.written: CheckpointCopies | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._copies: dict[str, torch.Tensor] = {}  # the last snapshot's tensors, by name
@@ -50,7 +57,7 @@ class CheckpointWriter:
         Raises what the previous background write raised, if it failed."""
         self.wait()
         if not self.background:
-            write_checkpoint(self.path, state, self.keep)
+            self.written = write_checkpoint(self.path, state, self.keep, self.mirrors)
             return
         snapshot = self._snapshot(state)
         # Not a daemon: the interpreter waits for the write at exit instead of cutting it off.
@@ -59,14 +66,16 @@ class CheckpointWriter:
         )
         self._thread.start()
 
-    def wait(self) -> None:
-        """Return once the last checkpoint is on disk; raise what its write raised."""
+    def wait(self) -> CheckpointCopies | None:
+        """Return once the last checkpoint is on disk, with where it went (``None`` before the
+        first); raise what its write raised."""
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
         error, self._error = self._error, None
         if error is not None:
             raise error
+        return self.written
 
     def _snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
         """A deep copy of ``state`` whose tensors are on the CPU and share no memory with the
@@ -88,6 +97,6 @@ class CheckpointWriter:
 
     def _write(self, state: dict[str, Any]) -> None:
         try:
-            write_checkpoint(self.path, state, self.keep)
+            self.written = write_checkpoint(self.path, state, self.keep, self.mirrors)
         except BaseException as exc:  # raised in the training thread, at the next save or wait
             self._error = exc

@@ -1,6 +1,7 @@
 """Gradient compression with error feedback, as DDP communication hooks: ``compression="int8"``
 (each value quantised to 8 bits with one scale per bucket) and ``compression="topk"`` (only the
-``topk_ratio`` largest values of each bucket, with their indices).
+``topk_ratio`` largest values of each bucket, with their indices); and, with a ``Route``, a
+codec per part of each bucket (``compression_by_layer``, ``hetero.train.layer_buckets``).
 
 Each rank adds the residual it kept from the previous step to its bucket's gradient, encodes
 the sum, keeps what the encoding lost as the next residual (error feedback: the part not sent
@@ -9,19 +10,27 @@ Every rank then decodes every rank's payload, sums them and divides by the world
 all-reduce of the mean would. Payloads are all-gathered, not all-reduced: int8 values of
 different scales, or values at different indices, do not add up in transit.
 
+With a ``Route``, a bucket's parameters fall into parts, each with its own codec (and so its
+own int8 scale or Top-K budget) and its own residuals; the parts without a codec are
+all-reduced exactly, as DDP would, in one all-reduce per bucket, and the payloads of the others
+are all-gathered together, in one all-gather per bucket.
+
 A residual belongs to parameters, not to a bucket's number: DDP rebuilds its buckets once,
 after the first backward, in the order the gradients became ready, and the residuals follow
 their parameters into the new buckets.
 
-``CommMeter`` counts the bytes each rank hands to the gradient reduction's collectives, to set
-beside the dense all-reduce's in the step report.
+``CommMeter`` counts the bytes each rank hands to the gradient reduction's collectives, in all
+and by part, to set beside the dense all-reduce's in the step report.
 """
 
 from __future__ import annotations
 
 import abc
+import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from hetero._torch import torch_missing
 
@@ -36,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import GradBucket
 
-__all__ = ["Codec", "CommMeter", "ErrorFeedback", "Int8", "TopK", "dense_bytes"]
+__all__ = ["Codec", "CommMeter", "ErrorFeedback", "Int8", "Part", "Route", "TopK", "dense_bytes"]
 
 
 class Codec(abc.ABC):
@@ -90,27 +99,38 @@ class TopK(Codec):
 
 
 class CommMeter:
-    """Bytes this rank handed to the gradient reduction's collectives since the last ``take``."""
+    """Bytes this rank handed to the gradient reduction's collectives since the last ``take``;
+    ``taken``: those ``take`` last returned, by part (a layer type under
+    ``compression_by_layer``, ``"*"`` for a single codec's whole buckets)."""
 
     def __init__(self) -> None:
-        self._bytes = 0
+        self._bytes: Counter[str] = Counter()
+        self.taken: dict[str, int] = {}
 
-    def add(self, count: int) -> None:
-        self._bytes += count
+    def add(self, count: int, part: str = "*") -> None:
+        self._bytes[part] += count
 
     def take(self) -> int:
-        count, self._bytes = self._bytes, 0
-        return count
+        self.taken, self._bytes = dict(self._bytes), Counter()
+        return sum(self.taken.values())
+
+
+Part: TypeAlias = tuple[str, Codec | None]
+Route: TypeAlias = Callable[[torch.Tensor], Part]
+"""The part of its bucket a parameter's gradient belongs to: the part's name (what its bytes are
+counted under) and its codec, ``None`` for an exact all-reduce. The same for every parameter
+on every rank."""
 
 
 class ErrorFeedback:
-    """The DDP communication hook of a ``Codec``: ``register(ddp)``. Keeps each parameter's
-    residual, and counts the payloads' bytes in ``meter``."""
+    """The DDP communication hook of a ``Codec`` (every gradient in one part) or of a ``Route``
+    (a codec per part of each bucket): ``register(ddp)``. Keeps each parameter's residual, and
+    counts the bytes handed to the collectives in ``meter``, by part."""
 
-    def __init__(self, codec: Codec, meter: CommMeter) -> None:
-        self.codec = codec
+    def __init__(self, codec: Codec | Route, meter: CommMeter) -> None:
+        self.route: Route = _whole(codec) if isinstance(codec, Codec) else codec
         self.meter = meter
-        # Flat residuals by the ids of their bucket's parameters, in the bucket's order, with
+        # Flat residuals by the ids of their part's parameters, in the bucket's order, with
         # each parameter's size.
         self._residuals: dict[tuple[int, ...], tuple[torch.Tensor, list[int]]] = {}
         # Per-parameter residuals of the buckets DDP replaced, until their new buckets take them.
@@ -122,40 +142,79 @@ class ErrorFeedback:
         ddp.register_comm_hook(self, lambda state, bucket: state.reduce(bucket))
 
     def reduce(self, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The bucket's mean over the ranks, as DDP's all-reduce would give it, from every
-        rank's encoded gradient plus residual; this rank's new residual is what its encoding
-        lost."""
+        """The bucket's mean over the ranks, as DDP's all-reduce would give it: its exact parts
+        all-reduced, the others from every rank's encoded gradient plus residual (this rank's
+        new residual is what its encoding lost)."""
         buffer, parameters = bucket.buffer(), bucket.parameters()
-        corrected = buffer + self._residual(parameters, buffer)
-        payload = self.codec.encode(corrected)
-        sent = torch.zeros_like(corrected)
-        self.codec.add_decoded(sent, payload)
-        sizes = [p.numel() for p in parameters]
-        self._residuals[_key(parameters)] = (corrected.sub_(sent), sizes)
-        self.meter.add(payload.numel())
-
+        slices = _slices(parameters)
         world = dist.get_world_size()
-        gathered = torch.empty(world * payload.numel(), dtype=torch.uint8, device=payload.device)
-        pieces = list(gathered.chunk(world))
-        work = dist.all_gather(pieces, payload, async_op=True)
-        assert work is not None  # async_op=True always returns one
+        exact: list[int] = []  # the parameters (their places in the bucket) reduced exactly
+        lossy: dict[tuple[str, Codec], list[int]] = {}
+        for i, p in enumerate(parameters):
+            name, codec = self.route(p)
+            if codec is None:
+                exact.append(i)
+                self.meter.add(p.numel() * buffer.element_size(), name)
+            else:
+                lossy.setdefault((name, codec), []).append(i)
+
+        futures: list[torch.futures.Future[Any]] = []
+        if exact:
+            # Divided before the sum, as DDP's all-reduce does.
+            values = _flat(buffer, slices, exact).div_(world)
+            futures.append(_future(dist.all_reduce(values, async_op=True)))
+        payloads = [self._encode(buffer, slices, parameters, part) for part in lossy.items()]
+        if payloads:
+            payload = torch.cat(payloads)
+            gathered = torch.empty(world * payload.numel(), dtype=torch.uint8, device=buffer.device)
+            pieces = list(gathered.chunk(world))
+            futures.append(_future(dist.all_gather(pieces, payload, async_op=True)))
 
         def finish(_: Any) -> torch.Tensor:
-            total = torch.zeros_like(buffer)
-            for piece in pieces:
-                self.codec.add_decoded(total, piece)
-            return buffer.copy_(total.div_(world))
+            if exact:
+                _put(buffer, slices, exact, values)
+            start = 0
+            for ((_, codec), places), sent in zip(lossy.items(), payloads, strict=True):
+                end = start + sent.numel()
+                size = sum(_size(slices[i]) for i in places)
+                total = torch.zeros(size, dtype=buffer.dtype, device=buffer.device)
+                for piece in pieces:
+                    codec.add_decoded(total, piece[start:end])
+                _put(buffer, slices, places, total.div_(world))
+                start = end
+            return buffer
 
-        reduced: torch.futures.Future[torch.Tensor] = work.get_future().then(finish)
+        reduced: torch.futures.Future[torch.Tensor] = torch.futures.collect_all(futures).then(
+            finish
+        )
         return reduced
 
+    def _encode(
+        self,
+        buffer: torch.Tensor,
+        slices: list[slice],
+        parameters: list[torch.Tensor],
+        part: tuple[tuple[str, Codec], list[int]],
+    ) -> torch.Tensor:
+        """The payload of one part of the bucket: its gradient plus residual, encoded; keeps
+        what the encoding lost as the part's next residual and counts the payload's bytes."""
+        (name, codec), places = part
+        members = [parameters[i] for i in places]
+        corrected = _flat(buffer, slices, places) + self._residual(members, buffer)
+        payload = codec.encode(corrected)
+        sent = torch.zeros_like(corrected)
+        codec.add_decoded(sent, payload)
+        self._residuals[_key(members)] = (corrected.sub_(sent), [p.numel() for p in members])
+        self.meter.add(payload.numel(), name)
+        return payload
+
     def _residual(self, parameters: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor:
-        """What the bucket of ``parameters`` kept from the previous step (zeros at first)."""
+        """What the part of ``parameters`` kept from the previous step (zeros at first)."""
         key = _key(parameters)
         if key in self._residuals:
             return self._residuals[key][0]
-        # A new bucket (DDP's rebuild): split the old ones that held its parameters by
-        # parameter, for it and the other new buckets to take.
+        # A new part (DDP's rebuild): split the old ones that held its parameters by
+        # parameter, for it and the other new parts to take.
         wanted = set(key)
         for old in [old for old in self._residuals if wanted.intersection(old)]:
             flat, sizes = self._residuals.pop(old)
@@ -174,6 +233,51 @@ def dense_bytes(model: nn.Module) -> int:
 
 def _key(parameters: list[torch.Tensor]) -> tuple[int, ...]:
     return tuple(id(p) for p in parameters)
+
+
+def _whole(codec: Codec) -> Route:
+    """Every gradient in one part, encoded with ``codec``."""
+    part: Part = ("*", codec)
+    return lambda _: part
+
+
+def _slices(parameters: list[torch.Tensor]) -> list[slice]:
+    """Where each parameter's gradient lies in its bucket's flat buffer: one after the other,
+    in the bucket's order."""
+    ends = list(itertools.accumulate(p.numel() for p in parameters))
+    return [slice(end - p.numel(), end) for p, end in zip(parameters, ends, strict=True)]
+
+
+def _size(place: slice) -> int:
+    return int(place.stop) - int(place.start)
+
+
+def _flat(buffer: torch.Tensor, slices: list[slice], places: list[int]) -> torch.Tensor:
+    """The gradients of the parameters at ``places`` (in order), one after the other: the
+    buffer itself when they are all of it, else a copy."""
+    if len(places) == len(slices):
+        return buffer
+    return torch.cat([buffer[slices[i]] for i in places])
+
+
+def _put(
+    buffer: torch.Tensor, slices: list[slice], places: list[int], values: torch.Tensor
+) -> None:
+    """``values`` (as ``_flat`` laid them out) back into the buffer."""
+    if values is buffer:
+        return
+    if len(places) == len(slices):
+        buffer.copy_(values)
+        return
+    for i, piece in zip(
+        places, torch.split(values, [_size(slices[i]) for i in places]), strict=True
+    ):
+        buffer[slices[i]].copy_(piece)
+
+
+def _future(work: dist.Work | None) -> torch.futures.Future[Any]:
+    assert work is not None  # async_op=True always returns one
+    return work.get_future()
 
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ the shared options and the dataset when a ``Trainer`` starts."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from torch import nn
 from hetero._checks import is_integer, is_positive
 from hetero.config import MAX_SPEED, MIN_SPEED
 from hetero.errors import ConfigError
+from hetero.train.layer_buckets import ANY_LAYER, LAYER_CODECS, lossy_layers
 
 __all__ = [
     "PRECISIONS",
@@ -65,6 +67,7 @@ _SHARED_OPTIONS = (
     "checkpoint_every",
     "local_sgd_every",
     "topk_ratio",
+    "compression_by_layer",
     "exact",
 )
 
@@ -74,8 +77,8 @@ class TrainerOptions:
     """How a ``Trainer`` splits, runs and reports the work. Built on every rank: ``micro_batch``,
     ``memory_limit``, ``memory_cache``, ``num_workers``, ``prefetch_factor``, ``speed``,
     ``emulate_sample_time``, ``activation_checkpointing``, ``report_path`` and ``report_every``
-    may differ per rank (``checkpoint_async`` and ``checkpoint_keep`` count on rank 0, which
-    writes), the others must be equal on all of them.
+    may differ per rank (``checkpoint_async``, ``checkpoint_keep`` and ``checkpoint_mirrors``
+    count on rank 0, which writes), the others must be equal on all of them.
 
     - ``global_batch``: samples per optimizer step over all ranks (``B``).
     - ``micro_batch``: most samples one forward/backward on this rank holds (its memory); a
@@ -113,6 +116,10 @@ class TrainerOptions:
       ``MixedPrecisionPolicy`` (bf16 compute, fp32 reduction). Compression makes the gradients
       inexact.
     - ``topk_ratio``: the share of each bucket's gradient values ``compression="topk"`` sends.
+    - ``compression_by_layer``: a codec (``"none"``, ``"int8"``, ``"topk"``) per layer type, the
+      class name of the module holding a parameter (``{"Embedding": "none", "Linear": "int8"}``;
+      ``"*"``: every type not named; unnamed types are exact without it), instead of
+      ``compression`` (``hetero.train.layer_buckets``).
     - ``local_sgd_every``: local SGD: each rank steps on its own share and the ranks average
       their parameters (weighted by their samples) every this many steps and at every
       checkpoint (``hetero.train.local_sgd``); ``None`` or 1: the gradients are all-reduced
@@ -130,6 +137,9 @@ class TrainerOptions:
       background thread while training goes on (``hetero.train.async_checkpoint``).
     - ``checkpoint_keep``: how many of the latest checkpoints to keep (``checkpoint.pt`` is the
       newest; with more than 1, each is also kept as ``checkpoint-<step>.pt``).
+    - ``checkpoint_mirrors``: further directories (another disk, a network filesystem) each
+      checkpoint is also written to, atomically likewise; a run resumes from the newest copy
+      whose checksum verifies, wherever it is (``hetero.train.checkpoint``).
     """
 
     global_batch: int
@@ -149,6 +159,7 @@ class TrainerOptions:
     split: Split = "speed"
     max_grad_norm: float | None = None
     topk_ratio: float = 0.01
+    compression_by_layer: dict[str, str] | None = None
     local_sgd_every: int | None = None
     exact: bool = False
     activation_checkpointing: bool = False
@@ -158,6 +169,7 @@ class TrainerOptions:
     checkpoint_every: int = 50
     checkpoint_async: bool = False
     checkpoint_keep: int = 1
+    checkpoint_mirrors: Sequence[str] = ()
     memory_limit: int | None = None
     memory_cache: str | None = None
     num_workers: int = 0
@@ -167,6 +179,8 @@ class TrainerOptions:
         if self.shares is not None and not isinstance(self.shares, (str, bytes)):
             with contextlib.suppress(TypeError):
                 object.__setattr__(self, "shares", tuple(self.shares))
+        if isinstance(self.checkpoint_mirrors, list):
+            object.__setattr__(self, "checkpoint_mirrors", tuple(self.checkpoint_mirrors))
         problems = _check_options(self)
         if problems:
             raise ConfigError(problems)
@@ -325,6 +339,47 @@ def _check_options(o: TrainerOptions) -> list[tuple[str, str]]:
                 )
             )
     problems += _local_sgd_problems(o) + _exactness_problems(o)
+    problems += _by_layer_problems(o)
+    problems += _mirror_problems(o)
+    return problems
+
+
+def _mirror_problems(o: TrainerOptions) -> list[tuple[str, str]]:
+    """``checkpoint_mirrors`` that are no directory, or one that another copy is in already."""
+    mirrors = o.checkpoint_mirrors
+    if not isinstance(mirrors, tuple):
+        return [
+            (
+                "checkpoint_mirrors",
+                "must be a list of directories each checkpoint is also written to (strings), "
+                f"got {mirrors!r}",
+            )
+        ]
+    folder = o.checkpoint_dir
+    seen = {os.path.realpath(folder): "checkpoint_dir"} if isinstance(folder, str) else {}
+    problems: list[tuple[str, str]] = []
+    for i, mirror in enumerate(mirrors):
+        name = f"checkpoint_mirrors[{i}]"
+        if not isinstance(mirror, str) or not mirror:
+            problems.append((name, f"must be a directory (a non-empty string), got {mirror!r}"))
+        elif folder is None:
+            problems.append(
+                (
+                    name,
+                    f"{mirror!r} mirrors the checkpoints written to checkpoint_dir, which is "
+                    "None: set checkpoint_dir too (the first copy), or no mirrors",
+                )
+            )
+        elif (where := os.path.realpath(mirror)) in seen:
+            problems.append(
+                (
+                    name,
+                    f"{mirror!r} is the same directory as {seen[where]}: each copy needs a "
+                    "directory of its own (best on another disk)",
+                )
+            )
+        else:
+            seen[where] = name
     return problems
 
 
@@ -396,6 +451,81 @@ def _exactness_problems(o: TrainerOptions) -> list[tuple[str, str]]:
                 "mixed_precision",
                 f"{o.mixed_precision!r} computes in lower precision, {why}: use 'no' or "
                 "exact=False",
+            )
+        )
+    return problems
+
+
+def _by_layer_problems(o: TrainerOptions) -> list[tuple[str, str]]:
+    """``compression_by_layer``'s entries, and the options it cannot go with."""
+    by_layer, name = o.compression_by_layer, "compression_by_layer"
+    if by_layer is None:
+        return []
+    allowed = ", ".join(LAYER_CODECS)
+    if not isinstance(by_layer, dict):
+        return [
+            (
+                name,
+                f"must be a dict from layer types (a module's class name, such as 'Linear', or "
+                f"{ANY_LAYER!r} for every type not named) to codecs ({allowed}) or None, "
+                f"got {by_layer!r}",
+            )
+        ]
+    problems: list[tuple[str, str]] = []
+    for layer, codec in by_layer.items():
+        if not isinstance(layer, str) or not layer:
+            problems.append(
+                (
+                    name,
+                    f"keys must be layer types (a module's class name, such as 'Linear', or "
+                    f"{ANY_LAYER!r} for every type not named), got {layer!r}",
+                )
+            )
+        if codec not in LAYER_CODECS:
+            problems.append((name, f"{layer!r}: must be one of {allowed}, got {codec!r}"))
+    if o.compression != "none":
+        problems.append(
+            (
+                name,
+                f"is given with compression={o.compression!r}: give one of them (a "
+                f"{ANY_LAYER!r} entry sets the codec of every layer type not named)",
+            )
+        )
+    lossy = [(layer, codec) for layer, codec in lossy_layers(by_layer) if codec in LAYER_CODECS]
+    if not lossy:  # every gradient exact: DDP's own all-reduce, allowed with anything
+        return problems
+    if o.exact:
+        problems += [
+            (
+                name,
+                f"{layer!r}: {codec!r} sends an approximation of the gradient, and exact=True "
+                f"asks for the global batch's exact update: use 'none' or exact=False",
+            )
+            for layer, codec in lossy
+        ]
+    if o.sharding == "fsdp":
+        problems.append(
+            (
+                name,
+                f"{dict(lossy)!r} compresses in a DDP communication hook: with sharding='fsdp' "
+                "gradients are reduce-scattered uncompressed; use None",
+            )
+        )
+    if local_sgd(o):
+        problems.append(
+            (
+                name,
+                f"{dict(lossy)!r} compresses DDP's gradient all-reduce, which local_sgd_every="
+                f"{o.local_sgd_every} replaces by averaging the parameters: use None",
+            )
+        )
+    if o.mixed_precision == "fp16":
+        problems.append(
+            (
+                name,
+                f"{dict(lossy)!r} keeps what it did not send of each gradient for the next step, "
+                "in units of the loss scale of mixed_precision='fp16', which its gradient scaler "
+                "changes between steps: use mixed_precision='bf16' or 'no'",
             )
         )
     return problems

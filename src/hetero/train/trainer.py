@@ -70,7 +70,7 @@ from hetero.devices.spec import Device, DeviceKind, DeviceSpec
 from hetero.errors import ConfigError
 from hetero.sched.perf import PerfModel
 from hetero.train.async_checkpoint import CheckpointWriter
-from hetero.train.checkpoint import leave_if_regrouping, read_checkpoint
+from hetero.train.checkpoint import CheckpointCopies, leave_if_regrouping, read_newest_checkpoint
 from hetero.train.elastic import LAUNCHED_ENV, leave_refused
 from hetero.train.memory import MemoryEstimate, MemoryProbe, cache_key, plan_memory
 from hetero.train.options import PRECISIONS, TrainerOptions, rank_setup, setup_problems
@@ -220,7 +220,9 @@ class Trainer:
         self._checkpoints = (
             None
             if path is None
-            else CheckpointWriter(path, options.checkpoint_keep, options.checkpoint_async)
+            else CheckpointWriter(
+                path, options.checkpoint_keep, options.checkpoint_async, options.checkpoint_mirrors
+            )
         )
         self.reports: deque[StepReport] = deque(maxlen=_KEEP_REPORTS)
         self.throughputs = self._profile()
@@ -267,21 +269,30 @@ class Trainer:
         }
         self._checkpoints.save(state)
 
-    def wait_for_checkpoint(self) -> None:
+    def wait_for_checkpoint(self) -> CheckpointCopies | None:
         """Return once the last checkpoint is on disk (``checkpoint_async`` writes it in the
-        background; ``train`` and ``close`` wait for it too). Raises what its write raised."""
-        if self._checkpoints is not None:
-            self._checkpoints.wait()
+        background; ``train`` and ``close`` wait for it too), with the copies written and those
+        that failed (``checkpoint_mirrors``; ``None`` before the first, and on ranks but 0).
+        Raises what its write raised."""
+        return None if self._checkpoints is None else self._checkpoints.wait()
 
     def _resume(self) -> int | None:
-        """Load the checkpoint, if there is one: the step it was taken at, else None. The
-        shares stay those just profiled: the ranks may be other machines now."""
+        """Load the checkpoint, if there is one: the step it was taken at, else None (the newest
+        copy that verifies, in ``checkpoint_dir`` or a mirror). The shares stay those just
+        profiled: the ranks may be other machines now."""
         path = self.checkpoint_path
-        if path is None or not path.exists():
+        if path is None:
             return None
         parameters = {name for name, _ in self.model.named_parameters()}
+        mirrors = self.options.checkpoint_mirrors
         try:
-            state = read_checkpoint(path, self._device, parameters)
+            found = read_newest_checkpoint(path, self._device, parameters, mirrors)
+        except ValueError as exc:  # no copy could be read: it names each and why
+            raise ConfigError([("checkpoint_dir", f"cannot resume from {exc}")]) from exc
+        if found is None:
+            return None
+        path, state = found
+        try:
             self._parallel.load_checkpoint_state(self.optimizer, state)
             self.sampler.load_state_dict(state["sampler"])
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
