@@ -6,13 +6,20 @@ profile; and the data × pipeline layout of a fleet."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
 
 from hetero.errors import ConfigError
 from hetero.train import LayerCost, PipelineRank, choose_layout, plan_stages, split_layers
-from hetero.train.stages import SCHEDULES, check_schedule, even_counts, pipeline_seconds
+from hetero.train.stages import (
+    SCHEDULES,
+    _distinct,
+    check_schedule,
+    even_counts,
+    pipeline_seconds,
+)
 
 MB = 1 << 20
 
@@ -274,3 +281,19 @@ def test_no_layout_that_fits_is_refused_with_every_reason() -> None:
         choose_layout(uniform(4), fleet(1), global_batch=4, micro_batch_size=1, schedule="x")
     with pytest.raises(ConfigError, match="global_batch: 10 is not a whole number"):
         choose_layout(uniform(4), fleet(1), global_batch=10, micro_batch_size=4)
+
+
+def test_the_orders_tried_are_the_distinct_ones_built_without_walking_every_permutation() -> None:
+    small = tuple(PipelineRank(i, s, m) for i, (s, m) in enumerate([(1.0, 8), (0.5, 4)] * 3))
+    seen: set[tuple[tuple[float, int], ...]] = set()
+    expected = []
+    for order in itertools.permutations(small):
+        kinds = tuple((r.speed, r.memory) for r in order)
+        if kinds not in seen:
+            seen.add(kinds)
+            expected.append(order)
+    assert list(_distinct(small)) == expected  # the same orders, in the same order
+    # 12 ranks of two kinds: 495 distinct orders (12! permutations took minutes to walk).
+    fleet = tuple(PipelineRank(i, 1.0 if i < 4 else 0.5, 80 if i < 4 else 24) for i in range(12))
+    orders = list(_distinct(fleet))
+    assert len(orders) == math.comb(12, 4) and orders[0] == fleet

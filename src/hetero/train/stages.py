@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -493,12 +493,39 @@ def _orders(ranks: tuple[PipelineRank, ...]) -> Iterable[tuple[PipelineRank, ...
             yield tuple(sorted(ranks, key=key, reverse=True))
             yield tuple(sorted(ranks, key=key))
         return
-    seen: set[tuple[tuple[float, int], ...]] = set()
-    for order in itertools.permutations(ranks):
-        kinds_in_order = tuple((r.speed, r.memory) for r in order)
-        if kinds_in_order not in seen:
-            seen.add(kinds_in_order)
-            yield order
+    yield from _distinct(ranks)
+
+
+def _distinct(ranks: tuple[PipelineRank, ...]) -> Iterator[tuple[PipelineRank, ...]]:
+    """Every order of ``ranks`` with a distinct sequence of kinds, ranks of a kind in their
+    given order, in the order ``itertools.permutations`` first yields each (the given one
+    first): built directly, in (distinct orders × ranks) steps, where walking every
+    permutation took n! (12 ranks of two kinds: minutes)."""
+    place = {id(r): i for i, r in enumerate(ranks)}
+    left: dict[tuple[float, int], list[PipelineRank]] = {}
+    for r in ranks:
+        left.setdefault((r.speed, r.memory), []).append(r)
+    taken = dict.fromkeys(left, 0)
+    order: list[PipelineRank] = []
+
+    def extend() -> Iterator[tuple[PipelineRank, ...]]:
+        if len(order) == len(ranks):
+            yield tuple(order)
+            return
+        # Each kind's next rank, by its place in the given order: permutations' order.
+        nexts = sorted(
+            (place[id(group[taken[kind]])], kind)
+            for kind, group in left.items()
+            if taken[kind] < len(group)
+        )
+        for _, kind in nexts:
+            order.append(left[kind][taken[kind]])
+            taken[kind] += 1
+            yield from extend()
+            taken[kind] -= 1
+            order.pop()
+
+    yield from extend()
 
 
 def _best_cuts(shape: _Shape, order: Sequence[PipelineRank]) -> list[int] | None:
