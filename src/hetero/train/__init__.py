@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "given_layout": "hetero.train.fleet_layout",
     "mark_progress": "hetero.train.heartbeat_sender",
     "parameter_bytes": "hetero.train.tensor_parallel",
+    "pipeline_ranks": "hetero.train.fleet_ranks",
     "place_experts": "hetero.train.expert_placement",
     "place_experts_evenly": "hetero.train.expert_placement",
     "plan_stages": "hetero.train.stages",
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "tensor_parallel_groups": "hetero.train.tensor_parallel_groups",
     "tensor_parallel_mesh": "hetero.train.tensor_parallel_groups",
     "tensor_parallel_plan": "hetero.train.tensor_parallel",
+    "training_layer_costs": "hetero.train.model_costs",
     "worker_devices": "hetero.train.ray_train",
     "write_training_report": "hetero.train.report_html",
 }
@@ -82,9 +84,11 @@ if TYPE_CHECKING:
     from hetero.train.fleet_layout import PipelineReplica as PipelineReplica
     from hetero.train.fleet_layout import choose_layout as choose_layout
     from hetero.train.fleet_layout import given_layout as given_layout
+    from hetero.train.fleet_ranks import pipeline_ranks as pipeline_ranks
     from hetero.train.heartbeat_sender import mark_progress as mark_progress
     from hetero.train.layer_profile import profile_layers as profile_layers
     from hetero.train.memory import MemoryEstimate as MemoryEstimate
+    from hetero.train.model_costs import training_layer_costs as training_layer_costs
     from hetero.train.options import TrainerOptions as TrainerOptions
     from hetero.train.pipeline_parallel import DataPipelineRunner as DataPipelineRunner
     from hetero.train.pipeline_parallel import PipelineRunner as PipelineRunner
