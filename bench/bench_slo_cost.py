@@ -1,0 +1,117 @@
+"""What the ``slo`` strategy's engine model costs per request, beside its budget, as the fleet
+grows: the pick (a TTFT and a TPOT prediction for every replica) and the learning (the first
+token's and the end's updates of the fits and the load books).
+
+Each fleet holds replicas of generic priors at speeds spread over 1-6x (the fits past their
+slow start: each first taught by 64 replies); requests of lognormal prompts (mean 1,000
+tokens) and outputs (mean 200); each request is answered (first token, then its end) once
+``2 × replicas`` are in flight, so every replica holds a batch. The clock is a fake one moved
+by 10 ms a request. Medians of repeats of the mean µs per request.
+
+    python bench/bench_slo_cost.py --out bench/results/slo_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+from _common import emit, revision
+
+from hetero.devices.catalog import get_catalog
+from hetero.devices.spec import Device
+from hetero.sched import FleetView, ManualClock, PerfModel, WorkItem
+from hetero.sched.engine_fit import EnginePrior
+from hetero.sched.item import Tokens
+from hetero.sched.policies.slo import SloRouting
+
+#: The pick and the learning together, per request, at 64 replicas: what the router's request
+#: path can afford of its whole CPU target (250 µs a request, issue #33).
+BUDGET_US = 50.0
+BUDGET_AT = 64
+
+
+def fleet(n: int, rng: np.random.Generator) -> tuple[SloRouting, FleetView, ManualClock]:
+    spec = get_catalog().get("A100-80GB")
+    devices = [Device(id=f"r{i}", spec=spec, emulated=True) for i in range(n)]
+    clock = ManualClock()
+    view = FleetView(devices, PerfModel(devices), clock)
+    policy = SloRouting(ttft=1.0, tpot=0.05)
+    for i, speed in enumerate(rng.uniform(1.0, 6.0, n).tolist()):
+        policy.set_prior(i, EnginePrior.generic(speed))
+    policy.bind(view)
+    return policy, view, clock
+
+
+def measure(n: int, requests: int, seed: int) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    policy, view, clock = fleet(n, rng)
+    prompts = np.maximum(1, rng.lognormal(np.log(800), 0.6, requests + 64 * n)).astype(int)
+    outputs = np.maximum(1, rng.lognormal(np.log(120), 1.0, requests + 64 * n)).astype(int)
+    items = [
+        WorkItem(cost=1.0, id=k, tokens=Tokens(int(p), float(o)))
+        for k, (p, o) in enumerate(zip(prompts.tolist(), outputs.tolist(), strict=True))
+    ]
+    flying: deque[tuple[int, int]] = deque()
+    picking = learning = 0.0
+    timed = 0
+    for k, item in enumerate(items):
+        clock.advance(0.01)
+        started = time.perf_counter()
+        picked = policy.pick(item, view, None)
+        middle = time.perf_counter()
+        if picked is not None:
+            flying.append((k, int(outputs[k])))
+        if len(flying) > 2 * n or picked is None:
+            done, output = flying.popleft()
+            now = clock.now()
+            policy.first_token(done, now - 0.005)
+            policy.finished(done, now, output)
+        ended = time.perf_counter()
+        if k >= 64 * n:  # past every replica's slow start
+            picking += middle - started
+            learning += ended - middle
+            timed += 1
+    return {"pick_us": picking / timed * 1e6, "learn_us": learning / timed * 1e6}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", default="3,16,64,256", help="fleet sizes")
+    parser.add_argument("--requests", type=int, default=4000, help="timed requests per run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="also write the JSON here")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    for n in (int(x) for x in args.devices.split(",")):
+        runs = [measure(n, args.requests, seed) for seed in range(args.repeats)]
+        pick = statistics.median(r["pick_us"] for r in runs)
+        learn = statistics.median(r["learn_us"] for r in runs)
+        rows.append(
+            {
+                "replicas": n,
+                "pick_us": round(pick, 1),
+                "learn_us": round(learn, 1),
+                "total_us": round(pick + learn, 1),
+            }
+        )
+        print(f"{n} replicas: pick {pick:.1f} µs, learning {learn:.1f} µs", file=sys.stderr)
+    at = next((r for r in rows if r["replicas"] == BUDGET_AT), None)
+    doc = {
+        "benchmark": "slo_cost",
+        "revision": revision(),
+        "command": "python bench/bench_slo_cost.py " + " ".join(sys.argv[1:]),
+        "budget": {"us_per_request": BUDGET_US, "replicas": BUDGET_AT},
+        "within_budget": None if at is None else at["total_us"] <= BUDGET_US,
+        "rows": rows,
+    }
+    return emit(doc, args.out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
