@@ -129,10 +129,23 @@ class LinearFit:
     three or four coefficients, its bounded solution is found among the supports: at most 15
     solves of at most 4×4, and one where no coefficient falls below zero)."""
 
-    __slots__ = ("_a", "_b", "_prior_a", "_prior_b", "_replies", "noise", "theta", "updates")
+    __slots__ = (
+        "_a",
+        "_b",
+        "_prior_a",
+        "_prior_b",
+        "_replies",
+        "coef",
+        "noise",
+        "theta",
+        "updates",
+    )
 
     def __init__(self, prior: tuple[float, ...], sd: tuple[float, ...], window: int = 48) -> None:
         self.theta = np.maximum(np.array(prior, dtype=np.float64), 0.0)
+        # theta as plain floats, for the predictions a pick makes per replica (numpy's call
+        # overhead on 3 or 4 numbers was most of their cost)
+        self.coef: tuple[float, ...] = tuple(self.theta.tolist())
         self._prior_a = np.diag(1.0 / np.square(np.array(sd, dtype=np.float64)))
         self._prior_b = self._prior_a @ self.theta
         # The window's replies (features, measured, weight) and their sums, kept as they come
@@ -170,6 +183,7 @@ class LinearFit:
             return  # numerically lost (never seen): keep the last good state
         replies.append((x, y, w))
         self._a, self._b, self.theta = a, b, theta
+        self.coef = tuple(theta.tolist())
         self.updates += 1
 
 
@@ -405,11 +419,22 @@ class EngineFit:
             ]
         )
 
+    def predict_ttft(self, prefill_tokens: float, running: float) -> float:
+        """``ttft.predict(ttft_features(prefill_tokens, running))``, in plain floats."""
+        c = self.ttft.coef
+        return max(FLOOR, c[0] + c[1] * _tokens(prefill_tokens) + c[2] * _tokens(running))
+
+    def predict_step(self, running: float, kv_tokens: float) -> float:
+        """``tpot.predict(tpot_features(running, kv_tokens))`` (the step alone, no prefill
+        beside it), in plain floats."""
+        c = self.tpot.coef
+        return max(FLOOR, c[0] + c[1] * _tokens(running) + c[2] * (_tokens(kv_tokens) / 1000.0))
+
     def predict_tpot(self, running: float, kv_tokens: float, prefill_rate: float) -> float:
         """The TPOT of a decode in a batch of ``running`` holding ``kv_tokens`` while the
         engine is sent ``prefill_rate`` prompt tokens a second to prefill (see the module)."""
-        step = self.tpot.predict(self.tpot_features(running, kv_tokens))
-        share = min(MAX_PREFILL_SHARE, float(self.tpot.theta[3]) * _tokens(prefill_rate) / 1000)
+        step = self.predict_step(running, kv_tokens)
+        share = min(MAX_PREFILL_SHARE, self.tpot.coef[3] * _tokens(prefill_rate) / 1000)
         return step * (1.0 + share)
 
     # --- predictions ------------------------------------------------------------------------

@@ -146,9 +146,8 @@ class SloRouting(PrefixAffinity):
             return ttft, tpot
         best_ttft = best_tpot = MAX_SECONDS
         for fit in self.fits:
-            best_ttft = min(best_ttft, fit.ttft.predict(fit.ttft_features(prompt, 0)))
-            x = fit.tpot_features(1, prompt + output / 2)
-            best_tpot = min(best_tpot, fit.tpot.predict(x))
+            best_ttft = min(best_ttft, fit.predict_ttft(prompt, 0))
+            best_tpot = min(best_tpot, fit.predict_step(1, prompt + output / 2))
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
@@ -185,10 +184,9 @@ class SloRouting(PrefixAffinity):
             if fit.prior.guess and load.running >= 1 << min(fit.ttft.updates, _RAMP_MAX):
                 idle_ok[i] = True  # its next reply is worth waiting for: see _RAMP_MAX
                 continue
-            x = fit.ttft_features(load.prefill_queue + uncached[i], load.running)
             kv = load.kv + kv_new
             tpot = fit.predict_tpot(load.running + 1, kv, load.prefill_rate(now)) / tpot_slo
-            ttft = fit.ttft.predict(x) / ttft_slo
+            ttft = fit.predict_ttft(load.prefill_queue + uncached[i], load.running) / ttft_slo
             if running and fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens:
                 tpot *= 10.0  # past its KV cache: the engine queues or preempts
             # Ranked by the plain means, so that a busy replica's widening (which decides
@@ -199,8 +197,8 @@ class SloRouting(PrefixAffinity):
                 tpot *= fit.tpot_errors.factor
             r_ttft[i], r_tpot[i] = ttft, tpot
             if running:
-                alone_ttft = fit.ttft.predict(fit.ttft_features(uncached[i], 0))
-                alone_tpot = fit.tpot.predict(fit.tpot_features(1, kv_new))
+                alone_ttft = fit.predict_ttft(uncached[i], 0)
+                alone_tpot = fit.predict_step(1, kv_new)
                 idle_ok[i] = alone_ttft <= ttft_slo and alone_tpot <= tpot_slo
             else:
                 idle_ok[i] = r_ttft[i] <= 1.0 and r_tpot[i] <= 1.0
