@@ -1589,26 +1589,33 @@ def ray_backend(doc: dict[str, Any]) -> str:
     )
 
 
+def _hetero_vs_equal(hetero: dict[str, Any], equal: dict[str, Any], labels: tuple[str, str]) -> str:
+    """The table of hetero's shares against equal ones: step time, × ideal and the goal."""
+    return _table(
+        ["configuration", "shares", "step ms", "× ideal", "goal"],
+        [
+            [
+                labels[0],
+                "/".join(map(str, hetero["shares"])),
+                _range(hetero["step_ms"]),
+                hetero["vs_ideal"],
+                f"≤ {hetero['goal_vs_ideal']}: {_met(hetero['meets_goal'])}",
+            ],
+            [
+                labels[1],
+                "/".join(map(str, equal["shares"])),
+                _range(equal["step_ms"]),
+                equal["vs_ideal"],
+                f"expected {equal['expected_vs_ideal']}",
+            ],
+        ],
+    )
+
+
 def train(doc: dict[str, Any]) -> str:
     setup, fig, exact = doc["setup"], doc["step_time"], doc["exactness"]
     hetero, equal = fig["hetero"], fig["equal_split_ddp"]
     speeds = " : ".join(f"{s:g}" for s in setup["speeds"])
-    rows = [
-        [
-            "hetero `Trainer`",
-            "/".join(map(str, hetero["shares"])),
-            _range(hetero["step_ms"]),
-            hetero["vs_ideal"],
-            f"≤ {hetero['goal_vs_ideal']}: {_met(hetero['meets_goal'])}",
-        ],
-        [
-            "equal-split DDP",
-            "/".join(map(str, equal["shares"])),
-            _range(equal["step_ms"]),
-            equal["vs_ideal"],
-            f"expected {equal['expected_vs_ideal']}",
-        ],
-    ]
     ranks = [
         [
             r["rank"],
@@ -1632,7 +1639,7 @@ def train(doc: dict[str, Any]) -> str:
         f"untimed ones, hetero and plain DDP (each rank a third of every global batch, paced "
         f"alike) in turns, {setup['repeats']} repeats; ms per step on rank 0, median "
         f"(min–max). Ideal: global batch × sample time / Σ speeds = {fig['ideal_ms']} ms.\n\n"
-        + _table(["configuration", "shares", "step ms", "× ideal", "goal"], rows)
+        + _hetero_vs_equal(hetero, equal, ("hetero `Trainer`", "equal-split DDP"))
         + f"\n\nhetero's step is **{fig['hetero_speedup_vs_equal']} ×** faster than equal-split "
         f"DDP. Where each rank's time went in hetero's median run (ms per step; comm is the "
         f"communication the last micro-batch's backward did not hide, idle the wait for the "
@@ -1872,7 +1879,7 @@ def autoscale_sim(doc: dict[str, Any]) -> str:
             [
                 label,
                 f"${r['cost']:,.0f}",
-                f"{r['cost'] / doc['static_peak']['cost']:.2f}×",
+                f"{r['cost'] / doc['static_peak']['cost']:.3f}×",
                 f"{r['attainment']:.2%}",
                 f"{r['failed']:,}",
                 r.get("actions_max_per_hour", "-"),
@@ -1978,12 +1985,285 @@ def pipeline(doc: dict[str, Any]) -> str:
     )
 
 
+def _layout(placement: dict[str, Any]) -> str:
+    """A data × pipeline layout as each replica's stages and samples a step."""
+    return "; ".join(
+        f"{', '.join(r['layers'])} ({r['samples']} samples)" for r in placement["layout"]
+    )
+
+
+def train_dp_pp(doc: dict[str, Any]) -> str:
+    setup, plan, layouts = doc["setup"], doc["plan"], doc["layouts"]
+    speeds = " : ".join(f"{s:g}" for s in setup["speeds"])
+    rows = [
+        [
+            label,
+            _layout(layouts[name]),
+            _range(layouts[name]["step_ms"]),
+            layouts[name]["vs_ideal"],
+            layouts[name]["predicted_ms"],
+            speedup,
+        ]
+        for name, label, speedup in (
+            ("hetero", f"hetero (`choose_layout`): {plan['chosen']}", "-"),
+            ("even_shares", "the same replicas, even shares", doc["hetero_speedup_vs_even_shares"]),
+            ("one_pipeline", "one pipeline (`plan_stages`)", doc["hetero_speedup_vs_one_pipeline"]),
+        )
+    ]
+    tried = ", ".join(
+        f"{c['layout']} {c['step_seconds'] * 1e3:,.1f} ms"
+        if c["unfit"] is None
+        else f"{c['layout']} does not fit ({c['unfit'].split(':')[0]})"
+        for c in plan["considered"]
+    )
+    exact = doc["exactness"]
+    return (
+        "## Data × pipeline parallelism\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + f" — {setup['ranks']} {setup['backend']} ranks emulating relative speeds {speeds}, "
+        f"{setup['model']}, a global batch of {setup['global_batch']} in micro-batches of "
+        f"{setup['micro_batch_size']} under {setup['schedule']}; memory limits "
+        f"{', '.join(f'{b / 2**20:.1f}' for b in setup['memory_limits'])} MiB against "
+        f"{setup['model_state_bytes'] / 2**20:.1f} MiB of parameters and optimizer state. The "
+        "layout `choose_layout` picks, its replicas with the global batch split evenly, and one "
+        f"pipeline over all ranks in turns, {setup['repeats']} repeats; ms per step, median "
+        f"(min–max), beside the planner's prediction. Ideal {doc['ideal']['ms']} ms: "
+        f"{doc['ideal']['formula']}.\n\n"
+        + _table(
+            [
+                "layout",
+                "stages (samples a step)",
+                "step ms",
+                "× ideal",
+                "predicted ms",
+                "hetero's speed-up",
+            ],
+            rows,
+        )
+        + f"\n\nLayouts tried (replicas × stages, predicted step): {tried}. Exactness: "
+        f"{exact['steps']} steps of the chosen layout against one process, largest parameter "
+        f"difference {exact['relative_difference']:.1e} (relative, float64): "
+        f"{'within' if exact['within_tolerance'] else '**outside**'} tolerance. " + _conditions(doc)
+    )
+
+
+def train_expert_parallel(doc: dict[str, Any]) -> str:
+    setup, placements = doc["setup"], doc["placements"]
+    speeds = " : ".join(f"{s:g}" for s in setup["speeds"])
+    labels = {"hetero": "by speed (`place_experts`)", "even": "even (`place_experts_evenly`)"}
+    rows = [
+        [
+            labels.get(name, name),
+            "/".join(map(str, p["counts"])),
+            _range(p["step_ms"]),
+            p["predicted_expert_ms"],
+            f"{p['all_to_all_bytes_per_step']:,}",
+            f"{p['crossing_bytes_per_step']:,}",
+        ]
+        for name, p in placements.items()
+    ]
+    ranks = [
+        [
+            labels.get(name, name),
+            r["rank"],
+            r["speed"],
+            ", ".join(map(str, r["experts"])),
+            r["received_rows_per_step"],
+            r["expert_ms_per_step"],
+            r["all_to_all_ms_per_step"],
+        ]
+        for name, p in placements.items()
+        for r in p["ranks"]
+    ]
+    return (
+        "## Expert parallelism\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + f" — {setup['ranks']} {setup['backend']} ranks emulating relative speeds {speeds}, a "
+        f"one-layer mixture-of-experts model of {setup['experts']} experts of {setup['hidden']} "
+        f"hidden units (width {setup['width']}, top-{setup['top_k']} gating), each rank sending "
+        f"{setup['rows_per_rank_per_step']} token rows to experts a step; an expert's forward "
+        f"and backward of a row takes {setup['token_time'] * 1e3:g} ms at speed 1. The two "
+        f"placements in turns, {setup['repeats']} repeats; ms per step, median (min–max); "
+        "`all_to_all` bytes a step summed over the ranks, and of them the token rows that "
+        f"crossed to another rank. Ideal expert time {doc['ideal_expert_ms']} ms: "
+        f"{doc['ideal_formula']}.\n\n"
+        + _table(
+            [
+                "placement",
+                "experts per rank",
+                "step ms",
+                "predicted expert ms",
+                "all_to_all bytes",
+                "crossing bytes",
+            ],
+            rows,
+        )
+        + f"\n\nPlacing by speed makes the step **{doc['hetero_speedup_vs_even']} ×** faster "
+        f"(the experts' part alone predicted {doc['predicted_expert_speedup_vs_even']} ×). "
+        "Each rank's experts and time a step (the median run):\n\n"
+        + _table(
+            [
+                "placement",
+                "rank",
+                "speed",
+                "experts",
+                "rows received",
+                "expert ms",
+                "all_to_all ms",
+            ],
+            ranks,
+        )
+        + "\n\n"
+        + _conditions(doc)
+    )
+
+
+def train_tensor_parallel(doc: dict[str, Any]) -> str:
+    setup, comm, params = doc["setup"], doc["communicated"], doc["parameter_bytes"]
+    step, runs = doc["step_time_ms"], doc["step_time_ms_all"]
+    rows = [
+        [
+            "TP=1 (one process)",
+            f"{params['tp1']['model']:,}",
+            f"{params['tp1']['layers']:,}",
+            0,
+            f"{comm['tp1_bytes_per_step']:,}",
+            f"{step['tp1']} ({min(runs['tp1'])}–{max(runs['tp1'])})",
+        ],
+        [
+            "TP=2 (per rank)",
+            f"{params['tp2_per_rank']['model']:,}",
+            f"{params['tp2_per_rank']['layers']:,}",
+            sum(comm["tp2_collectives_per_step"].values()),
+            f"{comm['tp2_bytes_per_step_per_rank']:,}",
+            f"{step['tp2']} ({min(runs['tp2'])}–{max(runs['tp2'])})",
+        ],
+    ]
+    load = doc.get("load_average_before")
+    return (
+        "## Tensor parallelism\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + f" — {setup['model']}: {setup['layers']} layers of width {setup['width']} "
+        f"({setup['heads']} heads, {setup['kv_heads']} key-value heads, MLP {setup['hidden']}), "
+        f"vocabulary {setup['vocab']}, batches of {setup['batch']} × {setup['seq_len']} tokens, "
+        f"{setup['optimizer']}; whole in one process against every decoder layer split over 2 "
+        f"gloo ranks, {setup['threads_per_process']} thread a process; ms per step over "
+        f"{setup['steps']} steps after {setup['warmup']}, median (min–max).\n\n"
+        + _table(
+            [
+                "configuration",
+                "parameter bytes",
+                "of them in layers",
+                "all-reduces a step",
+                "bytes a step",
+                "step ms",
+            ],
+            rows,
+        )
+        + f"\n\nEach rank holds {params['layers_ratio']} of the layers' parameters "
+        f"({params['model_ratio']} of the model's); Megatron's four all-reduces a layer would "
+        f"put in {comm['megatron_bytes_per_step_per_rank']:,} bytes a rank. Largest parameter "
+        f"difference TP=2 against TP=1 after all the steps {doc['exactness']:.1e} (relative)."
+        + (
+            f" The step times were taken on a loaded 2-core machine (load average {load} "
+            "before): they say little about speed; what TP=2 buys here is memory."
+            if load is not None
+            else ""
+        )
+    )
+
+
+def train_ray(doc: dict[str, Any]) -> str:
+    setup, fig = doc["setup"], doc["step_time"]
+    hetero, equal, exact = fig["hetero"], fig["equal_shares"], fig["exactness"]
+    nodes = ", ".join(setup["nodes"].values())
+    ranks = [
+        [
+            r["rank"],
+            r["device"],
+            r["speed"],
+            r["share"],
+            r["samples_per_second"],
+            r["compute_ms"],
+            r["comm_ms"],
+            r["idle_ms"],
+        ]
+        for r in hetero["ranks_of_median_run"]
+    ]
+    idle = max(equal["ranks_of_median_run"], key=lambda r: r["idle_ms"])
+    return (
+        "## Heterogeneous training on Ray Train\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + f" — hetero's `Trainer` inside Ray {doc['ray']} `TorchTrainer` workers, one on each of "
+        f"{len(setup['nodes'])} nodes: {nodes}; {setup['backend']}; a micro-batch of "
+        f"n samples takes n × {setup['sample_time_s'] * 1e3:g} ms / speed; {setup['model']}, "
+        f"global batch {setup['global_batch']}: {setup['steps']} timed steps after "
+        f"{setup['warmup_steps']}, shares from timing the workers at start and rebalanced every "
+        f"{setup['rebalance_every']} steps, against each worker half of every batch (a "
+        f"`TorchTrainer`'s default), in turns, {setup['repeats']} repeats; ms per step on rank "
+        f"0, median (min–max). Ideal {fig['ideal_ms']} ms.\n\n"
+        + _hetero_vs_equal(hetero, equal, ("hetero shares (`ray_trainer`)", "equal shares"))
+        + f"\n\nhetero's step is **{fig['hetero_speedup_vs_equal']} ×** faster than equal "
+        f"shares, where the {idle['device']} idled {idle['idle_ms']} ms a step. Where each "
+        "rank's time went in hetero's median run (ms per step):\n\n"
+        + _table(
+            ["rank", "device", "speed", "share", "samples/s", "compute ms", "comm ms", "idle ms"],
+            ranks,
+        )
+        + f"\n\nExactness: {exact['steps']} steps against one process on the same global "
+        f"batches, largest difference {max(exact['max_relative_difference_per_run']):.1e} "
+        f"relative to the largest parameter (tolerance {exact['tolerance']:.0e}): "
+        f"{'met' if exact['exact'] else '**missed**'}. " + _conditions(doc)
+    )
+
+
+def heartbeat(doc: dict[str, Any]) -> str:
+    hung = doc["hung_rank"]
+    rows = [
+        [
+            name,
+            "-" if c["median_seconds_to_blame"] is None else c["median_seconds_to_blame"],
+            ", ".join("-" if s is None else str(s) for s in c["seconds"]),
+            ", ".join(
+                f"{b} (hung)" if b == hung else f"{b} (a peer)" if b is not None else "none"
+                for b in c["blamed"]
+            ),
+            f"`{c['line']}`",
+        ]
+        for name, c in doc["cases"].items()
+    ]
+    command = (
+        f"python bench/bench_heartbeat.py --heartbeat-timeout {doc['heartbeat_timeout']:g} "
+        f"--collective-timeout {doc['collective_timeout']:g} --repeats {doc['repeats']} "
+        "--out bench/results/heartbeat.json"
+    )
+    return (
+        "## Hang detection\n\n"
+        f"`{command}`"
+        + _at_commit({"revision": doc})
+        + " — two gloo ranks under `hetero launch --max-restarts 0` all-reduce in a loop; "
+        f"local rank {hung} hangs before its fourth call (busy: a Python loop; pause: "
+        "`signal.pause()`; stop: SIGSTOP), with the heartbeat and without (the hang surfaces "
+        f"when the peer's {doc['collective_timeout']:g} s collective timeout ends it). Seconds "
+        "from the hang to the launcher's first line naming a rank, median of "
+        f"{doc['repeats']} repeats, the rank each run blamed, and the last run's line. Load "
+        f"average {doc['load_average'][0]:.1f} at the end, calibration "
+        f"{doc['machine']['calibration_seconds']} s (a quiet run: about 0.13 s).\n\n"
+        + _table(["case", "seconds to blame", "runs", "blamed", "launcher's line"], rows)
+    )
+
+
 def checkpoint(doc: dict[str, Any]) -> str:
     setup, results = doc["setup"], doc["results"]
     labels = {
         "none": "no checkpoints",
         "sync": "written in the step",
         "async": "`checkpoint_async=True`",
+        "async_mirror": "`checkpoint_async=True`, one mirror",
     }
     rows = [
         [
@@ -1995,11 +2275,16 @@ def checkpoint(doc: dict[str, Any]) -> str:
         ]
         for name, r in results.items()
     ]
+    # A run with --mirror records where the mirror went ("": beside the primary copy).
+    mirror = doc.get("mirror_dir")
+    where = f"in `{mirror}`" if mirror else "beside the primary copy, on the same disk"
     return (
-        "## Background checkpoints\n\n"
+        f"## Background checkpoints{' with a mirror' if mirror is not None else ''}\n\n"
         f"`{doc['command']}`{_at_commit(doc)} — one gloo rank, "
         f"{doc['parameters']:,} parameters ({doc['checkpoint_bytes'] / 1e6:.0f} MB a "
-        f"checkpoint), a checkpoint every {setup['every']} steps, {setup['steps']} timed steps, "
+        f"checkpoint), a checkpoint every {setup['every']} steps"
+        + (f", the mirror {where}" if mirror is not None else "")
+        + f", {setup['steps']} timed steps, "
         f"{setup['repeats']} repeats in turns; ms per step. Goal: with `checkpoint_async` ≤ "
         f"{doc['goal_async_vs_none']}× the step without checkpoints: "
         f"{_met(doc['met'])}.\n\n"
@@ -2059,6 +2344,33 @@ def slo_sim(doc: dict[str, Any]) -> str:
     )
 
 
+def slo_cost(doc: dict[str, Any]) -> str:
+    budget = doc["budget"]
+    rows = [[r["replicas"], r["pick_us"], r["learn_us"], r["total_us"]] for r in doc["rows"]]
+    at = next((r for r in doc["rows"] if r["replicas"] == budget["replicas"]), None)
+    calibration = doc["machine"]["calibration_seconds"]
+    return (
+        "## SLO strategy: cost per request\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
+        "1-6x, fits past their slow start, each replica holding a batch; µs per request, "
+        "median of repeats: the pick (a TTFT and a TPOT prediction for every replica) and the "
+        "learning (the updates at the first token and at the end)"
+        + (
+            f"; measured under load (calibration {calibration} s; a quiet run of this machine "
+            "takes about 0.13 s)"
+            if calibration > 0.2
+            else ""
+        )
+        + f". Budget: ≤ {budget['us_per_request']:g} µs a request at {budget['replicas']} "
+        f"replicas: {_met(doc['within_budget'])}"
+        + (f" ({at['total_us']:,} µs)" if at else "")
+        + ".\n\n"
+        + _table(["replicas", "pick µs", "learning µs", "total µs"], rows)
+    )
+
+
 def main() -> int:
     parts = [
         "# Benchmarks\n\nGenerated by `python bench/tables.py` from `bench/results/*.json`."
@@ -2086,6 +2398,7 @@ def main() -> int:
         ("serve_prefix.json", serve_prefix),
         ("serve_slo.json", serve_slo),
         ("slo_sim.json", slo_sim),
+        ("slo_cost.json", slo_cost),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
         ("serve_real_slo.json", serve_real_prefix),
@@ -2093,7 +2406,13 @@ def main() -> int:
         ("emulator_small.json", emulator),
         ("train.json", train),
         ("pipeline.json", pipeline),
+        ("train_dp_pp.json", train_dp_pp),
+        ("train_expert_parallel.json", train_expert_parallel),
+        ("train_tensor_parallel.json", train_tensor_parallel),
+        ("train_ray.json", train_ray),
+        ("heartbeat.json", heartbeat),
         ("checkpoint.json", checkpoint),
+        ("checkpoint_mirror.json", checkpoint),
         ("batching.json", batching),
     ):
         doc = _load(name)
