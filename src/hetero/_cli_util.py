@@ -10,6 +10,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
 import typer
@@ -19,6 +20,7 @@ from hetero.devices.spec import DeviceKind
 from hetero.errors import ConfigError
 
 __all__ = [
+    "HfConfigOpt",
     "JsonOpt",
     "ParagraphHelpFormatter",
     "ProgressBars",
@@ -36,6 +38,17 @@ console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+#: A model given by its Hugging Face config.json (``hetero fit``, ``hetero plan-train``).
+HfConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="A Hugging Face config.json (or its directory) instead of MODEL, "
+        "e.g. --config ./Mistral-7B-v0.1/config.json.",
+        show_default=False,
+    ),
+]
 
 # A list item's first line: "- x", "* x", "• x", "1. x", "2) x".
 _LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, fail, print_json, print_problems
+from hetero._cli_util import HfConfigOpt, JsonOpt, console, fail, print_json, print_problems
 from hetero.errors import ConfigError, HeteroError
 from hetero.plan.memory import (
     DEFAULT_FRAGMENTATION,
@@ -124,16 +124,7 @@ def fit(
             show_default=False,
         ),
     ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="A Hugging Face config.json (or its directory) instead of MODEL, "
-            "e.g. --config ./Mistral-7B-v0.1/config.json.",
-            show_default=False,
-        ),
-    ] = None,
+    config: HfConfigOpt = None,
     params: Annotated[
         str | None,
         typer.Option(

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hetero._cli_util import JsonOpt, console, fail, print_json, print_problems
+from hetero._cli_util import HfConfigOpt, JsonOpt, console, fail, print_json, print_problems
 from hetero.devices.spec import REFERENCE_TFLOPS, Device
 from hetero.errors import ConfigError, HeteroError
 from hetero.plan.match import DEFAULT_COMPUTE_EFFICIENCY
@@ -71,16 +71,7 @@ def plan_train(
             show_default=False,
         ),
     ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            "-c",
-            help="A Hugging Face config.json (or its directory) instead of MODEL, "
-            "e.g. --config ./Mistral-7B-v0.1/config.json.",
-            show_default=False,
-        ),
-    ] = None,
+    config: HfConfigOpt = None,
     global_batch: Annotated[
         int,
         typer.Option(
