@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from typing import cast
 
 from aiohttp import web
 
@@ -39,9 +40,10 @@ class _Refused(asyncio.Protocol):
         self.answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(self.answer)
-        transport.close()
+        # A TCP transport writes: asyncio's subclasses WriteTransport, uvloop's does not.
+        writer = cast(asyncio.WriteTransport, transport)
+        writer.write(self.answer)
+        writer.close()
 
 
 class CappedSite(web.BaseSite):
