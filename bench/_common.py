@@ -8,8 +8,10 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,47 @@ def command(script: str, argv: Sequence[str]) -> str:
     if python.startswith(".."):
         python = "python"
     return " ".join([python, script, *map(shlex.quote, argv)])
+
+
+@dataclass
+class Run:
+    """One run of a benchmark script, for its JSON: what reruns it, the revision measured and
+    how loaded and how fast this shared machine was when it began. Make it before measuring."""
+
+    script: str  # bench/NAME.py
+    argv: Sequence[str]
+    revision_before: dict[str, Any] = field(default_factory=revision)
+    calibration: float = field(default_factory=calibration_seconds)
+    load: float = field(default_factory=lambda: os.getloadavg()[0])
+    started: float = field(default_factory=time.perf_counter)
+
+    def header(self, benchmark: str, **versions: Any) -> dict[str, Any]:
+        """The fields a result begins with; ``versions``: the packages measured (and flags)."""
+        return {
+            "benchmark": benchmark,
+            "command": command(self.script, self.argv),
+            **versions,
+            "revision": self.revision_before,
+            "revision_after": revision(),
+        }
+
+    def footer(self) -> dict[str, Any]:
+        """The fields a result ends with: the machine's state at the start, the run's length."""
+        return {
+            "calibration_seconds": self.calibration,
+            "load_average_before": round(self.load, 2),
+            "wall_seconds": round(time.perf_counter() - self.started, 1),
+        }
+
+
+def spawned_ranks(worker: Callable[..., None], ranks: int, *args: Any) -> Any:
+    """Run ``worker(rank, port, *args, out)`` on ``ranks`` processes (a free port for their
+    process group) and return what rank 0 wrote to ``out`` as JSON."""
+    import torch.multiprocessing as mp
+
+    from hetero.commands.launch import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp, "rank0.json"))
+        mp.spawn(worker, args=(free_port(), *args, out), nprocs=ranks, join=True)
+        return json.loads(Path(out).read_text())

@@ -45,25 +45,20 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _common
 import torch
-import torch.multiprocessing as mp
-from _common import calibration_seconds, emit
+from _common import emit
 from _engine_util import summary
 from torch import nn
 
 import hetero
 from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.train import (
     LayerCost,
     PipelineRank,
@@ -334,10 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats or setup.repeats,
         sample_time=args.sample_time or setup.sample_time,
     )
-    revision = _common.revision()
-    calibration = calibration_seconds()
-    load = os.getloadavg()[0]  # other work on this shared machine, for the record
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_pipeline.py", argv)
     costs, measured = emulated_costs(setup)
     limits = memory_limits(costs, setup)
     state = sum(c.state_bytes for c in costs)
@@ -348,11 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, plan in pair.items():
             print(f"{schedule}, {name}:\n{plan.table()}\n", file=sys.stderr)
     reference = reference_state(setup)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp, "rank0.json"))
-        args_ = (free_port(), setup, plans, reference, out)
-        mp.spawn(worker, args=args_, nprocs=len(SPEEDS), join=True)
-        result = json.loads(Path(out).read_text())
+    result = _common.spawned_ranks(worker, len(SPEEDS), setup, plans, reference)
     ideal = ideal_seconds(costs, setup)
     schedules: dict[str, Any] = {}
     for schedule, pair in plans.items():
@@ -377,13 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
     doc: dict[str, Any] = {
-        "benchmark": "pipeline parallelism",
-        "command": _common.command("bench/bench_pipeline.py", argv),
-        "quick": args.quick,
-        "hetero": hetero.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
-        "revision_after": _common.revision(),
+        **record.header(
+            "pipeline parallelism",
+            quick=args.quick,
+            hetero=hetero.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             **dataclasses.asdict(setup),
             "ranks": len(SPEEDS),
@@ -415,10 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             "work_ms_per_sample": round(sum(c.seconds for c in costs) * 1e3, 1),
         },
         "goals": {"vs_ideal": GOAL_VS_IDEAL, "speedup_vs_even": GOAL_VS_EVEN},
-        "calibration_seconds": calibration,
-        "load_average_before": round(load, 2),
+        **record.footer(),
         "schedules": schedules,
-        "wall_seconds": round(time.perf_counter() - started, 1),
     }
     return emit(doc, args.out)
 

@@ -47,7 +47,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -60,7 +59,7 @@ from typing import Any
 import _common
 import torch
 import torch.multiprocessing as mp
-from _common import calibration_seconds, emit
+from _common import emit
 from _engine_util import summary
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -599,25 +598,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps {setup.steps}: the baseline runs out of its epoch of samples")
     if (gpt.warmup + gpt.steps) * gpt.global_batch > gpt.samples:
         parser.error(f"--gpt-steps {gpt.steps}: the baseline runs out of its epoch of samples")
-    revision = _common.revision()
-    calibration = calibration_seconds()
-    load = os.getloadavg()[0]  # other work on this shared machine, for the record
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_train.py", argv)
+    result = _common.spawned_ranks(worker, len(SPEEDS), setup)
+    mlp_seconds = time.perf_counter() - record.started
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp, "rank0.json"))
-        mp.spawn(worker, args=(free_port(), setup, out), nprocs=len(SPEEDS), join=True)
-        result = json.loads(Path(out).read_text())
-        mlp_seconds = time.perf_counter() - started
         mp.spawn(gpt_worker, args=(free_port(), gpt, tmp), nprocs=len(SPEEDS), join=True)
         transformer = json.loads(Path(tmp, "gpt.json").read_text())
     doc: dict[str, Any] = {
-        "benchmark": "heterogeneous training",
-        "command": _common.command("bench/bench_train.py", argv),
-        "quick": args.quick,
-        "hetero": hetero.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
-        "revision_after": _common.revision(),
+        **record.header(
+            "heterogeneous training",
+            quick=args.quick,
+            hetero=hetero.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             "ranks": len(SPEEDS),
             "backend": "gloo",
@@ -631,13 +624,11 @@ def main(argv: list[str] | None = None) -> int:
             "model": "MLP 32-64-64-10 (examples/train_mlp.py)",
             "samples": setup.samples,
         },
-        "calibration_seconds": calibration,
-        "load_average_before": round(load, 2),
+        **record.footer(),
         "step_time": step_time_figure(setup, result),
         "exactness": result["exactness"],
         "mlp_wall_seconds": round(mlp_seconds, 1),
         "transformer": transformer_figure(gpt, transformer),
-        "wall_seconds": round(time.perf_counter() - started, 1),
     }
     return emit(doc, args.out)
 

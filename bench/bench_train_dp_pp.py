@@ -40,18 +40,14 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import _common
 import torch
-import torch.multiprocessing as mp
-from _common import calibration_seconds, emit
+from _common import emit
 from _engine_util import summary
 from bench_pipeline import (
     EXACT_STEPS,
@@ -68,7 +64,6 @@ from torch import nn
 
 import hetero
 from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.train.fleet_layout import FleetLayout, PipelineReplica, choose_layout, given_layout
 from hetero.train.pipeline_parallel import DataPipelineRunner
 from hetero.train.stages import LayerCost, PipelineRank, split_layers
@@ -250,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats or setup.repeats,
         sample_time=args.sample_time or setup.sample_time,
     )
-    revision = _common.revision()
-    calibration = calibration_seconds()
-    load = os.getloadavg()[0]  # other work on this shared machine, for the record
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_train_dp_pp.py", argv)
     costs, _ = emulated_costs(setup)
     ranks = fleet(costs, setup)
     chosen = choose_layout(
@@ -271,15 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "one_pipeline": one_pipeline(chosen),
     }
     reference = reference_state(setup)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp, "rank0.json"))
-        mp.spawn(
-            worker,
-            args=(free_port(), setup, layouts, reference, out),
-            nprocs=len(SPEEDS),
-            join=True,
-        )
-        result = json.loads(Path(out).read_text())
+    result = _common.spawned_ranks(worker, len(SPEEDS), setup, layouts, reference)
     ideal = ideal_seconds(costs, setup)
     figures = {
         name: layout_figure(lay, result["runs"][name], ideal) for name, lay in layouts.items()
@@ -289,13 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     speedup_pipeline = figures["one_pipeline"]["step_ms"]["median"] / hetero_ms
     diff = max(result["exactness"])
     doc: dict[str, Any] = {
-        "benchmark": "data × pipeline parallelism",
-        "command": _common.command("bench/bench_train_dp_pp.py", argv),
-        "quick": args.quick,
-        "hetero": hetero.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
-        "revision_after": _common.revision(),
+        **record.header(
+            "data × pipeline parallelism",
+            quick=args.quick,
+            hetero=hetero.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             **dataclasses.asdict(setup),
             "global_batch": setup.batch,
@@ -329,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "relative_difference": diff,
             "within_tolerance": diff <= EXACT_TOLERANCE,
         },
-        "calibration_seconds": calibration,
-        "load_average_before": round(load, 2),
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        **record.footer(),
     }
     return emit(doc, args.out)
 

@@ -40,10 +40,8 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +49,12 @@ from typing import Any
 
 import _common
 import torch
-import torch.multiprocessing as mp
-from _common import calibration_seconds, emit
+from _common import emit
 from _engine_util import summary
 from torch import nn
 
 import hetero
 from hetero import comm
-from hetero.commands.launch import free_port
 from hetero.train.expert_parallel import ExpertParallelMoE, MixtureOfExperts, reduce_dense_gradients
 from hetero.train.expert_placement import (
     ExpertPlacement,
@@ -250,26 +246,19 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats or setup.repeats,
         token_time=args.token_time or setup.token_time,
     )
-    revision = _common.revision()
-    calibration = calibration_seconds()
-    load = os.getloadavg()[0]  # other work on this shared machine, for the record
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_train_expert_parallel.py", argv)
     layouts = placements(setup)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp, "rank0.json"))
-        mp.spawn(worker, args=(free_port(), setup, layouts, out), nprocs=len(SPEEDS), join=True)
-        runs = json.loads(Path(out).read_text())
+    runs = _common.spawned_ranks(worker, len(SPEEDS), setup, layouts)
     figures = {name: layout_figure(setup, p, runs[name]) for name, p in layouts.items()}
     ideal = len(SPEEDS) * setup.rows * setup.token_time / sum(SPEEDS)
     hetero_ms = figures["hetero"]["step_ms"]["median"]
     doc: dict[str, Any] = {
-        "benchmark": "expert parallelism",
-        "command": _common.command("bench/bench_train_expert_parallel.py", argv),
-        "quick": args.quick,
-        "hetero": hetero.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
-        "revision_after": _common.revision(),
+        **record.header(
+            "expert parallelism",
+            quick=args.quick,
+            hetero=hetero.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             **dataclasses.asdict(setup),
             "ranks": len(SPEEDS),
@@ -288,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "predicted_expert_speedup_vs_even": round(
             figures["even"]["predicted_expert_ms"] / figures["hetero"]["predicted_expert_ms"], 3
         ),
-        "calibration_seconds": calibration,
-        "load_average_before": round(load, 2),
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        **record.footer(),
     }
     return emit(doc, args.out)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import tempfile
@@ -261,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         setup, steps=args.steps or setup.steps, repeats=args.repeats or setup.repeats
     )
     ray = import_ray()
-    revision = _common.revision()
-    calibration = _common.calibration_seconds()
-    load = os.getloadavg()[0]  # other work on this shared machine, for the record
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_train_ray.py", argv)
     runs: dict[str, list[dict[str, Any]]] = {"hetero": [], "equal_shares": []}
     with tempfile.TemporaryDirectory() as tmp:
         configs = []
@@ -279,13 +275,12 @@ def main(argv: list[str] | None = None) -> int:
                     out = Path(tmp, f"{name}{repeat}.pt")
                     runs[name].append(run(setup, split, str(Path(tmp, "runs")), out))
     doc: dict[str, Any] = {
-        "benchmark": "heterogeneous training on Ray Train",
-        "command": _common.command("bench/bench_train_ray.py", argv),
-        "hetero": hetero.__version__,
-        "ray": ray.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
-        "revision_after": _common.revision(),
+        **record.header(
+            "heterogeneous training on Ray Train",
+            hetero=hetero.__version__,
+            ray=ray.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             "nodes": {
                 name: f"{d['model']} (emulated, speed {d['speed']})" for name, d in NODES.items()
@@ -302,10 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": "MLP 32-64-64-10 (examples/train_mlp.py)",
             "samples": setup.samples,
         },
-        "calibration_seconds": calibration,
-        "load_average_before": round(load, 2),
         "step_time": figure(setup, runs),
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        **record.footer(),
     }
     return _common.emit(doc, args.out)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -186,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     setup = Setup(steps=args.steps, warmup=args.warmup)
-    revision = _common.revision()
-    load = os.getloadavg()[0]
-    started = time.perf_counter()
+    record = _common.Run("bench/bench_train_tensor_parallel.py", argv)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(whole, args=(setup, tmp), nprocs=1, join=True)
         mp.spawn(split, args=(free_port(), setup, tmp), nprocs=2, join=True)
@@ -196,18 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         tp2 = json.loads(Path(tmp, "tp2.json").read_text())
     activation = setup.batch * setup.seq_len * setup.width * 4  # fp32
     doc: dict[str, Any] = {
-        "benchmark": "tensor parallelism (DTensor over gloo)",
-        "command": _common.command("bench/bench_train_tensor_parallel.py", argv),
-        "hetero": hetero.__version__,
-        "torch": torch.__version__,
-        "revision": revision,
+        **record.header(
+            "tensor parallelism (DTensor over gloo)",
+            hetero=hetero.__version__,
+            torch=torch.__version__,
+        ),
         "setup": {
             **asdict(setup),
             "model": "LlamaForCausalLM (transformers), random weights",
             "optimizer": "SGD lr 0.05 momentum 0.9",
             "threads_per_process": 1,
         },
-        "load_average_before": round(load, 2),
         "step_time_ms": {"tp1": tp1["step_time_ms"], "tp2": tp2["step_time_ms"]},
         "step_time_ms_all": {"tp1": tp1["step_time_ms_all"], "tp2": tp2["step_time_ms_all"]},
         "communicated": {
@@ -228,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "exactness": tp2["exactness"],
         "last_loss": {"tp1": tp1["last_loss"], "tp2": tp2["last_loss"]},
-        "wall_seconds": round(time.perf_counter() - started, 1),
+        **record.footer(),
     }
     return emit(doc, args.out)
 
