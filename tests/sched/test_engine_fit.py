@@ -410,3 +410,50 @@ def test_the_prompt_tokens_a_replica_is_sent_are_a_rate_that_fades() -> None:
     load.prefilled(1.0, 5000)
     assert load.prefilled_total == 5000 and load.prefill_queue == 0
     assert load.prefill_rate(-5.0) == pytest.approx(500 * math.exp(-0.1))  # a clock set back
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4000), st.floats(0.0, 0.5)), max_size=60)
+)
+def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
+    events: list[tuple[int, int, float]],
+) -> None:
+    """A pick predicts every replica at once from columns the policy keeps beside the fits
+    and the loads: after any sequence of sends, first tokens, progress, ends, drops and KV
+    sizes, they give each replica's own ``predict_ttft`` and ``predict_tpot``."""
+    policy, view = make_policy([EnginePrior.generic(s) for s in (1.0, 3.0, 0.5)], ttft=2, tpot=0.1)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    sent: list[int | str] = []
+    for kind, size, dt in events:
+        clock.advance(dt)
+        now = clock.now()
+        if kind <= 1 or not sent:
+            item = request(size, size / 4)
+            if policy.pick(item, view, None) is not None:
+                sent.append(item.id)
+        elif kind == 2:
+            policy.first_token(sent[0], now)
+        elif kind == 3:
+            policy.progress(sent[0], now, 8)
+        elif kind == 4:
+            policy.finished(sent.pop(0), now, max(2, size // 10))
+        else:
+            policy.set_kv_tokens(size % 3, size * 10)
+            policy.dropped(sent.pop(), now)
+        now = clock.now()
+        table = policy._table
+        for i, (fit, load) in enumerate(zip(policy.fits, policy.loads, strict=True)):
+            ttft = max(1e-4, table.ttft_base[i] + table.per_token[i] * size)
+            assert ttft == pytest.approx(fit.predict_ttft(load.prefill_queue + size, load.running))
+            kv = load.kv + size
+            decay = min(1.0, math.exp((table.at[i] - now) / 10.0))
+            step = max(1e-4, table.step_base[i] + table.per_kv[i] * size)
+            tpot = step * (1 + min(0.9, table.share[i] * decay))
+            rate = load.prefill_rate(now)
+            assert tpot == pytest.approx(fit.predict_tpot(load.running + 1, kv, rate))
+            busy = load.running > 0
+            assert table.ttft_factor[i] == (fit.ttft_errors.factor if busy else 1.0)
+            cap = fit.kv_tokens
+            assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

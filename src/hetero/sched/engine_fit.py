@@ -49,6 +49,7 @@ otherwise.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
@@ -70,7 +71,7 @@ FLOOR = 1e-4
 #: The largest share of an engine's time the TPOT prediction gives to prefill.
 MAX_PREFILL_SHARE = 0.9
 # Seconds over which the prompt tokens sent to a replica are averaged into a rate.
-_PREFILL_RATE_SECONDS = 10.0
+PREFILL_RATE_SECONDS = 10.0
 # Replies whose error is remembered, per replica and measure.
 _ERRORS = 64
 # The median |log(measured / predicted)| above which a replica is distrusted: 3x off.
@@ -127,7 +128,9 @@ class LinearFit:
     to it. A recursive fit whose iterate is projected onto the bound drifts correlated
     coefficients apart; this one solves the windowed problem exactly after each reply (with
     three or four coefficients, its bounded solution is found among the supports: at most 15
-    solves of at most 4×4, and one where no coefficient falls below zero)."""
+    solves of at most 4×4, and one where no coefficient falls below zero; tried from the last
+    reply's support, which rarely changes, usually one). In plain floats throughout: numpy's
+    call overhead on 4×4 sums and solves was most of an update's cost."""
 
     __slots__ = (
         "_a",
@@ -135,6 +138,7 @@ class LinearFit:
         "_prior_a",
         "_prior_b",
         "_replies",
+        "_support",
         "coef",
         "noise",
         "theta",
@@ -150,9 +154,10 @@ class LinearFit:
         self._prior_b = self._prior_a @ self.theta
         # The window's replies (features, measured, weight) and their sums, kept as they come
         # and go (and summed afresh each time the window turns over, against drift).
-        self._replies: deque[tuple[FloatArray, float, float]] = deque(maxlen=window)
-        self._a = self._prior_a.copy()
-        self._b = self._prior_b.copy()
+        self._replies: deque[tuple[list[float], float, float]] = deque(maxlen=window)
+        self._a: list[list[float]] = self._prior_a.tolist()
+        self._b: list[float] = self._prior_b.tolist()
+        self._support: tuple[int, ...] | None = None  # the last solution's nonzero coefficients
         self.noise = 0.15
         self.updates = 0
 
@@ -164,39 +169,51 @@ class LinearFit:
         # Weighed by the larger of the measured and the predicted value: a reply far below the
         # fit (a burst of tokens the server had held back) must not pull it with the weight of
         # a tiny, exact-looking measurement.
-        w = 1.0 / (self.noise * max(y, float(self.theta @ x), FLOOR)) ** 2
+        v = x.tolist()
+        predicted = sum(c * f for c, f in zip(self.coef, v, strict=True))
+        w = 1.0 / (self.noise * max(y, predicted, FLOOR)) ** 2
         replies = self._replies
         if len(replies) == replies.maxlen and self.updates % len(replies):
-            x0, y0, w0 = replies[0]
-            a = self._a - w0 * np.outer(x0, x0) + w * np.outer(x, x)
-            b = self._b - (w0 * y0) * x0 + (w * y) * x
+            # The oldest reply out and this one in, in plain floats (numpy's call overhead on
+            # 4x4 sums was most of an update's cost)
+            v0, y0, w0 = replies[0]
+            a = []
+            for row, p0, p in zip(self._a, v0, v, strict=True):
+                c0, c = w0 * p0, w * p
+                a.append([m - c0 * q0 + c * q for m, q0, q in zip(row, v0, v, strict=True)])
+            b = [m - w0 * y0 * p0 + w * y * p for m, p0, p in zip(self._b, v0, v, strict=True)]
         else:  # summed afresh: at the start and once a window
-            xs = np.array([r[0] for r in replies] + [x])
+            xs = np.array([r[0] for r in replies] + [v])
             ws = np.array([r[2] for r in replies] + [w])
             ys = np.array([r[1] for r in replies] + [y])
             if len(replies) == replies.maxlen:
                 xs, ws, ys = xs[1:], ws[1:], ys[1:]
-            a = (xs.T * ws) @ xs + self._prior_a
-            b = (xs.T * ws) @ ys + self._prior_b
-        theta = _nonnegative(a, b)
-        if theta is None:
+            a = ((xs.T * ws) @ xs + self._prior_a).tolist()
+            b = ((xs.T * ws) @ ys + self._prior_b).tolist()
+        solved = _nonnegative(a, b, self._support)
+        if solved is None:
             return  # numerically lost (never seen): keep the last good state
-        replies.append((x, y, w))
-        self._a, self._b, self.theta = a, b, theta
-        self.coef = tuple(theta.tolist())
+        theta, self._support = solved
+        replies.append((v, y, w))
+        self._a, self._b = a, b
+        self.theta = np.array(theta)
+        self.coef = tuple(theta)
         self.updates += 1
 
 
-def _nonnegative(a: FloatArray, b: FloatArray) -> FloatArray | None:
-    """``argmin θᵀaθ − 2bᵀθ`` over ``θ ≥ 0`` for a positive definite ``a`` (None when the
-    numbers are lost): the free minimiser on the support where it is non-negative and the
-    objective's gradient off the support is not negative (its KKT conditions), supports tried
-    largest first. In plain floats: numpy's per-call overhead on 4×4 systems was most of the
-    router's cost per reply."""
-    m, v = a.tolist(), b.tolist()
+def _nonnegative(
+    m: list[list[float]], v: list[float], first: tuple[int, ...] | None = None
+) -> tuple[list[float], tuple[int, ...]] | None:
+    """``argmin θᵀmθ − 2vᵀθ`` over ``θ ≥ 0`` for a positive definite ``m``, and the support
+    it was found on (None when the numbers are lost): the free minimiser on the support where
+    it is non-negative and the objective's gradient off the support is not negative (its KKT
+    conditions, which only the one minimiser meets), supports tried from ``first`` (the last
+    update's: it rarely changes), then largest first. In plain floats: numpy's per-call
+    overhead on 4×4 systems was most of the router's cost per reply."""
     n = len(v)
     tolerance = 1e-9 * (max(abs(x) for x in v) + 1.0)
-    for support in _SUPPORTS[n]:
+    supports = _SUPPORTS[n] if first is None else (first, *_SUPPORTS[n])
+    for support in supports:
         part = _solve(m, v, support)
         if part is None or min(part) < 0:
             continue
@@ -210,9 +227,9 @@ def _nonnegative(a: FloatArray, b: FloatArray) -> FloatArray | None:
         ):
             if max(theta) > MAX_SECONDS:
                 return None
-            return np.array(theta)
+            return theta, support
     finite = all(math.isfinite(x) for row in m for x in row) and all(map(math.isfinite, v))
-    return np.zeros(n) if finite else None
+    return ([0.0] * n, ()) if finite else None
 
 
 # Supports of up to four coefficients, largest first.
@@ -223,23 +240,38 @@ _SUPPORTS = {
 
 
 def _solve(m: list[list[float]], v: list[float], idx: tuple[int, ...]) -> list[float] | None:
-    """``m[idx, idx] θ = v[idx]`` by elimination with partial pivoting (None if singular or
-    not finite)."""
-    rows = [[m[i][j] for j in idx] + [v[i]] for i in idx]
+    """``m[idx, idx] θ = v[idx]`` by Cholesky (the block of a positive definite matrix is
+    one; None if it is not, or not finite). Loops written out: sums over generators cost more
+    than the arithmetic at this size."""
     n = len(idx)
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        if not abs(rows[pivot][col]) > 1e-300:  # also NaN
-            return None
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        head = rows[col]
-        for r in range(col + 1, n):
-            f = rows[r][col] / head[col]
-            rows[r] = [x - f * y for x, y in zip(rows[r], head, strict=True)]
+    low: list[list[float]] = []
+    for r in range(n):
+        mr = m[idx[r]]
+        row = [0.0] * n
+        for c in range(r + 1):
+            total = mr[idx[c]]
+            other = low[c] if c < r else row
+            for k in range(c):
+                total -= row[k] * other[k]
+            if r == c:
+                if not total > 1e-300:  # also NaN
+                    return None
+                row[r] = math.sqrt(total)
+            else:
+                row[c] = total / other[c]
+        low.append(row)
+    z = [0.0] * n
+    for r in range(n):
+        total, row = v[idx[r]], low[r]
+        for k in range(r):
+            total -= row[k] * z[k]
+        z[r] = total / row[r]
     theta = [0.0] * n
     for r in range(n - 1, -1, -1):
-        row = rows[r]
-        theta[r] = (row[n] - sum(row[j] * theta[j] for j in range(r + 1, n))) / row[r]
+        total = z[r]
+        for k in range(r + 1, n):
+            total -= low[k][r] * theta[k]
+        theta[r] = total / low[r][r]
     return theta if all(map(math.isfinite, theta)) else None
 
 
@@ -291,20 +323,20 @@ class EngineLoad:
         self.running_time = 0.0
         self.kv_time = 0.0
         self.prefilled_total = 0.0
-        self.sent_tokens = 0.0  # prompt tokens sent, decaying over _PREFILL_RATE_SECONDS
+        self.sent_tokens = 0.0  # prompt tokens sent, decaying over PREFILL_RATE_SECONDS
 
     def prefill_rate(self, now: float) -> float:
         """Prompt tokens sent to be prefilled a second, lately."""
         dt = now - self.at
-        decay = math.exp(-dt / _PREFILL_RATE_SECONDS) if dt > 0 else 1.0
-        return self.sent_tokens * decay / _PREFILL_RATE_SECONDS
+        decay = math.exp(-dt / PREFILL_RATE_SECONDS) if dt > 0 else 1.0
+        return self.sent_tokens * decay / PREFILL_RATE_SECONDS
 
     def advance(self, now: float) -> None:
         dt = now - self.at
         if dt > 0:
             self.running_time += self.running * dt
             self.kv_time += self.kv * dt
-            self.sent_tokens *= math.exp(-dt / _PREFILL_RATE_SECONDS)
+            self.sent_tokens *= math.exp(-dt / PREFILL_RATE_SECONDS)
             self.at = now
         elif dt < 0 or not math.isfinite(now):
             self.at = now if math.isfinite(now) else self.at  # a clock set back: start over
@@ -331,17 +363,28 @@ class EngineLoad:
 class _Errors:
     """The last replies' log-ratios of measured to predicted, and the factor predictions are
     widened by while they contradict the model (kept current as replies come, not computed on
-    every prediction: the router asks for it per replica per request)."""
+    every prediction: the router asks for it per replica per request). The ratios are kept in
+    order of arrival and, for the quantiles, sorted as they come (sorting them afresh twice a
+    reply was most of the cost of judging it)."""
 
-    __slots__ = ("factor", "ratios")
+    __slots__ = ("_magnitudes", "_sorted", "factor", "ratios")
 
     def __init__(self) -> None:
-        self.ratios: deque[float] = deque(maxlen=_ERRORS)
+        self.ratios: deque[float] = deque()
+        self._sorted: list[float] = []  # the ratios, ascending
+        self._magnitudes: list[float] = []  # their absolute values, ascending
         self.factor = 1.0
 
     def add(self, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
-            self.ratios.append(math.log(measured / predicted))
+            ratio = math.log(measured / predicted)
+            if len(self.ratios) == _ERRORS:
+                old = self.ratios.popleft()
+                del self._sorted[bisect.bisect_left(self._sorted, old)]
+                del self._magnitudes[bisect.bisect_left(self._magnitudes, abs(old))]
+            self.ratios.append(ratio)
+            bisect.insort(self._sorted, ratio)
+            bisect.insort(self._magnitudes, abs(ratio))
             self.factor = self._widening()
 
     def quantile(self, q: float) -> float | None:
@@ -356,17 +399,16 @@ class _Errors:
         before any reply."""
         if not self.ratios:
             return None
-        return math.exp(_quantile(sorted(self.ratios), 0.5))
+        return math.exp(_quantile(self._sorted, 0.5))
 
     def _widening(self) -> float:
         """The 90th percentile of measured / predicted (at least 1) while the replies
-        contradict the model, else 1. In plain floats: numpy's median per reply was half the
-        cost of learning from it."""
+        contradict the model, else 1."""
         if len(self.ratios) < _JUDGE_AFTER:
             return 1.0
-        if _quantile(sorted(map(abs, self.ratios)), 0.5) <= _DISTRUST:
+        if _quantile(self._magnitudes, 0.5) <= _DISTRUST:
             return 1.0
-        return max(1.0, math.exp(min(_quantile(sorted(self.ratios), 0.9), 20.0)))
+        return max(1.0, math.exp(min(_quantile(self._sorted, 0.9), 20.0)))
 
 
 def _quantile(ordered: list[float], q: float) -> float:

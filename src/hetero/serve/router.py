@@ -406,7 +406,7 @@ class Router(Driver):
         capacity = state.capacity
         capacity.set_cap(sample.cap)
         if self.slo_policy is not None:
-            self.slo_policy.fits[state.index].set_kv_tokens(sample.kv_tokens)
+            self.slo_policy.set_kv_tokens(state.index, sample.kv_tokens)
         elif sample.waiting is not None:
             in_flight = int(self.dispatcher.view.running[state.index])
             capacity.on_load(state.load_at, in_flight, sample.waiting)

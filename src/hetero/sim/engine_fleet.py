@@ -543,7 +543,7 @@ class EngineFleetSimulator(Driver):
         self._at.append(r)
         if self.slo is not None:
             self.slo.set_prior(r.index, r.replica.engine_prior())
-            self.slo.fits[r.index].set_kv_tokens(r.spec.kv_tokens)  # its first load read
+            self.slo.set_kv_tokens(r.index, r.spec.kv_tokens)  # its first load read
 
     def _ask(self, add: Add) -> None:
         now = self.clock.now()

@@ -40,7 +40,18 @@ import math
 import numpy as np
 
 from hetero.errors import ConfigError
-from hetero.sched.engine_fit import MAX_SECONDS, EngineFit, EngineLoad, EnginePrior, Flight
+from hetero.sched.engine_fit import (
+    FLOOR,
+    MAX_PREFILL_SHARE,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    PREFILL_RATE_SECONDS,
+    EngineFit,
+    EngineLoad,
+    EnginePrior,
+    Flight,
+    FloatArray,
+)
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policy import BoolArray
@@ -109,6 +120,7 @@ class SloRouting(PrefixAffinity):
         self._probe_wait: list[float] = []  # per device, how long idle before it is tried
         self._priors: dict[int, EnginePrior] = {}
         self._flights: dict[int | str, Flight] = {}
+        self._table = _Table(0)
 
     # --- the fleet --------------------------------------------------------------------------
 
@@ -119,6 +131,12 @@ class SloRouting(PrefixAffinity):
         self._priors[device] = prior
         if device < len(self.fits) and not self.fits[device].ttft.updates:
             self.fits[device] = EngineFit(prior)
+            self._mirror(device)
+
+    def set_kv_tokens(self, device: int, tokens: int | None) -> None:
+        """Device ``device``'s KV cache size as its engine publishes it (ignored when absurd)."""
+        self.fits[device].set_kv_tokens(tokens)
+        self._mirror(device)
 
     def bind(self, view: FleetView) -> None:
         super().bind(view)
@@ -128,6 +146,10 @@ class SloRouting(PrefixAffinity):
             self.loads.append(EngineLoad())
             self.heard.append(-math.inf)
             self._probe_wait.append(PROBE_AFTER)
+        if len(self._table) < len(self.fits):
+            self._table = _Table(len(self.fits))
+            for i in range(len(self.fits)):
+                self._mirror(i)
 
     def forget(self, device: int) -> None:
         """Device ``device`` left or starts again: a fresh engine, known by its prior."""
@@ -135,6 +157,7 @@ class SloRouting(PrefixAffinity):
         self.fits[device] = EngineFit(self._priors.get(device, EnginePrior.generic()))
         self.heard[device] = -math.inf
         self._probe_wait[device] = PROBE_AFTER
+        self._mirror(device)
 
     # --- placement --------------------------------------------------------------------------
 
@@ -144,10 +167,11 @@ class SloRouting(PrefixAffinity):
         ttft, tpot = self.ttft_slo, self.tpot_slo
         if ttft is not None and tpot is not None:
             return ttft, tpot
-        best_ttft = best_tpot = MAX_SECONDS
-        for fit in self.fits:
-            best_ttft = min(best_ttft, fit.predict_ttft(prompt, 0))
-            best_tpot = min(best_tpot, fit.predict_step(1, prompt + output / 2))
+        t, k = self._table, len(self.fits)
+        lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * _token(prompt)
+        lone_step = t.lone_step[:k] + t.per_kv[:k] * _token(prompt + output / 2)
+        best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
+        best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
@@ -170,38 +194,36 @@ class SloRouting(PrefixAffinity):
         ttft_slo, tpot_slo = self.slo(prompt, output)
         kv_new = prompt + output / 2
         n = view.n
-        r_ttft = np.full(n, np.inf)
-        r_tpot = np.full(n, np.inf)
-        uncached = np.full(n, prompt)
-        busy = np.zeros(n, dtype=bool)
-        idle_ok = np.zeros(n, dtype=bool)  # would meet the SLO with nothing else there
-        headroom = np.full(n, np.inf)  # the mean predictions over the SLO, summed
-        for i in np.flatnonzero(usable):
-            fit, load = self.fits[i], self.loads[i]
-            if matched is not None and matched[i]:
-                uncached[i] = max(1.0, prompt - matched[i] * self.block_tokens)
-            busy[i] = running = load.running > 0
-            if fit.prior.guess and load.running >= 1 << min(fit.ttft.updates, _RAMP_MAX):
-                idle_ok[i] = True  # its next reply is worth waiting for: see _RAMP_MAX
-                continue
-            kv = load.kv + kv_new
-            tpot = fit.predict_tpot(load.running + 1, kv, load.prefill_rate(now)) / tpot_slo
-            ttft = fit.predict_ttft(load.prefill_queue + uncached[i], load.running) / ttft_slo
-            if running and fit.kv_tokens is not None and kv + output / 2 > fit.kv_tokens:
-                tpot *= 10.0  # past its KV cache: the engine queues or preempts
-            # Ranked by the plain means, so that a busy replica's widening (which decides
-            # whether it meets the SLO at all) does not tilt the choice toward idle slow ones.
-            headroom[i] = ttft + tpot
-            if running:  # widened while distrusted, where it runs something: see above
-                ttft *= fit.ttft_errors.factor
-                tpot *= fit.tpot_errors.factor
-            r_ttft[i], r_tpot[i] = ttft, tpot
-            if running:
-                alone_ttft = fit.predict_ttft(uncached[i], 0)
-                alone_tpot = fit.predict_step(1, kv_new)
-                idle_ok[i] = alone_ttft <= ttft_slo and alone_tpot <= tpot_slo
-            else:
-                idle_ok[i] = r_ttft[i] <= 1.0 and r_tpot[i] <= 1.0
+        uncached: FloatArray | float = prompt
+        if matched is not None:
+            held = matched[:n]
+            uncached = np.where(
+                held > 0, np.maximum(1.0, prompt - held * self.block_tokens), prompt
+            )
+        # Every replica's predictions at once (see _Table).
+        t = self._table
+        running = t.running[:n]
+        busy = usable & (running > 0)
+        ramped = t.ramp[:n] <= running  # its next reply is worth waiting for: see _RAMP_MAX
+        own = np.minimum(uncached, MAX_TOKENS) * t.per_token[:n]
+        ttft = np.maximum(FLOOR, t.ttft_base[:n] + own) / ttft_slo
+        kv_own = t.per_kv[:n] * _token(kv_new)
+        decay = np.minimum(1.0, np.exp((t.at[:n] - now) / PREFILL_RATE_SECONDS))
+        share = np.minimum(MAX_PREFILL_SHARE, t.share[:n] * decay)
+        tpot = np.maximum(FLOOR, t.step_base[:n] + kv_own) * (1.0 + share) / tpot_slo
+        tpot[t.kv_room[:n] < kv_new + output / 2] *= 10.0  # past its KV cache: it queues
+        # Ranked by the plain means, so that a busy replica's widening (which decides whether
+        # it meets the SLO at all) does not tilt the choice toward idle slow ones.
+        headroom = ttft + tpot
+        ttft *= t.ttft_factor[:n]  # widened while distrusted, where it runs something
+        tpot *= t.tpot_factor[:n]
+        lone_ok = (np.maximum(FLOOR, t.lone_ttft[:n] + own) <= ttft_slo) & (
+            np.maximum(FLOOR, t.lone_step[:n] + kv_own) <= tpot_slo
+        )
+        idle_ok = usable & (ramped | np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0)))
+        weighed = usable & ~ramped
+        r_ttft = np.where(weighed, ttft, np.inf)
+        r_tpot = np.where(weighed, tpot, np.inf)
         worst = np.maximum(r_ttft, r_tpot)
         meets = worst <= 1.0
         if meets.any():
@@ -212,13 +234,15 @@ class SloRouting(PrefixAffinity):
             # for a replica to finish something, unless no replica could meet the SLO even
             # idle (then waiting gains nothing).
             only_ttft = r_tpot <= 1.0
-            stale = usable & ~busy & (now - np.array(self.heard) > np.array(self._probe_wait))
+            stale = (
+                usable & ~busy & (now - np.array(self.heard[:n]) > np.array(self._probe_wait[:n]))
+            )
             if only_ttft.any():
                 i = int(np.where(only_ttft, r_ttft, np.inf).argmin())
             elif stale.any():
                 i = int(np.where(stale, worst, np.inf).argmin())  # try it again
                 self._probe_wait[i] = min(2 * self._probe_wait[i], PROBE_MAX)
-            elif busy[usable].any() and np.any(idle_ok[usable]):
+            elif busy.any() and idle_ok.any():
                 return None
             else:
                 i = int(worst.argmin())
@@ -226,7 +250,8 @@ class SloRouting(PrefixAffinity):
                     return None
         if prefix is not None and prefix.blocks and matched is not None:
             self._placed(i, prefix, matched)
-        self._send(item.id, i, now, float(uncached[i]), kv_new, prompt, output)
+        own_tokens = uncached if isinstance(uncached, float) else float(uncached[i])
+        self._send(item.id, i, now, own_tokens, kv_new, prompt, output)
         return i
 
     def _send(
@@ -255,6 +280,7 @@ class SloRouting(PrefixAffinity):
         self._flights[item_id] = flight
         load.add(now, uncached, kv)
         self._read(flight, now)  # its decode is taken to start as it is sent, until told
+        self._mirror(i)
 
     # --- what the executor reports ----------------------------------------------------------
 
@@ -270,6 +296,7 @@ class SloRouting(PrefixAffinity):
         self.fits[flight.device].observe_ttft(
             flight.x_ttft, now - flight.sent, flight.predicted_ttft, flight.fitted[0]
         )
+        self._mirror(flight.device)
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
         """The request's stream has brought ``tokens`` content chunks so far: its decode so far
@@ -279,6 +306,7 @@ class SloRouting(PrefixAffinity):
         flight = self._flights.get(item_id)
         if flight is not None and flight.first is not None:
             self._learn_decode(flight, now, flight.first, tokens)
+            self._mirror(flight.device)
 
     def finished(self, item_id: int | str, now: float, output_tokens: int) -> None:
         """The request ended with ``output_tokens``: its whole decode teaches the step time. A
@@ -295,6 +323,7 @@ class SloRouting(PrefixAffinity):
         if flight.first is None:  # not streamed: its prefill is known done only now
             load.prefilled(now, flight.uncached)
         load.remove(now, flight.kv, 0.0)
+        self._mirror(flight.device)
 
     def _read(self, flight: Flight, now: float) -> None:
         load = self.loads[flight.device]
@@ -328,6 +357,12 @@ class SloRouting(PrefixAffinity):
         if flight is not None:
             uncached = 0.0 if flight.first is not None else flight.uncached
             self.loads[flight.device].remove(now, flight.kv, uncached)
+            self._mirror(flight.device)
+
+    def _mirror(self, device: int) -> None:
+        """Copy device ``device``'s fit and load into the columns a pick reads."""
+        if device < len(self._table):
+            self._table.set(device, self.fits[device], self.loads[device])
 
     def in_flight(self) -> int:
         """Requests the model counts as sent and not ended (0 once all have ended)."""
@@ -356,3 +391,53 @@ class SloRouting(PrefixAffinity):
             "predicted_tpot_s": round(tpot, 5),
             "slo": {"ttft_s": round(ttft_slo, 4), "tpot_s": round(tpot_slo, 5)},
         }
+
+
+class _Table:
+    """Every replica's fit and load as columns, so that a pick predicts them all in a few
+    array operations (a loop over the replicas was most of the router's cost per request with
+    tens of them). The formulas are ``EngineFit.predict_ttft``, ``predict_tpot`` and
+    ``predict_step`` with ``EngineLoad.prefill_rate``; the terms that depend on the replica
+    alone (its coefficients times its queue, batch and KV tokens) are summed when its fit or
+    load changes (``SloRouting._mirror``), so a pick adds only the request's own terms."""
+
+    def __init__(self, n: int) -> None:
+        self.ttft_base = np.zeros(n)  # c0 + c1·queued + c2·running
+        self.per_token = np.zeros(n)  # c1: seconds per uncached prompt token
+        self.lone_ttft = np.zeros(n)  # c0
+        self.step_base = np.zeros(n)  # d0 + d1·(running + 1) + d2·KV held
+        self.per_kv = np.zeros(n)  # d2 per KV token
+        self.lone_step = np.zeros(n)  # d0 + d1
+        self.share = np.zeros(n)  # d3 × the prompt tokens sent a second, before decay
+        self.at = np.zeros(n)  # when that rate was last decayed (EngineLoad.at)
+        self.ttft_factor = np.ones(n)  # the widening where the replica runs something
+        self.tpot_factor = np.ones(n)
+        self.kv_room = np.full(n, np.inf)  # KV tokens left in its cache while busy (inf: unknown)
+        self.ramp = np.full(n, np.inf)  # the slow start's cap on running (inf: none)
+        self.running = np.zeros(n)
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def set(self, i: int, fit: EngineFit, load: EngineLoad) -> None:
+        c, d = fit.ttft.coef, fit.tpot.coef
+        running, kv = _token(load.running), _token(load.kv)
+        busy = load.running > 0
+        self.ttft_base[i] = c[0] + c[1] * _token(load.prefill_queue) + c[2] * running
+        self.per_token[i] = c[1]
+        self.lone_ttft[i] = c[0]
+        self.step_base[i] = d[0] + d[1] * _token(load.running + 1) + d[2] * (kv / 1000.0)
+        self.per_kv[i] = d[2] / 1000.0
+        self.lone_step[i] = d[0] + d[1]
+        self.share[i] = d[3] * _token(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
+        self.at[i] = load.at
+        self.ttft_factor[i] = fit.ttft_errors.factor if busy else 1.0
+        self.tpot_factor[i] = fit.tpot_errors.factor if busy else 1.0
+        self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
+        self.ramp[i] = 1 << min(fit.ttft.updates, _RAMP_MAX) if fit.prior.guess else np.inf
+        self.running[i] = load.running
+
+
+def _token(value: float) -> float:
+    """A count as a feature: finite, in [0, MAX_TOKENS] (as ``engine_fit``'s)."""
+    return min(float(value), MAX_TOKENS) if value > 0 else 0.0
