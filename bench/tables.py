@@ -2370,8 +2370,8 @@ def slo_cost(doc: dict[str, Any]) -> str:
         f"`{doc['command']}`"
         + _at_commit(doc)
         + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
-        "1-6x, fits past their slow start, each replica holding a batch; µs per request, "
-        "median of repeats: the pick (a TTFT and a TPOT prediction for every replica) and the "
+        "1-6x, fits past their slow start, each replica holding a batch; µs of CPU time per "
+        "request, median of repeats: the pick (a TTFT and a TPOT prediction for every replica) and the "
         "learning (the updates at the first token and at the end)"
         + (
             f"; measured under load (calibration {calibration} s; a quiet run of this machine "
