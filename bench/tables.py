@@ -2360,6 +2360,76 @@ def slo_sim(doc: dict[str, Any]) -> str:
     )
 
 
+def compression(doc: dict[str, Any]) -> str:
+    setup, bounds = doc["setup"], doc["bounds"]
+    labels = {
+        "exact": "exact DDP",
+        "int8": "`int8`",
+        "topk_1pct": "`topk`, ratio 0.01",
+        "topk_10pct": "`topk`, ratio 0.1",
+        "local_sgd_4": "`local_sgd_every=4`",
+    }
+    steps = [str(n) for n in setup["steps"]]
+
+    def percent(x: float) -> str:
+        return f"{x * 100:,.0f} %" if x >= 1 else f"{x * 100:.2g} %"
+
+    def gap(name: str, f: dict[str, Any]) -> str:
+        if name == "exact":
+            return f"{f['loss']}"
+        if f["bound"] is None:  # no bound documented at this step count
+            return f"{f['loss']} ({percent(f['relative_difference'])})"
+        return f"{f['loss']} ({percent(f['relative_difference'])}, {_met(f['meets'])})"
+
+    rows = [
+        [
+            f"{m['parameters']}",
+            labels.get(name, name),
+            *(gap(name, c["loss"][n]) for n in steps),
+            "-" if name not in bounds else percent(bounds[name]),
+            f"{c['comm_bytes_per_step']:,g} / {c['dense_bytes_per_step']:,}",
+            percent(c["bytes_ratio"])
+            + (f" ({_met(c['bytes_meets'])})" if "bytes_meets" in c else ""),
+            c["step_ms_median"],
+        ]
+        for m in doc["models"].values()
+        for name, c in m["configurations"].items()
+    ]
+    met = doc["met"]
+    widths = " and ".join(str(m["hidden"]) for m in doc["models"].values())
+    return (
+        "## Local SGD and gradient compression\n\n"
+        f"`{doc['command']}`{_at_commit(doc)} — {setup['ranks']} {setup['backend']} ranks, "
+        f"`Trainer` with shares {'/'.join(map(str, setup['shares']))} of a global batch of "
+        f"{setup['global_batch']}, an MLP of hidden width {widths} "
+        f"on {setup['data']}, {setup['optimizer']}, every configuration from the same start on "
+        "the same global batches. The loss over the dataset after each step count (its "
+        "difference from exact DDP's, relative to it, against the bound docs/training.md "
+        f"documents for {bounds['documented_at_steps']} steps), the bytes a step handed to "
+        "the collectives against the dense all-reduce's (mean over the steps), and the median "
+        "step in ms. Goals: loss within the bound after "
+        + ", ".join(
+            f"{n} steps: {_met(met[f'loss_at_{n}_steps'])}"
+            for n in steps
+            if f"loss_at_{n}_steps" in met
+        )
+        + f"; Top-K at 1 % ≤ 5 % of the dense bytes: {_met(met['topk_1pct_bytes'])}.\n\n"
+        + _table(
+            [
+                "parameters",
+                "configuration",
+                *(f"loss after {n} steps" for n in steps),
+                f"bound at {bounds['documented_at_steps']} steps",
+                "bytes a step",
+                "of dense",
+                "step ms",
+            ],
+            rows,
+        )
+        + f"\n\nLoad average {doc['load_average_before']:.2f} before; {doc['wall_seconds']} s."
+    )
+
+
 def slo_cost(doc: dict[str, Any]) -> str:
     budget = doc["budget"]
     rows = [[r["replicas"], r["pick_us"], r["learn_us"], r["total_us"]] for r in doc["rows"]]
@@ -2371,8 +2441,8 @@ def slo_cost(doc: dict[str, Any]) -> str:
         + _at_commit(doc)
         + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
         "1-6x, fits past their slow start, each replica holding a batch; µs of CPU time per "
-        "request, median of repeats: the pick (a TTFT and a TPOT prediction for every replica) and the "
-        "learning (the updates at the first token and at the end)"
+        "request, median of repeats: the pick (a TTFT and a TPOT prediction for every replica) "
+        "and the learning (the updates at the first token and at the end)"
         + (
             f"; measured under load (calibration {calibration} s; a quiet run of this machine "
             "takes about 0.13 s)"
@@ -2426,6 +2496,7 @@ def main() -> int:
         ("train_expert_parallel.json", train_expert_parallel),
         ("train_tensor_parallel.json", train_tensor_parallel),
         ("train_ray.json", train_ray),
+        ("compression.json", compression),
         ("heartbeat.json", heartbeat),
         ("checkpoint.json", checkpoint),
         ("checkpoint_mirror.json", checkpoint),
