@@ -184,6 +184,7 @@ async def test_a_replica_joins_then_leaves_by_drain_without_cutting_its_request(
             "max_count": 3,
             "need_for_s": None,
             "quiet_for_s": None,
+            "down_after_s": 0.3,
             "held": None,
         }
         assert [d["kind"] for d in shown["decisions"]] == ["start", "drain"]

@@ -297,6 +297,42 @@ def test_a_need_right_after_a_drain_waits_out_the_cooldown() -> None:
     assert start.kind == "start"
 
 
+def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_one_halves_it() -> (
+    None
+):
+    """Near the boundary between two fleet sizes the target flickers: each drain that a start
+    undoes soon after makes the next drain wait twice as long, up to max_down_after."""
+    policy, sizer = one_type(up_after=15, down_after=300, cooldown=120, max_down_after=1200)
+    fleet = SimFleet(["a"])
+    fleet.add_warm("a", 2)
+    now, waits = 0.0, []
+    for _ in range(4):
+        sizer.wanted = {"a": 1}  # quiet until it drains one
+        quiet_from = now
+        while not (done := policy.decide(now, LOW, fleet.view())):
+            fleet.apply(now, done)
+            now += TICK
+        fleet.apply(now, done)
+        assert [a.kind for a in done] == ["drain"]
+        waits.append(now - quiet_from)
+        now += 150  # the need comes back past the cooldown: a start undoes the drain
+        sizer.wanted = {"a": 2}
+        started = run(policy, fleet, now, now + 20)
+        assert [a.kind for a in started] == ["start"]
+        now += 20 + TICK
+        fleet.advance(now + 30)  # the start is warm
+        now += 30
+    assert waits == [300, 600, 1200, 1200]
+    assert policy.status(now)["a"]["down_after_s"] == 1200
+    # A start long after the last drain undoes nothing: the wait halves back.
+    sizer.wanted = {"a": 1}
+    assert [a.kind for a in run(policy, fleet, now, now + 1200)] == ["drain"]
+    sizer.wanted = {"a": 3}
+    later = now + 1200 + 3 * 1200
+    assert [a.kind for a in run(policy, fleet, later, later + 20)] == ["start"]
+    assert policy.status(later)["a"]["down_after_s"] == 600
+
+
 # ---------------------------------------------------------------------- caps
 
 
@@ -425,6 +461,10 @@ def test_types_the_sizer_does_not_know_want_none_and_names_it_does_not_know_are_
         (lambda: ReplicaType("a", 1, 2, min_count=3), "a.min_count: must be between 0"),
         (lambda: PolicyOptions(up_after=-1), "up_after: must be seconds >= 0"),
         (lambda: PolicyOptions(max_actions_per_hour=0), "max_actions_per_hour: must be >= 1"),
+        (
+            lambda: PolicyOptions(down_after=600, max_down_after=300),
+            "max_down_after: must be at least down_after",
+        ),
         (lambda: ScalePolicy([], Target()), "at least one replica type"),
         (lambda: ScalePolicy([ReplicaType("a", 1, 1)] * 2, Target()), "duplicate replica type"),
     ],

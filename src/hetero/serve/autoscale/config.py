@@ -66,6 +66,7 @@ class PolicyConfig(_Strict):
     up_after: float = Field(default=15.0, ge=0)
     down_after: float = Field(default=300.0, ge=0)
     cooldown: float = Field(default=120.0, ge=0)
+    max_down_after: float | None = Field(default=None, ge=0)
     max_actions_per_hour: int = Field(default=6, ge=1)
 
 
