@@ -1891,13 +1891,14 @@ def autoscale_sim(doc: dict[str, Any]) -> str:
         ("static_mean", "static, planned for the mean"),
     ):
         r = doc[name]
+        simulated = r.get("simulated", True)
         rows.append(
             [
-                label,
+                label if simulated else f"{label} (priced, not simulated)",
                 f"${r['cost']:,.0f}",
                 f"{r['cost'] / doc['static_peak']['cost']:.3f}×",
-                f"{r['attainment']:.2%}",
-                f"{r['failed']:,}",
+                f"{r['attainment']:.2%}" if simulated else "-",
+                f"{r['failed']:,}" if simulated else "-",
                 r.get("actions_max_per_hour", "-"),
                 f"{r['actions_mean_per_hour']:.1f}" if "actions_mean_per_hour" in r else "-",
                 ", ".join(f"{k} {v:,.0f} h" for k, v in r["replica_hours"].items()),
