@@ -19,9 +19,7 @@ Hysteresis, so that a noisy target moves the fleet rarely:
   type's wait before its next drain, up to ``max_down_after`` (an hour); a start that reverses
   nothing halves it back toward ``down_after``. Near a boundary between two fleet sizes the
   target flickers with the observed rate: a fixed wait drained and restarted the same replica
-  every few minutes (the simulated day: 84 drains, most undone within 2 to 8 minutes). Easing
-  the wait back after a drain that stood as well, or capping it at 20 minutes, cost less
-  (0.88× and 0.78× the static peak plan) but made up to 9 and 11 actions in an hour.
+  every few minutes (the simulated day: 84 drains, most undone within 2 to 8 minutes).
 - A type's starts wait until ``cooldown`` has passed since its last drain (a need that comes
   back within the cooldown is the oscillation the cooldown is there for); scale-up is never
   held by the hourly guard, only noted in the reason.
