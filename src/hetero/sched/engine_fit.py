@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EngineFit", "EngineLoad", "EnginePrior", "Flight", "LinearFit"]
+__all__ = ["EngineFit", "EngineLoad", "EnginePrior", "Flight", "LinearFit", "token_feature"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -444,7 +444,7 @@ class EngineFit:
 
     @staticmethod
     def ttft_features(prefill_tokens: float, running: float) -> FloatArray:
-        return np.array([1.0, _tokens(prefill_tokens), _tokens(running)])
+        return np.array([1.0, token_feature(prefill_tokens), token_feature(running)])
 
     @staticmethod
     def tpot_features(
@@ -455,28 +455,30 @@ class EngineFit:
         return np.array(
             [
                 1.0,
-                _tokens(running),
-                _tokens(kv_tokens) / 1000.0,
-                _tokens(prefilled_per_token) / 1000.0,
+                token_feature(running),
+                token_feature(kv_tokens) / 1000.0,
+                token_feature(prefilled_per_token) / 1000.0,
             ]
         )
 
     def predict_ttft(self, prefill_tokens: float, running: float) -> float:
         """``ttft.predict(ttft_features(prefill_tokens, running))``, in plain floats."""
         c = self.ttft.coef
-        return max(FLOOR, c[0] + c[1] * _tokens(prefill_tokens) + c[2] * _tokens(running))
+        queued, batch = token_feature(prefill_tokens), token_feature(running)
+        return max(FLOOR, c[0] + c[1] * queued + c[2] * batch)
 
     def predict_step(self, running: float, kv_tokens: float) -> float:
         """``tpot.predict(tpot_features(running, kv_tokens))`` (the step alone, no prefill
         beside it), in plain floats."""
         c = self.tpot.coef
-        return max(FLOOR, c[0] + c[1] * _tokens(running) + c[2] * (_tokens(kv_tokens) / 1000.0))
+        batch, kv = token_feature(running), token_feature(kv_tokens)
+        return max(FLOOR, c[0] + c[1] * batch + c[2] * (kv / 1000.0))
 
     def predict_tpot(self, running: float, kv_tokens: float, prefill_rate: float) -> float:
         """The TPOT of a decode in a batch of ``running`` holding ``kv_tokens`` while the
         engine is sent ``prefill_rate`` prompt tokens a second to prefill (see the module)."""
         step = self.predict_step(running, kv_tokens)
-        share = min(MAX_PREFILL_SHARE, self.tpot.coef[3] * _tokens(prefill_rate) / 1000)
+        share = min(MAX_PREFILL_SHARE, self.tpot.coef[3] * token_feature(prefill_rate) / 1000)
         return step * (1.0 + share)
 
     # --- predictions ------------------------------------------------------------------------
@@ -552,7 +554,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def _tokens(value: float) -> float:
+def token_feature(value: float) -> float:
     """A count as a feature: finite, in [0, MAX_TOKENS]."""
     if not value > 0:  # also NaN
         return 0.0

@@ -51,6 +51,7 @@ from hetero.sched.engine_fit import (
     EnginePrior,
     Flight,
     FloatArray,
+    token_feature,
 )
 from hetero.sched.item import WorkItem
 from hetero.sched.policies.prefix import PrefixAffinity
@@ -168,8 +169,8 @@ class SloRouting(PrefixAffinity):
         if ttft is not None and tpot is not None:
             return ttft, tpot
         t, k = self._table, len(self.fits)
-        lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * _token(prompt)
-        lone_step = t.lone_step[:k] + t.per_kv[:k] * _token(prompt + output / 2)
+        lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * token_feature(prompt)
+        lone_step = t.lone_step[:k] + t.per_kv[:k] * token_feature(prompt + output / 2)
         best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
         best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
         if ttft is None:
@@ -206,11 +207,13 @@ class SloRouting(PrefixAffinity):
         busy = usable & (running > 0)
         ramped = t.ramp[:n] <= running  # its next reply is worth waiting for: see _RAMP_MAX
         own = np.minimum(uncached, MAX_TOKENS) * t.per_token[:n]
-        ttft = np.maximum(FLOOR, t.ttft_base[:n] + own) / ttft_slo
-        kv_own = t.per_kv[:n] * _token(kv_new)
+        ttft_s = np.maximum(FLOOR, t.ttft_base[:n] + own)  # the model's own, in seconds
+        ttft = ttft_s / ttft_slo
+        kv_own = t.per_kv[:n] * token_feature(kv_new)
         decay = np.minimum(1.0, np.exp((t.at[:n] - now) / PREFILL_RATE_SECONDS))
         share = np.minimum(MAX_PREFILL_SHARE, t.share[:n] * decay)
-        tpot = np.maximum(FLOOR, t.step_base[:n] + kv_own) * (1.0 + share) / tpot_slo
+        tpot_s = np.maximum(FLOOR, t.step_base[:n] + kv_own) * (1.0 + share)
+        tpot = tpot_s / tpot_slo
         tpot[t.kv_room[:n] < kv_new + output / 2] *= 10.0  # past its KV cache: it queues
         # Ranked by the plain means, so that a busy replica's widening (which decides whether
         # it meets the SLO at all) does not tilt the choice toward idle slow ones.
@@ -251,7 +254,7 @@ class SloRouting(PrefixAffinity):
         if prefix is not None and prefix.blocks and matched is not None:
             self._placed(i, prefix, matched)
         own_tokens = uncached if isinstance(uncached, float) else float(uncached[i])
-        self._send(item.id, i, now, own_tokens, kv_new, prompt, output)
+        self._send(item.id, i, now, own_tokens, kv_new, float(ttft_s[i]), float(tpot_s[i]))
         return i
 
     def _send(
@@ -261,20 +264,20 @@ class SloRouting(PrefixAffinity):
         now: float,
         uncached: float,
         kv: float,
-        prompt: float,
-        output: float,
+        ttft: float,
+        tpot: float,
     ) -> None:
+        """Books the request on device ``i``, with the pick's own predictions of its TTFT and
+        TPOT there (seconds, not widened: what the model's error is of)."""
         fit, load = self.fits[i], self.loads[i]
-        x = fit.ttft_features(load.prefill_queue + uncached, load.running)
         flight = Flight(
             device=i,
             uncached=uncached,
             kv=kv,
             sent=now,
-            x_ttft=x,
-            # The model's own figures, not widened: what its error is of.
-            predicted_ttft=fit.ttft.predict(x),
-            predicted_tpot=fit.predict_tpot(load.running + 1, load.kv + kv, load.prefill_rate(now)),
+            x_ttft=fit.ttft_features(load.prefill_queue + uncached, load.running),
+            predicted_ttft=ttft,
+            predicted_tpot=tpot,
             fitted=(fit.ttft.updates, fit.tpot.updates),
         )
         self._flights[item_id] = flight
@@ -421,23 +424,18 @@ class _Table:
 
     def set(self, i: int, fit: EngineFit, load: EngineLoad) -> None:
         c, d = fit.ttft.coef, fit.tpot.coef
-        running, kv = _token(load.running), _token(load.kv)
+        running, kv = token_feature(load.running), token_feature(load.kv)
         busy = load.running > 0
-        self.ttft_base[i] = c[0] + c[1] * _token(load.prefill_queue) + c[2] * running
+        self.ttft_base[i] = c[0] + c[1] * token_feature(load.prefill_queue) + c[2] * running
         self.per_token[i] = c[1]
         self.lone_ttft[i] = c[0]
-        self.step_base[i] = d[0] + d[1] * _token(load.running + 1) + d[2] * (kv / 1000.0)
+        self.step_base[i] = d[0] + d[1] * token_feature(load.running + 1) + d[2] * (kv / 1000.0)
         self.per_kv[i] = d[2] / 1000.0
         self.lone_step[i] = d[0] + d[1]
-        self.share[i] = d[3] * _token(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
+        self.share[i] = d[3] * token_feature(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
         self.at[i] = load.at
         self.ttft_factor[i] = fit.ttft_errors.factor if busy else 1.0
         self.tpot_factor[i] = fit.tpot_errors.factor if busy else 1.0
         self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
         self.ramp[i] = 1 << min(fit.ttft.updates, _RAMP_MAX) if fit.prior.guess else np.inf
         self.running[i] = load.running
-
-
-def _token(value: float) -> float:
-    """A count as a feature: finite, in [0, MAX_TOKENS] (as ``engine_fit``'s)."""
-    return min(float(value), MAX_TOKENS) if value > 0 else 0.0
