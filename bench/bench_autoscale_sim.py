@@ -41,7 +41,7 @@ from hetero.serve.autoscale.policy import ReplicaType, ScalePolicy
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler, replica_name
 from hetero.serve.autoscale.sizing import PlanSizer, TypeOption
 from hetero.serve.records import RouterOptions
-from hetero.sim.engine_fleet import EngineFleetSimulator, FleetResult
+from hetero.sim.engine_fleet import EngineFleetSimulator, FleetResult, replica_kind
 
 DAY = 86_400.0
 TTFT, TPOT = 2.0, 0.08
@@ -130,11 +130,11 @@ def summary(result: FleetResult, prices: dict[str, float], wall: float) -> dict[
 
 def kind_prices(plan: ServingPlan) -> dict[str, float]:
     """$ per hour of each replica kind the simulator bills (``GPU`` or ``GPUx<TP>``)."""
-    out = {}
-    for o in plan.options:
-        gpu, k = o.option.gpu, o.option.tensor_parallel
-        out[gpu if k == 1 else f"{gpu}x{k}"] = o.option.price
-    return out
+    return {
+        replica_kind(o.option.engine): o.option.price
+        for o in plan.options
+        if o.option.engine is not None
+    }
 
 
 def run_static(
@@ -157,12 +157,9 @@ def priced_static(plan: ServingPlan, args: argparse.Namespace) -> dict[str, Any]
         "simulated": False,
         "cost": plan.price_per_hour * hours,
         "replica_hours": {
-            (
-                o.option.gpu
-                if o.option.tensor_parallel == 1
-                else f"{o.option.gpu}x{o.option.tensor_parallel}"
-            ): o.replicas * hours
+            replica_kind(o.option.engine): o.replicas * hours
             for o in plan.options
+            if o.option.engine is not None
         },
         "replicas": plan.replicas,
         "price_per_hour": plan.price_per_hour,
@@ -199,10 +196,7 @@ def run_autoscaled(
         on_tick=scaler,
         slo=(TTFT, TPOT),
     )
-    prices = {
-        (o.gpu if o.tensor_parallel == 1 else f"{o.gpu}x{o.tensor_parallel}"): o.price
-        for o in engines.values()
-    }
+    prices = {replica_kind(o.engine): o.price for o in engines.values() if o.engine is not None}
     out = summary(result, prices, time.perf_counter() - started)
     per_hour = Counter(int(t // 3600) for t, *_ in scaler.actions)
     out["actions"] = len(scaler.actions)
