@@ -116,6 +116,16 @@ def versus(doc: dict[str, Any]) -> str:
         for run in row["runs"]:
             key = (row["tree"], run["devices"], run["requests"])
             figures.setdefault(key, []).append(run["us_per_request"])
+    pairs = {  # per run, each round's (this, other)
+        (s["devices"], s["requests"]): list(
+            zip(
+                figures["this", s["devices"], s["requests"]],
+                figures["other", s["devices"], s["requests"]],
+                strict=True,
+            )
+        )
+        for s in doc["summary"]
+    }
     rows = [
         [
             s["devices"],
@@ -123,26 +133,11 @@ def versus(doc: dict[str, Any]) -> str:
             s["other_us_per_request"],
             s["us_per_request"],
             s["ratio"],
-            ", ".join(
-                f"{this}/{other}"
-                for this, other in zip(
-                    figures["this", s["devices"], s["requests"]],
-                    figures["other", s["devices"], s["requests"]],
-                    strict=True,
-                )
-            ),
+            ", ".join(f"{a}/{b}" for a, b in pairs[s["devices"], s["requests"]]),
         ]
         for s in doc["summary"]
     ]
-    ratios = [
-        this / other
-        for s in doc["summary"]
-        for this, other in zip(
-            figures["this", s["devices"], s["requests"]],
-            figures["other", s["devices"], s["requests"]],
-            strict=True,
-        )
-    ]
+    ratios = [a / b for rounds_of in pairs.values() for a, b in rounds_of]
     return (
         f"## Simulator speed beside {doc['other']}\n\n"
         "`python bench/bench_sim_versus.py --tree <a checkout of df9dfcb> --out"
