@@ -141,17 +141,16 @@ class LinearFit:
         "_support",
         "coef",
         "noise",
-        "theta",
         "updates",
     )
 
     def __init__(self, prior: tuple[float, ...], sd: tuple[float, ...], window: int = 48) -> None:
-        self.theta = np.maximum(np.array(prior, dtype=np.float64), 0.0)
-        # theta as plain floats, for the predictions a pick makes per replica (numpy's call
-        # overhead on 3 or 4 numbers was most of their cost)
-        self.coef: tuple[float, ...] = tuple(self.theta.tolist())
+        start = np.maximum(np.array(prior, dtype=np.float64), 0.0)
+        # The coefficients as plain floats: what every prediction and update reads (numpy's
+        # call overhead on 3 or 4 numbers was most of their cost); ``theta`` is their array.
+        self.coef: tuple[float, ...] = tuple(start.tolist())
         self._prior_a = np.diag(1.0 / np.square(np.array(sd, dtype=np.float64)))
-        self._prior_b = self._prior_a @ self.theta
+        self._prior_b = self._prior_a @ start
         # The window's replies (features, measured, weight) and their sums, kept as they come
         # and go (and summed afresh each time the window turns over, against drift).
         self._replies: deque[tuple[list[float], float, float]] = deque(maxlen=window)
@@ -160,6 +159,11 @@ class LinearFit:
         self._support: tuple[int, ...] | None = None  # the last solution's nonzero coefficients
         self.noise = 0.15
         self.updates = 0
+
+    @property
+    def theta(self) -> FloatArray:
+        """The coefficients as an array (for reading: ``coef`` is the state)."""
+        return np.array(self.coef)
 
     def predict(self, x: FloatArray) -> float:
         """The mean at features ``x`` (at least ``FLOOR``)."""
@@ -196,7 +200,6 @@ class LinearFit:
         theta, self._support = solved
         replies.append((v, y, w))
         self._a, self._b = a, b
-        self.theta = np.array(theta)
         self.coef = tuple(theta)
         self.updates += 1
 
