@@ -62,6 +62,7 @@ from hetero.serve.proxy import (
 from hetero.serve.ratelimit import RateLimiter
 from hetero.serve.records import ReplicaState
 from hetero.serve.router import Router, Ticket
+from hetero.serve.upstream import Upstream
 
 if TYPE_CHECKING:
     from hetero.serve.autoscale.controller import AutoscaleController
@@ -154,7 +155,8 @@ class Server:
         self.options = options = options or ServeOptions()
         self.metrics = ServeMetrics(router)
         self.limiter = RateLimiter(options.rate_limit) if options.rate_limit else None
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health checks and load reads
+        self.upstream = Upstream(idle_timeout=_IDLE_CONNECTION_S)  # the requests
         self._runners: list[web.AppRunner] = []
         self._checks: HealthChecks | None = None
         self._health: asyncio.Task[None] | None = None
@@ -274,6 +276,7 @@ class Server:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        await self.upstream.close()
         self._checks = None
         for name in _FLOODABLE:
             logging.getLogger(name).removeFilter(self._repeats)
@@ -343,8 +346,7 @@ class Server:
         attempt's outcome is reported here, and nowhere else; one that failed (or met a 429)
         is placed again or ended by the router, and ``ticket.waiter`` says which."""
         router = self.router
-        assert self.session is not None
-        context = RequestContext(self.session, request, call.body, self.options.max_reply)
+        context = RequestContext(self.upstream, request, call.body, self.options.max_reply)
         try:
             while True:
                 # The waiter says where the ticket runs (a replica's position) or how it ended;

@@ -3,12 +3,19 @@ reply), the router holds at most the bound and one byte more, read as it arrives
 
 from __future__ import annotations
 
-import aiohttp
+from typing import Protocol
 
 __all__ = ["read_at_most"]
 
 
-async def read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+class Readable(Protocol):
+    """What an answer is read from: aiohttp's ``StreamReader``, the request path's
+    ``UpstreamReply``."""
+
+    async def read(self, n: int = -1, /) -> bytes: ...
+
+
+async def read_at_most(content: Readable, limit: int) -> bytes:
     """``content`` up to its end, or its first ``limit + 1`` bytes when it is longer (more than
     ``limit`` bytes back says it was over)."""
     chunks: list[bytes] = []

@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
 
 from hetero.sched import Cause
 from hetero.serve.bounded import read_at_most
@@ -35,6 +34,7 @@ from hetero.serve.outcomes import (
     StreamBroke,
 )
 from hetero.serve.replicas import Replica
+from hetero.serve.upstream import Upstream, UpstreamError, UpstreamReply
 
 __all__ = [
     "RequestContext",
@@ -64,9 +64,8 @@ _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: Content chunks after which a stream's pace is first reported to the router (then at twice
 #: as many each time): the engine model learns a replica's step time from the first of them.
 _FIRST_MARK = 8
-#: What breaks a stream on the replica's side. aiohttp's LineTooLong (a line over its read
-#: limit) is no ClientError, but the replica's fault all the same.
-_STREAM_FAULTS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, LineTooLong)
+#: What breaks an exchange on the replica's side.
+_FAULTS = (UpstreamError, asyncio.TimeoutError, OSError)
 #: Replies up to this size are parsed whole (a few milliseconds). A longer one could hold the
 #: event loop for seconds (JSON numbers parse at about 15 MB/s): it is checked by its shape,
 #: and its usage read from its tail, where OpenAI-compatible servers write it.
@@ -79,7 +78,7 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
 class RequestContext:
     """What every attempt of one client request takes along."""
 
-    session: aiohttp.ClientSession  # to the replicas
+    upstream: Upstream  # to the replicas
     request: web.Request  # the client's: its path, and where a stream is written
     body: bytes
     max_reply: int  # bytes of a whole reply held at most (``hetero serve --max-reply``)
@@ -96,10 +95,10 @@ class StreamWatch(Protocol):
         """The stream has brought ``chunks`` content chunks so far (told at 8, 16, 32...)."""
 
 
-def retry_after(headers: Any) -> float:
-    """Seconds from a ``Retry-After`` header (1 when absent or not a number)."""
+def retry_after(value: str | None) -> float:
+    """Seconds from a ``Retry-After`` header's value (1 when absent or not a number)."""
     try:
-        return min(max(float(headers.get("Retry-After", 1)), 0.05), 60.0)
+        return min(max(float(value or 1), 0.05), 60.0)
     except ValueError:
         return 1.0
 
@@ -120,8 +119,8 @@ def describe_failure(exc: BaseException) -> str:
     """Why an attempt or a health check failed, in words a client may read (they reach its
     error answers): never the replica's address, which a connection error's own message gives
     (the replica is named by whoever reports it)."""
-    if isinstance(exc, LineTooLong):
-        return f"sent a line over {exc.args[1]} bytes"
+    if isinstance(exc, UpstreamError):
+        return str(exc)  # says what the replica did, in words written for it
     if isinstance(exc, aiohttp.ClientConnectorError):
         code = exc.errno
         return f"{type(exc).__name__}: cannot connect" + (
@@ -172,17 +171,18 @@ async def forward(context: RequestContext, replica: Replica) -> Outcome:
     loop = asyncio.get_running_loop()
     started = loop.time()
     max_reply = context.max_reply
-    url = replica.url + context.request.path
     try:
-        async with context.session.post(url, data=context.body, headers=_JSON) as reply:
-            data = await read_at_most(reply.content, max_reply)
-            status = reply.status
-            headers = reply.headers
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        reply = await context.upstream.post(replica.url, context.request.path, context.body)
+        try:
+            data = await read_at_most(reply, max_reply)
+        finally:
+            reply.release()
+    except _FAULTS as exc:
         return _unreached(exc)
     latency = loop.time() - started
+    status = reply.status
     if status != 200 or len(data) > max_reply:
-        return _not_ok(status, data, headers, latency, max_reply)
+        return _not_ok(status, data, reply.headers, latency, max_reply)
     try:
         tokens = _output_tokens(data)
     except ValueError:
@@ -206,7 +206,9 @@ def _output_tokens(data: bytes) -> int | None:
     return tokens if isinstance(tokens, int) and tokens >= 0 else None
 
 
-def _not_ok(status: int, data: bytes, headers: Any, latency: float, max_reply: int) -> Outcome:
+def _not_ok(
+    status: int, data: bytes, headers: dict[str, str], latency: float, max_reply: int
+) -> Outcome:
     """A replica's answer other than 200, or one over ``max_reply`` bytes: an answer too long
     fails the request (the client gets a 502 naming the limit); 429 holds the replica and
     places the request again, 5xx fails the attempt; any other is the request's own fault (bad
@@ -216,17 +218,17 @@ def _not_ok(status: int, data: bytes, headers: Any, latency: float, max_reply: i
         reason = f"answered more than {max_reply} bytes (the limit of hetero serve --max-reply)"
         return Failed(reason, retryable=False)
     if status == 429:
-        return Busy(retry_after(headers))
+        return Busy(retry_after(headers.get("retry-after")))
     if status >= 500:
         return Failed(f"HTTP {status}: {_short(data)}")
     return ReplicaRefused(web.Response(status=status, body=data, headers=_JSON), latency)
 
 
-async def _first_event(content: aiohttp.StreamReader) -> list[bytes]:
+async def _first_event(reply: UpstreamReply) -> list[bytes]:
     """The lines of the first SSE event (up to its blank line), or what came before EOF."""
     lines: list[bytes] = []
     while True:
-        line = await content.readline()
+        line = await reply.readline()
         if not line:
             return lines
         lines.append(line)
@@ -268,23 +270,22 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
     read up to ``max_reply`` bytes). A stream that began comes back open, for ``end_stream``."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    url = replica.url + context.request.path
     try:
-        reply = await context.session.post(url, data=context.body, headers=_JSON)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        reply = await context.upstream.post(replica.url, context.request.path, context.body)
+    except _FAULTS as exc:
         return _unreached(exc)
     counts = [0, -1]
     try:
         if reply.status != 200:
             try:
-                data = await read_at_most(reply.content, context.max_reply)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                data = await read_at_most(reply, context.max_reply)
+            except _FAULTS as exc:
                 return _unreached(exc)  # as ``forward`` takes it: the replica's, retried
             latency = loop.time() - started
             return _not_ok(reply.status, data, reply.headers, latency, context.max_reply)
         try:
-            first = await _first_event(reply.content)
-        except _STREAM_FAULTS as exc:
+            first = await _first_event(reply)
+        except _FAULTS as exc:
             return Failed(f"stream broke before its first event: {describe_failure(exc)}")
         problem = next((p for p in (_event_problem(x, counts) for x in first) if p), None)
         if not first or problem:
@@ -297,7 +298,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             await response.prepare(context.request)
             await response.write(b"".join(first))
             mark = _FIRST_MARK  # the stream's pace is told at 8, 16, 32... chunks
-            async for line in reply.content:
+            while line := await reply.readline():
                 problem = _event_problem(line, counts)
                 if problem:
                     return StreamBroke(response, problem)
@@ -311,7 +312,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             if client_gone(context.request):
                 return ClientGone(response)
             return StreamBroke(response, f"stream broke: {describe_failure(exc)}")
-        except _STREAM_FAULTS as exc:
+        except _FAULTS as exc:
             return StreamBroke(response, f"stream broke: {describe_failure(exc)}")
     finally:
         reply.release()
