@@ -1343,7 +1343,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and args.out and Path(args.out).exists():
         old = json.loads(Path(args.out).read_text())
         figures = {**old.get("figures", {}), **figures}
-        doc["command"] = old.get("command", command)
+        # The heading stays the whole run's; the figure run alone names its own revision.
+        for key in ("command", "revision", "revision_after"):
+            doc[key] = old.get(key, doc[key])
     doc["figures"] = figures
     return emit(doc, args.out)
 
