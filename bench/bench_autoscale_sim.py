@@ -25,6 +25,7 @@ Prints JSON; ``--out`` saves it.
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import time
 from collections import Counter
@@ -200,7 +201,11 @@ def run_autoscaled(
     out = summary(result, prices, time.perf_counter() - started)
     per_hour = Counter(int(t // 3600) for t, *_ in scaler.actions)
     out["actions"] = len(scaler.actions)
-    out["actions_max_per_hour"] = max(per_hour.values(), default=0)
+    out["actions_max_per_hour"] = max(per_hour.values(), default=0)  # by the clock's hours
+    times = sorted(t for t, *_ in scaler.actions)
+    out["actions_max_in_any_hour"] = max(  # over every hour-long window, however placed
+        (bisect.bisect_left(times, t + 3600.0) - i for i, t in enumerate(times)), default=0
+    )
     out["actions_mean_per_hour"] = len(scaler.actions) / args.hours
     out["decisions"] = [
         {"t": round(t, 1), "kind": k, "type": n, "reason": r} for t, k, n, r in scaler.actions

@@ -265,15 +265,28 @@ def test_min_count_holds_against_scale_down() -> None:
     assert len(fleet.warm["a"]) == 2
 
 
-def test_drains_per_hour_are_capped_and_starts_are_not() -> None:
+def test_drains_wait_while_the_hour_holds_max_actions_and_starts_never_wait() -> None:
     policy, sizer = one_type(max_count=20, down_after=0, cooldown=0, max_actions_per_hour=3)
     sizer.wanted = {"a": 1}
     fleet = SimFleet(["a"])
     fleet.add_warm("a", 10)
     drains = run(policy, fleet, 0, 3595, step=60)
-    assert len(drains) == 3
-    assert policy.status(3595)["a"]["held"] == "3 drains in the last hour (max_actions_per_hour)"
+    assert len(drains) == 2  # the third action of the hour is kept for a start
+    assert policy.status(3595)["a"]["held"] == "2 actions in the last hour (max_actions_per_hour)"
     assert len(run(policy, fleet, 3600, 3600)) == 1  # the first drain is an hour old
+    # Starts count too: after two starts, no drain fits in the hour.
+    policy, sizer = one_type(
+        max_count=20, up_after=0, down_after=0, cooldown=0, max_actions_per_hour=3
+    )
+    fleet = SimFleet(["a"])
+    fleet.add_warm("a", 4)
+    sizer.wanted = {"a": 5}
+    assert [a.kind for a in run(policy, fleet, 0, 0)] == ["start"]
+    sizer.wanted = {"a": 6}
+    assert [a.kind for a in run(policy, fleet, 60, 60)] == ["start"]
+    sizer.wanted = {"a": 1}
+    assert run(policy, fleet, 120, 3595, step=60) == []
+    assert [a.kind for a in run(policy, fleet, 3600, 3600)] == ["drain"]
     policy, sizer = one_type(max_count=20, up_after=0, max_actions_per_hour=2)
     fleet = SimFleet(["a"])
     starts = []
@@ -302,7 +315,9 @@ def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_
 ):
     """Near the boundary between two fleet sizes the target flickers: each drain that a start
     undoes soon after makes the next drain wait twice as long, up to max_down_after."""
-    policy, sizer = one_type(up_after=15, down_after=300, cooldown=120, max_down_after=1200)
+    policy, sizer = one_type(
+        up_after=15, down_after=300, cooldown=120, max_down_after=1200, max_actions_per_hour=20
+    )
     fleet = SimFleet(["a"])
     fleet.add_warm("a", 2)
     now, waits = 0.0, []
@@ -331,6 +346,82 @@ def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_
     later = now + 1200 + 3 * 1200
     assert [a.kind for a in run(policy, fleet, later, later + 20)] == ["start"]
     assert policy.status(later)["a"]["down_after_s"] == 600
+
+
+def undo_two_drains(policy: ScalePolicy, sizer: Target, fleet: SimFleet) -> float:
+    """Drain one of type a's two replicas and start it again soon after, twice: its wait
+    before a drain is then four times down_after (300 s -> 1,200). Returns the time after."""
+    now = 0.0
+    for _ in range(2):
+        sizer.wanted = {**sizer.wanted, "a": 1}
+        while not (done := policy.decide(now, LOW, fleet.view())):
+            now += TICK
+        fleet.apply(now, done)
+        now += 150
+        sizer.wanted = {**sizer.wanted, "a": 2}
+        assert [a.kind for a in run(policy, fleet, now, now + 20)] == ["start"]
+        now += 20 + TICK
+        fleet.advance(now + 30)
+        now += 30
+    assert policy.status(now)["a"]["down_after_s"] == 1200
+    return now
+
+
+def test_a_target_two_or_more_below_drains_after_down_after_whatever_the_longer_wait() -> None:
+    """The longer wait is for a target flickering between this size and the next: after a
+    burst, a fleet two or more above its target drains after down_after, down to one above
+    the target, and the last step waits the type's longer wait."""
+    policy, sizer = one_type(
+        up_after=15, down_after=300, cooldown=120, max_down_after=1200, max_actions_per_hour=20
+    )
+    fleet = SimFleet(["a"])
+    fleet.add_warm("a", 2)
+    now = undo_two_drains(policy, sizer, fleet)
+    sizer.wanted = {"a": 5}  # a burst: three more
+    assert [a.count for a in run(policy, fleet, now, now + 20)] == [3]
+    now += 20 + TICK
+    fleet.advance(now + 30)
+    now += 30
+    assert len(fleet.warm["a"]) == 5
+    sizer.wanted = {"a": 1}  # it is over
+    quiet_from, drains = now, []
+    while len(fleet.warm["a"]) > 2:
+        done = policy.decide(now, LOW, fleet.view())
+        fleet.apply(now, done)
+        drains += [now - quiet_from for a in done if a.kind == "drain"]
+        now += TICK
+    assert drains == [300, 420, 540]  # down_after, then a cooldown apart: 5 -> 4 -> 3 -> 2
+    while not (done := policy.decide(now, LOW, fleet.view())):
+        now += TICK
+    assert [a.kind for a in done] == ["drain"] and now - quiet_from >= 1200  # 2 -> 1
+
+
+def test_a_mix_swapping_gpus_drains_at_the_longer_wait_not_as_a_fleet_shrinking() -> None:
+    """A target two below that comes with a start of another type is the mix moving to other
+    GPUs (and it may move back): the type waits its longer wait, as one above would."""
+    sizer = Target(a=2, b=0)
+    options = PolicyOptions(
+        up_after=15, down_after=300, cooldown=120, max_down_after=1200, max_actions_per_hour=20
+    )
+    types = [ReplicaType("a", startup_s=30, max_count=5), ReplicaType("b", 30, max_count=5)]
+    policy = ScalePolicy(types, sizer, options)
+    fleet = SimFleet(["a", "b"])
+    fleet.add_warm("a", 2)
+    now = undo_two_drains(policy, sizer, fleet)
+    sizer.wanted = {"a": 4, "b": 0}
+    run(policy, fleet, now, now + 20)
+    now += 20 + TICK
+    fleet.advance(now + 30)
+    now += 30
+    assert len(fleet.warm["a"]) == 4
+    sizer.wanted = {"a": 2, "b": 1}  # the mix swaps two A for one B
+    start, drains = now, []
+    while now <= start + 1500 and not drains:
+        done = policy.decide(now, LOW, fleet.view())
+        fleet.apply(now, done)
+        drains = [now for a in done if a.kind == "drain"]
+        now += TICK
+    assert drains and drains[0] - start >= 1200  # not at 300, as a shrinking fleet would
 
 
 # ---------------------------------------------------------------------- caps
@@ -387,9 +478,10 @@ def test_no_flapping_whatever_the_targets(
             assert fleet.count(t.name) <= t.max_count
             assert len(fleet.warm[t.name]) + len(fleet.starting[t.name]) >= t.min_count
         assert sum(len(w) for w in fleet.warm.values()) >= 1  # never the last warm one
-    drains = [x.at for x in actions if x.kind == "drain"]
-    for i, at in enumerate(drains):  # the hourly guard, over any hour
-        assert sum(1 for t in drains[i:] if t < at + 3600) <= OPTIONS.max_actions_per_hour
+    for i, x in enumerate(actions):  # the hourly guard, over any hour: a drain and the
+        if x.kind == "drain":  # actions before it leave one of the hour for a start
+            hour = sum(1 for y in actions[: i + 1] if y.at > x.at - 3600)
+            assert hour <= OPTIONS.max_actions_per_hour - 1
     for t in TYPES:  # no start and drain of one type within the cooldown, in either order
         mine = [x for x in actions if x.type_name == t.name]
         for x in mine:

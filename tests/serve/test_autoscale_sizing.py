@@ -3,6 +3,8 @@ its policy driving the engine-fleet simulator: pure, virtual time."""
 
 from __future__ import annotations
 
+import random
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,13 @@ from hetero.serve.autoscale.policy import (
     TypeFleet,
 )
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler
-from hetero.serve.autoscale.sizing import MIN_SAMPLES, PlanSizer, TypeOption, beyond_chance
+from hetero.serve.autoscale.sizing import (
+    MIN_SAMPLES,
+    RATE_BAND,
+    PlanSizer,
+    TypeOption,
+    beyond_chance,
+)
 from hetero.serve.autoscale.traffic import TrafficLog
 from hetero.serve.engine_model import engine_spec
 from hetero.serve.records import RouterOptions
@@ -115,8 +123,9 @@ def test_the_sizer_keeps_its_gpus_while_they_cost_little_more() -> None:
     ]
     plan_spec = spec(model="llama-3.1-70b", devices=menu)
     types = {"a100": TypeOption("A100-80GB", 2), "h100": TypeOption("H100-SXM-80GB", 2)}
-    sticky, loose = PlanSizer(plan_spec, types), PlanSizer(plan_spec, types, stickiness=0.0)
-    assert sticky(Traffic(rate=4.0)) == loose(Traffic(rate=4.0)) == {"a100": 1, "h100": 0}
+    sticky = PlanSizer(plan_spec, types, stickiness=0.25)
+    loose = PlanSizer(plan_spec, types, stickiness=0.0)
+    assert sticky(Traffic(rate=3.8)) == loose(Traffic(rate=3.8)) == {"a100": 1, "h100": 0}
     # At 6 requests/s one H100 pair is cheapest; two A100 pairs cost less than 25 % more.
     assert loose(Traffic(rate=6.0)) == {"a100": 0, "h100": 1}
     assert sticky(Traffic(rate=6.0)) == {"a100": 2, "h100": 0}
@@ -124,11 +133,54 @@ def test_the_sizer_keeps_its_gpus_while_they_cost_little_more() -> None:
     assert sticky(Traffic(rate=9.0)) == {"a100": 0, "h100": 1}
 
 
+def test_a_rate_that_wobbles_within_the_band_is_not_planned_again() -> None:
+    """The demand is planned for with RATE_BAND's headroom and planned again only once it
+    leaves the band: above what was planned at once, below it only by twice the band."""
+    sizer = PlanSizer(spec(), TYPES)
+    sizer(Traffic(rate=20.0))
+    assert sizer.planned == pytest.approx(20.0 * (1 + RATE_BAND))
+    for rate in (20.9, 19.5, 19.2, 20.5):  # within [21 / 1.1, 21]
+        sizer(Traffic(rate=rate))
+        assert sizer.planned == pytest.approx(21.0)
+    sizer(Traffic(rate=21.5))  # above: planned again, with headroom
+    assert sizer.planned == pytest.approx(21.5 * (1 + RATE_BAND))
+    sizer(Traffic(rate=18.0))  # under 22.575 / 1.1: planned again
+    assert sizer.planned == pytest.approx(18.0 * (1 + RATE_BAND))
+
+
+def test_of_plans_about_as_cheap_the_sizer_takes_the_one_nearest_its_last_answer() -> None:
+    """On a rate that wanders (a seeded random walk), the sizer moves fewer replicas than the
+    cheapest plan at every step would, and is never dearer than it by more than
+    ``stickiness``."""
+    menu = [{"model": "L4", "max_count": 8}, {"model": "A100-80GB", "max_count": 8}]
+    plan_spec = spec(model="llama-3.1-8b", devices=menu)
+    types = {"L4": TypeOption("L4"), "A100-80GB": TypeOption("A100-80GB")}
+    near = PlanSizer(plan_spec, types, stickiness=0.15)
+    cheapest = PlanSizer(plan_spec, types, stickiness=0.0)
+    price = {o.gpu: o.price for o in cheapest.planner.problem.options}
+    rng, rate, rates = random.Random(0), 2.0, []
+    for _ in range(80):
+        rate = max(0.5, rate * rng.uniform(0.85, 1.18))
+        rates.append(rate)
+    answers = [(near(Traffic(rate=r)), cheapest(Traffic(rate=r))) for r in rates]
+
+    def moves(seq: list[dict[str, int]]) -> int:
+        return sum(abs(b[k] - a[k]) for a, b in pairwise(seq) for k in a)
+
+    assert moves([a for a, _ in answers]) < moves([b for _, b in answers])
+    for a, b in answers:
+        dear = sum(price[k] * n for k, n in a.items())
+        assert dear <= 1.15 * sum(price[k] * n for k, n in b.items()) + 1e-9
+
+
 def test_replies_that_miss_the_slo_make_the_sizer_ask_for_more_until_they_meet_it() -> None:
     sizer = PlanSizer(spec(), TYPES)
     planned = sum(sizer(Traffic(rate=20, attainment=None)).values())
-    missing = [sum(sizer(Traffic(rate=20, attainment=0.5)).values()) for _ in range(6)]
-    assert missing[-1] > missing[0] > planned  # the plan was off: more and more
+    demands = []
+    for _ in range(6):
+        sizer(Traffic(rate=20, attainment=0.5))
+        demands.append(sizer.planned)
+    assert demands == sorted(demands) and demands[-1] > 2 * demands[0]  # the plan was off
     assert sizer.boost > 1
     meeting = [sum(sizer(Traffic(rate=20, attainment=1.0)).values()) for _ in range(200)]
     assert meeting[-1] == planned  # eased back once the replies meet it

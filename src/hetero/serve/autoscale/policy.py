@@ -13,13 +13,18 @@ Hysteresis, so that a noisy target moves the fleet rarely:
   enough for the highest target of that window.
 - *Down* once the target has been below warm + starting continuously for ``down_after``, judged
   by the highest target of that window (a brief dip removes nothing), one replica at a time,
-  never within ``cooldown`` of another action on the type, at most ``max_actions_per_hour``
-  drains over the whole fleet in any hour.
+  never within ``cooldown`` of another action on the type, and only while the whole fleet's
+  starts and drains of the last hour are fewer than ``max_actions_per_hour`` less one (the one
+  left for a start that undoes the drain: starts never wait).
 - A drain the need reverses (a start of the type within twice its wait after it) doubles the
   type's wait before its next drain, up to ``max_down_after`` (an hour); a start that reverses
   nothing halves it back toward ``down_after``. Near a boundary between two fleet sizes the
   target flickers with the observed rate: a fixed wait drained and restarted the same replica
-  every few minutes (the simulated day: 84 drains, most undone within 2 to 8 minutes).
+  every few minutes (the simulated day: 84 drains, most undone within 2 to 8 minutes). The
+  longer wait holds only a replica one above the target, or one whose type the mix is
+  leaving for another GPU (a start of another type within the wait): a fleet two or more above
+  its target after a burst drains after ``down_after``, down to one above (an hour's wait held
+  a burst's replicas for an hour after it).
 - A type's starts wait until ``cooldown`` has passed since its last drain (a need that comes
   back within the cooldown is the oscillation the cooldown is there for); scale-up is never
   held by the hourly guard, only noted in the reason.
@@ -338,11 +343,22 @@ class ScalePolicy:
         serving: int,
     ) -> Action | None:
         o = self.options
-        if books.quiet_since is None or now - books.quiet_since < books.down_after:
+        if books.quiet_since is None or now - books.quiet_since < o.down_after:
             return None
         warm, starting = len(mine.warm), len(mine.starting)
         capacity = warm + starting
-        peak = max(t for at, t in books.targets if at >= now - books.down_after)
+        # The type's longer wait is for a target flickering between this size and the next:
+        # one that stays two or more below (the fleet after a burst) drains after down_after.
+        recent = max(t for at, t in books.targets if at >= now - o.down_after)
+        # A start of another type within the wait is a mix swapping GPUs, not a fleet
+        # shrinking: the swap drains at the type's longer wait, as it may swap back.
+        shrinking = recent <= capacity - 2 and not any(
+            b is not books and now - b.last_start < books.down_after for b in self._books.values()
+        )
+        wait = o.down_after if shrinking else books.down_after
+        if now - books.quiet_since < wait:
+            return None
+        peak = max(t for at, t in books.targets if at >= now - wait)
         if peak >= capacity or capacity - 1 < rtype.min_count or not mine.warm:
             return None
         since_action = now - max(books.last_start, books.last_drain)
@@ -352,8 +368,11 @@ class ScalePolicy:
         if serving <= 1:
             books.held = "the last warm replica of the fleet"
             return None
-        if len(self._drains) >= o.max_actions_per_hour:
-            books.held = f"{len(self._drains)} drains in the last hour (max_actions_per_hour)"
+        # Starts count against the hour too, and never wait: a drain leaves one action of the
+        # hour for a start that may undo it.
+        actions = len(self._drains) + len(self._starts)
+        if actions >= max(1, o.max_actions_per_hour - 1):
+            books.held = f"{actions} actions in the last hour (max_actions_per_hour)"
             return None
         # The least loaded, then the newest: it has the fewest requests to finish and the
         # coldest caches.
