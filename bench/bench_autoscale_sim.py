@@ -250,6 +250,7 @@ def main() -> int:
         "revision": revision(),
         "command": "python bench/bench_autoscale_sim.py"
         + (" --static-priced" if args.static_priced else "")
+        + (f" --seed {args.seed}" if args.seed else "")
         + (f" --out {args.out}" if args.out else ""),
         "model": "llama-3.1-70b",
         "slo": {"ttft": TTFT, "tpot": TPOT, "percentile": 99},
