@@ -3,7 +3,9 @@ and the fleet, the dispatcher's membership and the policy follow."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +101,23 @@ def test_waiting_tasks_fail_rather_than_hang_when_their_last_device_leaves(
                 f.result(timeout=120)
 
 
+@hetero.task(cost=lambda item: 1.0)
+def double_past_the_gate(item: tuple[int, str]) -> int:
+    """``2 x``; from the 20th item on, once the file ``gate`` exists (at most 120 s)."""
+    x, gate = item
+    deadline = time.monotonic() + 120
+    while x >= 20 and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return x * 2
+
+
 def test_a_node_that_joins_mid_map_receives_work(tmp_path: Path) -> None:
+    """The map cannot end before the node has joined: its items past the 20th wait for a gate
+    the test opens once the node's devices are members (under load, the head alone used to
+    finish the map first)."""
     head = write_fleet(tmp_path, "head", [emulated("V100-32GB", 1.0)])
     extra = write_fleet(tmp_path, "extra", [emulated("A100-80GB", 2.5, count=2)])
+    gate = tmp_path / "gate"
     n = 200
     with (
         local_cluster([head]) as cluster,
@@ -109,10 +125,13 @@ def test_a_node_that_joins_mid_map_receives_work(tmp_path: Path) -> None:
     ):
         assert len(ctx.devices) == 1
         results = []
-        for value in ctx.map(double, range(n), batch_size=2, progress=False):
+        items = [(x, str(gate)) for x in range(n)]
+        for value in ctx.map(double_past_the_gate, items, batch_size=2, progress=False):
             results.append(value)
             if len(results) == 20:
                 add_node(cluster, extra)
+                wait_for(lambda: len(ctx.dispatcher.members) == 3, timeout=120)
+                gate.touch()
         assert results == [2 * x for x in range(n)]
         joined = [d for d in ctx.devices if d.model == "A100-80GB"]
         assert len(joined) == 2 and len(ctx.dispatcher.members) == 3

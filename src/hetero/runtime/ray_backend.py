@@ -455,7 +455,14 @@ class RayBackend(Backend):
             new = [n for nid, n in alive.items() if nid not in self._nodes]
             if not new or self._stop.is_set():
                 continue
-            for nid, probe in probe_nodes(self._ray, new).items():
+            try:
+                probes = probe_nodes(self._ray, new)
+            except (Exception, SystemExit):  # Ray raises SystemExit in a call as it shuts down
+                if self._stop.is_set():
+                    return
+                log.exception("probing the nodes that joined failed; trying again")
+                continue
+            for nid, probe in probes.items():
                 if probe.problem:
                     log.error("node %s joined but is not used: %s", short_id(nid), probe.problem)
                     self._nodes[nid] = RayNode(nid, short_id(nid), "?", {}, alive=False)
