@@ -149,6 +149,23 @@ async def test_an_idle_connection_past_its_time_is_not_reused(replica: Replica) 
     await upstream.close()
 
 
+async def test_idle_connections_past_their_time_are_closed_whoever_gets_the_next_request(
+    replica: Replica,
+) -> None:
+    """A replica that gets no more requests (removed, drained) does not keep its connections:
+    they are swept once past their idle time."""
+    replica.answers += [([ok(b"1")], False), ([ok(b"2")], False)]
+    upstream = Upstream(idle_timeout=0.0)
+    reply = await upstream.post(replica.url, "/x", b"{}")
+    assert await read_at_most(reply, 10) == b"1"
+    reply.release()
+    assert not upstream._origins  # its connection closed, the replica forgotten
+    reply = await upstream.post(replica.url, "/x", b"{}")  # and met again as new
+    assert await read_at_most(reply, 10) == b"2"
+    reply.release()
+    await upstream.close()
+
+
 async def test_a_connection_the_replica_closed_while_idle_is_not_reused(
     replica: Replica,
 ) -> None:

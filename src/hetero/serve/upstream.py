@@ -93,9 +93,10 @@ class _Origin:
     """One replica's address, its request line's parts and its idle connections (the most
     recently used last, so the warmest is taken and the stalest expire from the front)."""
 
-    __slots__ = ("host", "host_header", "idle", "port", "prefix", "tls")
+    __slots__ = ("base", "host", "host_header", "idle", "port", "prefix", "tls")
 
     def __init__(self, base: str) -> None:
+        self.base = base
         parts = urlsplit(base)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"replica URL {base!r}: expected http://host[:port][/path]")
@@ -116,6 +117,7 @@ class Upstream:
         self.idle_timeout = idle_timeout
         self._origins: dict[str, _Origin] = {}
         self._tls: ssl.SSLContext | None = None
+        self._swept = 0.0
 
     async def post(self, base: str, path: str, body: bytes) -> UpstreamReply:
         """POST ``body`` (JSON) to ``base + path``; returns once the answer's head is read."""
@@ -167,10 +169,21 @@ class Upstream:
     def _keep(self, origin: _Origin, connection: _Connection) -> None:
         now = time.monotonic()
         connection.idle_since = now
-        idle = origin.idle
-        while idle and now - idle[0].idle_since >= self.idle_timeout:
-            idle.popleft().close()
-        idle.append(connection)
+        # Swept away while the connection was in use: registered again.
+        self._origins.setdefault(origin.base, origin).idle.append(connection)
+        if now - self._swept >= self.idle_timeout:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Close the connections idle past their time, of every replica: one that gets no more
+        requests (removed, drained) would hold its descriptors for good."""
+        self._swept = now
+        for base, origin in list(self._origins.items()):
+            idle = origin.idle
+            while idle and now - idle[0].idle_since >= self.idle_timeout:
+                idle.popleft().close()
+            if not idle:
+                del self._origins[base]
 
     async def _connect(self, origin: _Origin) -> _Connection:
         tls: ssl.SSLContext | None = None
