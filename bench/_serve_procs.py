@@ -237,10 +237,16 @@ def hetero_serve_command(
 
 
 def start_hetero_serve(
-    children: Children, replicas: Sequence[str], strategy: str | None, flags: Sequence[str] = ()
+    children: Children,
+    replicas: Sequence[str],
+    strategy: str | None,
+    flags: Sequence[str] = (),
+    tree: str | None = None,
 ) -> tuple[Child, str]:
+    """``tree``: another checkout whose ``src`` the router runs from (its C kernel built)."""
     name = re.sub(r"[^A-Za-z0-9.]+", "_", " ".join([f"hetero-serve-{strategy}", *flags]))
-    child = children.start(name, hetero_serve_command(replicas, strategy, flags))
+    env = {"PYTHONPATH": str(Path(tree) / "src")} if tree else None
+    child = children.start(name, hetero_serve_command(replicas, strategy, flags), env=env)
     found = child.wait_for_line(re.compile(r"hetero serve " + URL.pattern), 60)
     return child, found.group(1)
 

@@ -165,6 +165,7 @@ class Overhead:
     sglang_policies: tuple[str, ...] = ("round_robin", SGLANG_DEFAULT)
     repeats: int = 3
     seed: int = 0
+    trees: tuple[str, ...] = ()  # other checkouts whose hetero serve runs in turns with this one
 
 
 def quick_sizes(
@@ -335,6 +336,7 @@ class Config:
     kind: str  # hetero | client | sglang
     name: str  # strategy or policy
     flags: tuple[str, ...] = ()  # hetero serve's further flags
+    tree: str | None = None  # hetero serve from another checkout (--tree)
 
 
 def goodput_configs(w: Goodput) -> list[Config]:
@@ -359,7 +361,9 @@ def start_router(
     router is told the replicas' URLs and nothing else: hetero serve learns their speed and
     capacity as sglang-router must."""
     if config.kind == "hetero":
-        child, url = start_hetero_serve(children, list(urls), config.name, config.flags)
+        child, url = start_hetero_serve(
+            children, list(urls), config.name, config.flags, config.tree
+        )
         return child, [url]
     if config.kind == "sglang":
         child, url = start_sglang_router(children, urls, config.name)
@@ -801,6 +805,15 @@ def overhead_configs(o: Overhead) -> list[Config]:
         ),
         *(
             Config(
+                f"hetero serve at {_revision_of(tree)}, {DEFAULT_STRATEGY} (--tree)",
+                "hetero",
+                DEFAULT_STRATEGY,
+                tree=tree,
+            )
+            for tree in o.trees
+        ),
+        *(
+            Config(
                 f"sglang-router, {p}" + (" (its default)" if p == SGLANG_DEFAULT else ""),
                 "sglang",
                 p,
@@ -808,6 +821,13 @@ def overhead_configs(o: Overhead) -> list[Config]:
             for p in o.sglang_policies
         ),
     ]
+
+
+def _revision_of(tree: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", tree, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or Path(tree).name
 
 
 def _cpu_us(cpu: dict[str, float], requests: int) -> dict[str, float | None]:
@@ -982,7 +1002,8 @@ def overhead_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"note": "hetero serve was not measured"}
     out: dict[str, Any] = {}
     for r in rows:
-        if r["kind"] != "sglang" or "skipped" in r:
+        other = r["kind"] == "sglang" or r["config"].endswith("(--tree)")
+        if not other or "skipped" in r:
             continue
 
         def cpu(row: dict[str, Any]) -> float | None:
@@ -995,7 +1016,8 @@ def overhead_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "throughput_ratio": _ratio(ours["throughput_rps"], r["throughput_rps"]),
             "router_cpu_per_request_ratio": _ratio(cpu(ours), cpu(r)),
         }
-    return {"hetero_default_vs": out, "note": "hetero serve's figure / sglang-router's"}
+    note = "hetero serve's figure / sglang-router's (or another checkout's hetero serve's)"
+    return {"hetero_default_vs": out, "note": note}
 
 
 # ------------------------------------------------------------------------------- printing
@@ -1232,6 +1254,13 @@ def main(argv: list[str] | None = None) -> int:
         help="load-generator processes in the closed loop",
     )
     group.add_argument("--repeats", type=int, help=f"overhead repeats ({o.repeats})")
+    group.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        help="another checkout (a git worktree, its C kernel built) whose hetero serve runs in "
+        "turns with this one's; repeatable",
+    )
     parser.add_argument("--no-hetero", action="store_true", help="skip hetero serve")
     parser.add_argument("--no-sglang", action="store_true", help="skip sglang-router")
     args = parser.parse_args(argv)
@@ -1281,6 +1310,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if len(g.speeds) != len(g.slots):
         parser.error("--speeds and --slots need as many values each")
+    for tree in args.tree:
+        if not (Path(tree) / "src" / "hetero" / "serve").is_dir():
+            parser.error(f"--tree {tree}: no src/hetero/serve there (a checkout of hetero?)")
+    o = dataclasses.replace(o, trees=tuple(str(Path(t).resolve()) for t in args.tree))
 
     hetero_reason = "--no-hetero given" if args.no_hetero else hetero_serve_available()
     if args.no_sglang:
