@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import combinations
 
 import numpy as np
 
@@ -184,18 +183,24 @@ class PlanSizer:
     def _sticky(self, best: ServingPlan, rate: float) -> ServingPlan:
         """Of the plans that cost at most ``stickiness`` more than the cheapest, the one nearest
         the last answer: the fewest replicas started and drained, then the cheapest. The
-        candidates are the cheapest and the cheapest of each set of the GPUs the last answer
-        used. A fleet is not rebuilt from other GPUs for a few per cent, nor its mix swung with
-        the rate (each swing starts replicas of one GPU and drains the other's)."""
+        candidates are the cheapest and the cheapest of the GPUs the last answer used: all of
+        them, each less one, and each alone. A fleet is not rebuilt from other GPUs for a few
+        per cent, nor its mix swung with the rate (each swing starts replicas of one GPU and
+        drains the other's)."""
         if not self._kept:
             return best
+        kept = sorted(self._kept)
+        # Every set of them for two GPUs; for more, a solve per set would grow as 2^n: the
+        # whole set, each less one GPU, and each alone (2n + 1 solves).
+        subsets = {frozenset(kept)}
+        subsets.update(frozenset(kept) - {option} for option in kept)
+        subsets.update(frozenset([option]) for option in kept)
         candidates = [best]
-        for size in range(1, len(self._kept) + 1):
-            for subset in combinations(sorted(self._kept), size):
-                try:
-                    candidates.append(self.planner.plan(rate, explain=False, only=subset))
-                except InfeasiblePlan:
-                    continue
+        for subset in sorted(subsets - {frozenset()}, key=sorted):
+            try:
+                candidates.append(self.planner.plan(rate, explain=False, only=subset))
+            except InfeasiblePlan:
+                continue
         limit = best.price_per_hour * (1 + self.stickiness)
         last = self._kept
 
