@@ -118,7 +118,8 @@ class PolicyOptions:
     # The longest drains reversed again and again make a type's wait (None: an hour, or
     # down_after if longer).
     max_down_after: float | None = None
-    max_actions_per_hour: int = 6  # drains over the fleet; starts are never held by it
+    # Starts and drains over the fleet; drains wait while the hour holds one less (starts never).
+    max_actions_per_hour: int = 6
     log_size: int = 200  # decisions kept for /status
 
     @property
