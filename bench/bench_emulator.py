@@ -11,15 +11,17 @@
   1, 2 and 8 requests decode together (medians of ``--probe-repeats``, taken before and after
   the loads below and averaged: the machine's speed drifts). The emulator, given the same model
   shape (read from the model's config.json), the catalog's generic ``CPU`` and the engine's own
-  KV capacity (from its ``/metrics``), runs the same probes on a simulated clock; its four knobs
-  (step and per-request overhead, compute and bandwidth efficiency) are fitted to them by least
-  squares of the relative error, with one more constant for the HTTP path in the first-token
-  probes (not part of the emulator).
+  KV capacity (from its ``/metrics``), runs the same probes on a simulated clock; its five knobs
+  (step and per-request overhead, compute, attention and bandwidth efficiency) are fitted to
+  them by least squares of the relative error, with one more constant for the HTTP path (not
+  part of the engine).
 - Comparison: closed loops of 1, 4 and 16 clients (each sends its next request as its last one
   returns), prompts of ``--prompt`` random token ids (no shared prefix), ``--output`` tokens each
   (ignore_eos), ``--rounds`` requests per client; per loop the mean latency, time to first
   token (TTFT) and time per output token after the first (TPOT) of the real engine beside the
-  emulator's in the same loops, and their ratios (the target: each within 25%).
+  emulator's in the same loops (``Emulator.clients``: timed at the client through the fitted
+  HTTP path, requests sent together reaching the engine one after another), and their ratios
+  (the target: each within 25%).
 
 Bounded: a few dozen requests, about four minutes with the engine's start. Skips (exit 0, a
 message) where vLLM cannot run. Prints JSON; ``--out`` saves it.
@@ -56,7 +58,7 @@ from hetero.plan.engine_profile import (
     warm_up,
 )
 from hetero.plan.models import load_hf_config
-from hetero.serve.engine_model import Calibration, EngineRequest
+from hetero.serve.engine_model import Calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's tests package: the real engine's helpers
@@ -137,26 +139,16 @@ async def measure_real(
 def emulated_loop(
     emulator: Emulator,
     calibration: Calibration,
+    http_s: float,
     concurrency: int,
     rounds: int,
     prompt: int,
     output: int,
 ) -> dict[str, Any]:
-    """The closed loop on the emulator's simulated clock."""
-    model, clock = emulator.engine(calibration)
-    left = {model.submit(EngineRequest(prompt, output)): rounds - 1 for _ in range(concurrency)}
-    done: list[EngineRequest] = []
-    while (step := model.step()) is not None:
-        clock[0] = step.end
-        for request in step.finished:
-            done.append(request)
-            if left[request]:
-                left[model.submit(EngineRequest(prompt, output))] = left[request] - 1
-    firsts = [(r.first_token_at or 0.0) - r.arrival for r in done]
-    ends = [(r.finished_at or 0.0) - r.arrival for r in done]
-    return summary(
-        ends, firsts, [(e - f) / max(1, output - 1) for f, e in zip(firsts, ends, strict=True)]
-    )
+    """The closed loop on the emulator's simulated clock, timed as its clients see it (through
+    the HTTP path the calibration fitted)."""
+    done = emulator.clients(calibration, concurrency, rounds, prompt, output, http_s)
+    return summary([t.last for t in done], [t.first for t in done], [t.itl for t in done])
 
 
 def by_kind(probes: Probes, values: Callable[[tuple[Any, int]], Any]) -> dict[str, Any]:
@@ -229,7 +221,7 @@ def main(argv: Sequence[str]) -> int:
             concurrency,
             real["loops"][concurrency],
             emulated_loop(
-                emulator, calibration, concurrency, args.rounds, args.prompt, args.output
+                emulator, calibration, http, concurrency, args.rounds, args.prompt, args.output
             ),
         )
         for concurrency in CONCURRENCY

@@ -26,6 +26,7 @@ from hetero.plan.engine_profile import (
     EngineProfile,
     ProbePlan,
     ProbeResult,
+    calibrate,
 )
 from hetero.serve.engine_model import Calibration
 
@@ -105,6 +106,45 @@ def test_profiling_the_mock_recovers_its_engine(mock_url: str, tmp_path: Path) -
     assert profile.emulator().spec(profile.calibration).kv_tokens == KV_TOKENS
 
 
+# --- the emulator's clients and the fit, on its simulated clock ---------------------------------
+
+
+def an_emulator() -> Emulator:
+    return Emulator(SHAPE, DEVICE, kv_tokens=KV_TOKENS, **LIMITS)
+
+
+def test_requests_sent_together_reach_the_engine_one_after_another() -> None:
+    emulator = an_emulator()
+    (alone,) = emulator.clients(TRUTH, 1, 1, 512, 8, http_s=0.01)
+    engine_s = alone.first - 0.01  # the HTTP path, half each way, is the client's view
+    firsts = sorted(t.first for t in emulator.clients(TRUTH, 4, 1, 512, 8, http_s=0.01))
+    # The first finds the engine idle and starts a step alone; the other three join the next,
+    # three prompts' prefill after it.
+    assert firsts[0] == pytest.approx(alone.first, abs=1e-6)
+    assert firsts[1] == pytest.approx(firsts[3], abs=1e-6)
+    assert firsts[1] - firsts[0] > 2.5 * engine_s
+
+
+def test_closed_loop_clients_send_their_next_request_as_the_last_one_ends() -> None:
+    done = an_emulator().clients(TRUTH, 3, 4, 256, 16, http_s=0.004)
+    assert len(done) == 12
+    assert all(t.last > t.first > 0.004 and t.tokens == 16 for t in done)
+    # Three in flight at a time: no request waits behind more than the other two.
+    (alone,) = an_emulator().clients(TRUTH, 1, 1, 256, 16, http_s=0.004)
+    assert max(t.last for t in done) < 4 * alone.last
+
+
+def test_the_fit_recovers_an_engine_whose_attention_runs_slower() -> None:
+    emulator, plan = an_emulator(), ProbePlan()
+    truth = replace(TRUTH, attention_efficiency=0.05)
+    measured = emulator.replay(truth, plan, 0.003)
+    calibration, http_s = calibrate(emulator, measured, plan)
+    fitted = emulator.replay(calibration, plan, http_s)
+    assert max(abs(fitted[k] / measured[k] - 1) for k in measured) < 0.02
+    assert calibration.attention == pytest.approx(0.05, rel=0.3)
+    assert calibration.compute_efficiency == pytest.approx(0.4, rel=0.3)
+
+
 # --- the saved file ----------------------------------------------------------------------------
 
 
@@ -136,6 +176,11 @@ def test_a_profile_saved_loads_back_the_same(tmp_path: Path) -> None:
     unknown = replace(profile, kv_tokens=None)  # an engine that does not say
     unknown.save(path)
     assert EngineProfile.load(path) == unknown
+    # Saved before attention had an efficiency of its own: it reads as the compute's.
+    del saved["calibration"]["attention_efficiency"]
+    path.write_text(json.dumps(saved))
+    old = EngineProfile.load(path)
+    assert old == profile and old.calibration.attention == TRUTH.compute_efficiency
 
 
 def test_a_bad_profile_file_names_every_bad_field(tmp_path: Path) -> None:
@@ -145,6 +190,7 @@ def test_a_bad_profile_file_names_every_bad_field(tmp_path: Path) -> None:
     data["tensor_parallel"] = "2"
     data["calibration"]["compute_efficiency"] = 1.5
     data["calibration"]["step_overhead"] = "fast"
+    data["calibration"]["attention_efficiency"] = "slow"
     data["probes"][0]["real"] = -1
     data["probes"][1]["kind"] = "e2e"
     data["extra"] = 1
@@ -158,12 +204,16 @@ def test_a_bad_profile_file_names_every_bad_field(tmp_path: Path) -> None:
     assert "unknown device 'H900'" in problems[where + "device"]
     assert problems[where + "tensor_parallel"] == "must be an integer >= 1, got '2'"
     assert problems[where + "calibration.step_overhead"] == "must be a number, got 'fast'"
+    assert problems[where + "calibration.attention_efficiency"] == (
+        "must be null or a number, got 'slow'"
+    )
     assert problems[where + "probes[0].real"] == "must be a number of seconds > 0, got -1"
     assert problems[where + "probes[1].kind"] == "must be 'ttft' or 'itl', got 'e2e'"
     assert "unknown key" in problems[where + "extra"]
-    assert len(problems) == 7  # compute_efficiency waits for the calibration to be whole
+    assert len(problems) == 8  # compute_efficiency waits for the calibration to be whole
 
     data["calibration"]["step_overhead"] = 0.002  # now Calibration.problems() speaks
+    data["calibration"]["attention_efficiency"] = None
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError) as err:
         EngineProfile.load(path)

@@ -232,10 +232,28 @@ def test_calibration_scales_the_step_time() -> None:
     )
 
 
+def test_attention_runs_at_its_own_efficiency_and_only_attention_does() -> None:
+    same = engine_spec("llama-3-8b", "L4", calibration=Calibration(0.5, 0.8))
+    slow = engine_spec("llama-3-8b", "L4", calibration=Calibration(0.5, 0.8, 0.0, 0.0, 0.1))
+    assert Calibration(0.5, 0.8).attention == 0.5  # None: as the rest of the pass
+    # The tokens' matrix products and the memory side are as before ...
+    assert slow.cost.compute_s(2048) == pytest.approx(same.cost.compute_s(2048))
+    assert slow.cost.memory_s(8, 4096) == same.cost.memory_s(8, 4096)
+    # ... the attention over the context five times slower: a long prompt's prefill grows
+    # faster than its length (each token attends to all before it).
+    pairs = 4096 * 4097 // 2
+    extra = slow.cost.compute_s(4096, pairs) - slow.cost.compute_s(4096)
+    assert extra == pytest.approx(
+        5 * (same.cost.compute_s(4096, pairs) - same.cost.compute_s(4096))
+    )
+    assert slow.cost.compute_s(4096, pairs) / slow.cost.compute_s(1024, 1024 * 1025 // 2) > 4.5
+
+
 @pytest.mark.parametrize(
     ("options", "field", "message"),
     [
         ({"model_shape": "llama-9"}, "model_shape", "unknown model shape 'llama-9'; built-in: "),
+        ({"attention_efficiency": 1.5}, "attention_efficiency", "in (0, 1], got 1.5"),
         ({"device": "H900"}, "device", "unknown device 'H900'"),
         ({"compute_efficiency": 0}, "compute_efficiency", "in (0, 1], got 0"),
         ({"bandwidth_efficiency": -0.5}, "bandwidth_efficiency", "in (0, 1], got -0.5"),

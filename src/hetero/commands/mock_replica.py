@@ -190,6 +190,15 @@ def mock_replica(
             help="Continuous model: seconds each engine step costs per request in its batch.",
         ),
     ] = 0.0,
+    attention_efficiency: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SHARE",
+            help="Continuous model: share of the device's peak TFLOPS attention over the"
+            " context runs at (default: the compute efficiency; `hetero profile-engine` fits"
+            " it).",
+        ),
+    ] = None,
     max_num_batched_tokens: Annotated[
         int,
         typer.Option(
@@ -253,6 +262,7 @@ def mock_replica(
             bandwidth_efficiency=bandwidth_efficiency,
             step_overhead=step_overhead,
             request_overhead=request_overhead,
+            attention_efficiency=attention_efficiency,
             max_num_batched_tokens=max_num_batched_tokens,
         )
     except ConfigError as exc:

@@ -143,9 +143,9 @@ def profile_engine(
     token of single requests of 32, 512 and 1536 prompt tokens, and the time between tokens
     while 1, 2 and 8 requests decode together. The emulator of --model-shape on --device (with
     the engine's KV capacity, read from its /metrics where it publishes it) runs the same probes;
-    its calibration (compute and bandwidth efficiency, step and per-request overhead) is fitted
-    to the measurements by least squares, plus a constant for the HTTP path. Prints each probe,
-    measured and emulated, and the calibration; --out saves the profile.
+    its calibration (compute, attention and bandwidth efficiency, step and per-request overhead)
+    is fitted to the measurements by least squares, plus a constant for the HTTP path. Prints
+    each probe, measured and emulated, and the calibration; --out saves the profile.
 
     Run it on an idle engine: other requests would be measured too. A few dozen requests, some
     seconds on a GPU (minutes on a CPU engine).
@@ -220,7 +220,8 @@ def _show(profile: EngineProfile, out: Path | None) -> None:
     c = profile.calibration
     kv = f"{profile.kv_tokens:,} (from the engine)" if profile.kv_tokens else "from the memory fit"
     console.print(
-        f"calibration: compute efficiency {c.compute_efficiency:.4g}, bandwidth efficiency "
+        f"calibration: compute efficiency {c.compute_efficiency:.4g}, attention efficiency "
+        f"{c.attention:.4g}, bandwidth efficiency "
         f"{c.bandwidth_efficiency:.4g}, step overhead {c.step_overhead * 1000:.3g} ms, request "
         f"overhead {c.request_overhead * 1000:.3g} ms; HTTP {profile.http_s * 1000:.3g} ms\n"
         f"KV tokens: {kv}; worst error {profile.worst_error:.1%}\n"

@@ -17,6 +17,7 @@ same pieces against a real vLLM.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import random
 import statistics
@@ -66,6 +67,9 @@ __all__ = [
 
 #: vLLM's default cap on running requests.
 DEFAULT_MAX_NUM_SEQS = 256
+#: Seconds apart that requests sent together reach the engine: its HTTP front end parses and
+#: hands them on one at a time (vLLM's API server takes a fraction of a millisecond each).
+FRONT_END_S = 2.5e-4
 ProbeKind = Literal["ttft", "itl"]
 #: Each probe's median in seconds, by (kind, size): prompt tokens for ``ttft``, requests
 #: decoding together for ``itl``.
@@ -295,50 +299,82 @@ class Emulator:
         clock = [0.0]
         return EngineModel(self.spec(calibration), lambda: clock[0]), clock
 
-    def together(
-        self, calibration: Calibration, n: int, prompt: int, output: int
-    ) -> list[EngineRequest]:
-        """``n`` requests sent together, run to the end."""
+    def clients(
+        self,
+        calibration: Calibration,
+        clients: int,
+        rounds: int,
+        prompt: int,
+        output: int,
+        http_s: float = 0.0,
+    ) -> list[Timing]:
+        """``clients`` closed-loop clients sending ``rounds`` requests each (the next as the
+        last one's final token arrives), timed as the client sees them: each request reaches
+        the engine half ``http_s`` after it is sent, its tokens the client half ``http_s``
+        after their step. Requests sent together reach the engine one after another (its front
+        end takes them one at a time, ``FRONT_END_S`` apart), so an idle engine starts a step
+        with the first alone and the others join the next, as a real one does."""
         model, clock = self.engine(calibration)
-        requests = [model.submit(EngineRequest(prompt, output)) for _ in range(n)]
-        while (step := model.step()) is not None:
+        half = http_s / 2
+        # (reaches the engine, order, client, sent at, rounds left)
+        arriving = [(half + i * FRONT_END_S, i, i, 0.0, rounds) for i in range(clients)]
+        heapq.heapify(arriving)
+        order = clients
+        sent: dict[EngineRequest, tuple[int, float, int]] = {}
+        out: list[Timing] = []
+        while arriving or model.busy:
+            if not model.busy:
+                clock[0] = max(clock[0], arriving[0][0])
+            while arriving and arriving[0][0] <= clock[0]:
+                at, _, client, sent_at, left = heapq.heappop(arriving)
+                request = model.submit(EngineRequest(prompt, output))
+                request.arrival = at
+                sent[request] = (client, sent_at, left)
+            step = model.step()
+            assert step is not None  # busy: a request was just submitted or runs
             clock[0] = step.end
-        return requests
+            for k, request in enumerate(step.finished):
+                client, sent_at, left = sent.pop(request)
+                first = (request.first_token_at or 0.0) + half - sent_at
+                last = step.end + half - sent_at
+                out.append(Timing(first, last, output))
+                if left > 1:
+                    again = step.end + 2 * half + k * FRONT_END_S
+                    heapq.heappush(arriving, (again, order, client, step.end + half, left - 1))
+                    order += 1
+        return out
 
     def replay(self, calibration: Calibration, plan: ProbePlan, http_s: float = 0.0) -> Probes:
-        """Each probe as the emulator runs it; ``http_s`` added to the first-token ones."""
+        """Each probe as the emulator runs it, through the HTTP path of ``http_s``."""
         out: Probes = {}
         for kind, size in plan.schedule():
             if kind == "ttft":
-                (request,) = self.together(calibration, 1, size, 2)
-                out[kind, size] = http_s + (request.first_token_at or 0.0) - request.arrival
+                (single,) = self.clients(calibration, 1, 1, size, 2, http_s)
+                out[kind, size] = single.first
             else:
-                done = self.together(calibration, size, plan.itl_prompt, plan.itl_output)
-                out[kind, size] = statistics.mean(
-                    ((r.finished_at or 0.0) - (r.first_token_at or 0.0)) / (plan.itl_output - 1)
-                    for r in done
-                )
+                done = self.clients(calibration, size, 1, plan.itl_prompt, plan.itl_output, http_s)
+                out[kind, size] = statistics.mean(t.itl for t in done)
         return out
 
 
 def calibrate(emulator: Emulator, real: Probes, plan: ProbePlan) -> tuple[Calibration, float]:
-    """The calibration, and the seconds of the HTTP path of the first-token probes, whose
-    replay best fits ``real`` (least squares of the relative errors, in log space)."""
+    """The calibration, and the seconds of the HTTP path, whose replay best fits ``real``
+    (least squares of the relative errors, in log space)."""
     import numpy as np
     from scipy.optimize import least_squares
 
     def unpack(x: Any) -> tuple[Calibration, float]:
-        o, r, ce, be, h = (float(v) for v in np.exp(x))
-        return Calibration(min(ce, 1.0), min(be, 1.0), o, r), h
+        o, r, ce, be, h, ae = (float(v) for v in np.exp(x))
+        return Calibration(min(ce, 1.0), min(be, 1.0), o, r, min(ae, 1.0)), h
 
     def residuals(x: Any) -> list[float]:
         calibration, http_s = unpack(x)
         got = emulator.replay(calibration, plan, http_s)
         return [got[key] / real[key] - 1 for key in plan.schedule()]
 
-    start = np.log([0.005, 0.001, 0.1, 0.1, 0.01])
-    low = np.log([1e-6, 1e-7, 1e-4, 1e-4, 1e-5])
-    high = np.log([1.0, 1.0, 1.0, 1.0, 1.0])
+    start = np.log([0.005, 0.001, 0.1, 0.1, 0.01, 0.1])
+    low = np.log([1e-6, 1e-7, 1e-4, 1e-4, 1e-5, 1e-5])
+    high = np.log([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     fit = least_squares(residuals, start, bounds=(low, high), diff_step=1e-3)
     return unpack(fit.x)
 
@@ -469,6 +505,9 @@ _PROFILE = {
     "probes": _check("a non-empty list of probes", lambda v: isinstance(v, list) and bool(v)),
 }
 _CALIBRATION = dict.fromkeys(Calibration.__dataclass_fields__, _check("a number", is_number))
+_CALIBRATION["attention_efficiency"] = _check(
+    "null or a number", lambda v: v is None or is_number(v)
+)
 _PROBE = {
     "kind": _check("'ttft' or 'itl'", lambda v: v in ("ttft", "itl")),
     "size": _COUNT,
@@ -523,7 +562,9 @@ class _Reader:
                 except ConfigError as exc:
                     self.problems += exc.problems
         if isinstance(data.get("calibration"), dict):
-            values = self.fields(data["calibration"], "calibration", _CALIBRATION)
+            # A profile saved before attention had its own efficiency: as the compute's.
+            calibration_data = {"attention_efficiency": None, **data["calibration"]}
+            values = self.fields(calibration_data, "calibration", _CALIBRATION)
             if values is not None:
                 got["calibration"] = calibration = Calibration(**values)
                 self.problems += [(f"calibration.{k}", m) for k, m in calibration.problems()]

@@ -9,7 +9,8 @@ request's last prompt token also samples its first output token; each later step
 
 **Step time** from the batch, by the roofline of the model's shape on the device: the tokens
 scheduled (prefill chunks and one per decoding request) cost ``2 × parameters`` FLOPs each, plus
-their attention over the tokens before them, at the catalog's TFLOPS for the weights' format;
+their attention over the tokens before them, at the catalog's TFLOPS for the weights' format
+(attention at an efficiency of its own: its kernels are not the weights' matrix products);
 the step reads the weights once plus the KV cache of every scheduled request at the catalog's
 memory bandwidth; it takes the longer of the two (each over an efficiency factor), plus an
 overhead per step and one per request in the batch. Decoding alone is bound by memory, so adding
@@ -95,18 +96,30 @@ class Calibration:
     """How close to the catalog's peaks the engine runs: the share of the peak TFLOPS its
     forward passes reach, the share of the peak memory bandwidth its steps read at, and the
     seconds each step costs besides (scheduling, kernel launches), and each request in it
-    (preparing its inputs, sampling, its output). Fit them to a real engine's measured step
-    times (``bench/bench_emulator.py`` does, for vLLM on a CPU)."""
+    (preparing its inputs, sampling, its output); the share of the peak its attention over
+    the context reaches (None: as the rest of the pass; on a CPU it runs several times below
+    the matrix products, which makes a long prompt's prefill grow faster than its length).
+    Fit them to a real engine's measured step times (``hetero profile-engine`` does;
+    ``bench/bench_emulator.py`` for vLLM on a CPU)."""
 
     compute_efficiency: float = 0.5
     bandwidth_efficiency: float = 0.8
     step_overhead: float = 0.002
     request_overhead: float = 0.0
+    attention_efficiency: float | None = None
+
+    @property
+    def attention(self) -> float:
+        """The share of the peak attention runs at."""
+        eff = self.attention_efficiency
+        return self.compute_efficiency if eff is None else eff
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
-        for name in ("compute_efficiency", "bandwidth_efficiency"):
+        for name in ("compute_efficiency", "bandwidth_efficiency", "attention_efficiency"):
             value = getattr(self, name)
+            if name == "attention_efficiency" and value is None:
+                continue
             if not (is_positive(value) and value <= 1):
                 out.append((name, f"must be a fraction of the peak in (0, 1], got {value!r}"))
         for name in ("step_overhead", "request_overhead"):
@@ -126,6 +139,7 @@ class StepCost:
     flops_per_token: float
     attention_flops: float  # per pair of a token and a position it attends to
     flops_per_s: float  # effective: peak × compute efficiency
+    attention_flops_per_s: float  # effective: peak × attention efficiency
     weight_bytes: float
     active_share: float  # the share of the weights one token reads (MoE: its experts)
     kv_bytes_per_token: float
@@ -141,8 +155,8 @@ class StepCost:
         return self.allreduce_s + self.allreduce_s_per_token * tokens
 
     def compute_s(self, tokens: int, attended: int = 0) -> float:
-        flops = tokens * self.flops_per_token + attended * self.attention_flops
-        return flops / self.flops_per_s
+        attention = attended * self.attention_flops / self.attention_flops_per_s
+        return tokens * self.flops_per_token / self.flops_per_s + attention
 
     def memory_s(self, tokens: int, context: int) -> float:
         # Every weight is read once per step, but a few tokens of an MoE touch few experts.
@@ -344,6 +358,7 @@ def engine_spec(
         flops_per_token=2.0 * shape.active_params / tp,
         attention_flops=2.0 * shape.layers * shape.heads * (shape.head_dim + v_dim) / tp,
         flops_per_s=tflops * 1e12 * calibration.compute_efficiency,
+        attention_flops_per_s=tflops * 1e12 * calibration.attention,
         weight_bytes=float(parts["weights"]),
         active_share=shape.active_params / shape.params,
         kv_bytes_per_token=float(kv_per_token),

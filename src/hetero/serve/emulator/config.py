@@ -112,6 +112,9 @@ class MockConfig:
     """Seconds each engine step costs besides its compute and memory time."""
     request_overhead: float = _CALIBRATION.request_overhead
     """Seconds each engine step costs per request in its batch."""
+    attention_efficiency: float | None = _CALIBRATION.attention_efficiency
+    """The share of the device's peak TFLOPS attention over the context runs at (None: the
+    compute efficiency)."""
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     """Tokens one engine step computes at most (chunked prefill), as vLLM's option."""
 
@@ -183,6 +186,7 @@ class MockConfig:
             self.bandwidth_efficiency,
             self.step_overhead,
             self.request_overhead,
+            self.attention_efficiency,
         )
         problems += calibration.problems()
         check(
