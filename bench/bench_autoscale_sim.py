@@ -177,7 +177,9 @@ def run_autoscaled(
         ReplicaType(name, startup_s=STARTUP[o.gpu], max_count=64) for name, o in engines.items()
     ]
     sizer = PlanSizer(
-        planner_spec, {n: TypeOption(o.gpu, o.tensor_parallel) for n, o in engines.items()}
+        planner_spec,
+        {n: TypeOption(o.gpu, o.tensor_parallel) for n, o in engines.items()},
+        interval=args.tick,
     )
     policy = ScalePolicy(types, sizer)
     specs = {name: o.engine for name, o in engines.items() if o.engine is not None}

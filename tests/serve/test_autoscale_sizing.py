@@ -187,6 +187,22 @@ def test_replies_that_miss_the_slo_make_the_sizer_ask_for_more_until_they_meet_i
     assert sizer.boost == 1.0
 
 
+def test_the_correction_moves_at_a_pace_per_second_whatever_the_decision_interval() -> None:
+    # A minute of missing replies, judged every 2 s or every 30 s, raises the plan alike: each
+    # decision judges the same window of replies again, and must not count it as new evidence.
+    often, seldom = PlanSizer(spec(), TYPES, interval=2), PlanSizer(spec(), TYPES, interval=30)
+    for sizer, calls in ((often, 30), (seldom, 2)):
+        for _ in range(calls):
+            sizer(Traffic(rate=20, attainment=0.5))
+    assert often.boost == pytest.approx(seldom.boost) == pytest.approx(1.15**2)
+    for sizer, calls in ((often, 15), (seldom, 1)):
+        for _ in range(calls):
+            sizer(Traffic(rate=20, attainment=1.0))
+    assert often.boost == pytest.approx(seldom.boost) == pytest.approx(1.15**2 * 0.97)
+    with pytest.raises(ConfigError, match="interval: must be seconds > 0, got 0"):
+        PlanSizer(spec(), TYPES, interval=0)
+
+
 def test_a_miss_while_the_fleet_is_on_its_way_does_not_compound_the_correction() -> None:
     sizer = PlanSizer(spec(), TYPES)
     sizer(Traffic(rate=20, attainment=0.5))

@@ -132,6 +132,7 @@ def load_autoscale(path: str | Path) -> AutoscaleSetup:
     sizer = PlanSizer(
         spec,
         {name: TypeOption(t.gpu, t.tensor_parallel) for name, t in config.types.items()},
+        interval=config.interval,
     )
     options = PolicyOptions(**config.policy.model_dump())
     return AutoscaleSetup(config, spec, types, sizer, options)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hetero._checks import is_positive
 from hetero.errors import ConfigError, InfeasiblePlan
 from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec
@@ -27,6 +28,7 @@ from hetero.serve.autoscale.policy import Traffic
 
 __all__ = [
     "BOOST_DOWN",
+    "BOOST_PERIOD",
     "BOOST_UP",
     "MAX_BOOST",
     "MIN_SAMPLES",
@@ -56,6 +58,12 @@ RATE_BAND = 0.05
 #: cost more too (0.855x against 0.811x), and rising by 1.25 rather than 1.15 a decision
 #: overshot bursts (0.811x against 0.733x, both within the SLO).
 BOOST_UP, BOOST_DOWN, MAX_BOOST = 1.15, 0.97, 8.0
+#: Seconds of decisions over which the boost moves by ``BOOST_UP`` or ``BOOST_DOWN`` (the
+#: simulated day's decision interval, at which they were tuned): a decision every ``interval``
+#: seconds moves it by their power ``interval / BOOST_PERIOD``. Moved by a whole step at each
+#: decision, the real engines' autoscaler (a decision every 2 s, each judging the same minute
+#: of replies) took one cold start's misses for a fleet 8x too small.
+BOOST_PERIOD = 30.0
 #: A window's misses raise the boost only when a fleet meeting the SLO's percentile would miss
 #: that often with a chance under this.
 MISS_SIGNIFICANCE = 0.05
@@ -95,7 +103,8 @@ class PlanSizer:
 
     A rate no fleet within the caps carries asks every type for as many as it may have (the
     policy clamps to ``max_count``); a rate of nothing asks for none (the policy keeps the
-    last warm replica and each type's ``min_count``)."""
+    last warm replica and each type's ``min_count``). ``interval``: the seconds between its
+    calls (the correction moves at a pace per second, ``BOOST_PERIOD``)."""
 
     def __init__(
         self,
@@ -103,7 +112,10 @@ class PlanSizer:
         types: Mapping[str, TypeOption],
         refit_every: int = 10,
         stickiness: float = STICKINESS,
+        interval: float = BOOST_PERIOD,
     ) -> None:
+        if not is_positive(interval):
+            raise ConfigError([("interval", f"must be seconds > 0, got {interval!r}")])
         menu = {d.model: d for d in spec.devices}
         problems = []
         for name, option in types.items():
@@ -129,6 +141,8 @@ class PlanSizer:
         self._kept: dict[tuple[str, int], int] = {}  # the last answer: replicas by option
         self.target = spec.slo.percentile / 100.0
         self.boost = 1.0  # the observed rate is planned for at this multiple
+        self._up = BOOST_UP ** (interval / BOOST_PERIOD)  # a call's share of the pace
+        self._down = BOOST_DOWN ** (interval / BOOST_PERIOD)
         self.planned = 0.0  # the demand the last answer was planned for (RATE_BAND)
 
     def __call__(self, traffic: Traffic) -> dict[str, int]:
@@ -176,9 +190,9 @@ class PlanSizer:
             return
         if attainment < self.target:
             if settled and beyond_chance(attainment, judged, self.target):
-                self.boost = min(self.boost * BOOST_UP, MAX_BOOST)
+                self.boost = min(self.boost * self._up, MAX_BOOST)
         else:
-            self.boost = max(1.0, self.boost * BOOST_DOWN)
+            self.boost = max(1.0, self.boost * self._down)
 
     def _sticky(self, best: ServingPlan, rate: float) -> ServingPlan:
         """Of the plans that cost at most ``stickiness`` more than the cheapest, the one nearest
