@@ -7,11 +7,12 @@
   prefix caching.
 - Calibration, from probes of the real engine (streamed; never the loads compared below), as
   ``hetero profile-engine`` takes them (``hetero.plan.engine_profile``): the time to first
-  token of single requests of 32, 512 and 1536 prompt tokens, and the time between tokens while
-  1, 2 and 8 requests decode together (medians of ``--probe-repeats``, taken before and after
-  the loads below and averaged: the machine's speed drifts). The emulator, given the same model
-  shape (read from the model's config.json), the catalog's generic ``CPU`` and the engine's own
-  KV capacity (from its ``/metrics``), runs the same probes on a simulated clock; its five knobs
+  token of single requests of 32, 512, 1024 and 1536 prompt tokens, and the time between
+  tokens while 1, 2 and 8 requests decode together (medians of ``--probe-repeats``, taken
+  before and after the loads below and averaged: the machine's speed drifts). The emulator,
+  given the same model shape (read from the model's config.json), the catalog's generic
+  ``CPU`` and the engine's own KV capacity (from its ``/metrics``), runs the same probes on a
+  simulated clock; its five knobs
   (step and per-request overhead, compute, attention and bandwidth efficiency) are fitted to
   them by least squares of the relative error, with one more constant for the HTTP path (not
   part of the engine).

@@ -140,12 +140,13 @@ def profile_engine(
     """Profile a running inference engine: fit hetero's engine model to it.
 
     Sends a few streamed completions of random prompt tokens (warm-up first): the time to first
-    token of single requests of 32, 512 and 1536 prompt tokens, and the time between tokens
-    while 1, 2 and 8 requests decode together. The emulator of --model-shape on --device (with
-    the engine's KV capacity, read from its /metrics where it publishes it) runs the same probes;
-    its calibration (compute, attention and bandwidth efficiency, step and per-request overhead)
-    is fitted to the measurements by least squares, plus a constant for the HTTP path. Prints
-    each probe, measured and emulated, and the calibration; --out saves the profile.
+    token of single requests of 32, 512, 1024 and 1536 prompt tokens, and the time between
+    tokens while 1, 2 and 8 requests decode together. The emulator of --model-shape on
+    --device (with the engine's KV capacity, read from its /metrics where it publishes it) runs
+    the same probes; its calibration (compute, attention and bandwidth efficiency, step and
+    per-request overhead) is fitted to the measurements by least squares, plus a constant for
+    the HTTP path. Prints each probe, measured and emulated, and the calibration; --out saves
+    the profile.
 
     Run it on an idle engine: other requests would be measured too. A few dozen requests, some
     seconds on a GPU (minutes on a CPU engine).

@@ -84,7 +84,7 @@ class ProbePlan:
     between tokens of ``itl_batches`` requests of ``itl_prompt`` + ``itl_output`` tokens sent
     together."""
 
-    ttft_prompts: tuple[int, ...] = (32, 512, 1536)
+    ttft_prompts: tuple[int, ...] = (32, 512, 1024, 1536)
     itl_batches: tuple[int, ...] = (1, 2, 8)
     itl_prompt: int = 128
     itl_output: int = 48
