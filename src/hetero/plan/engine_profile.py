@@ -316,31 +316,30 @@ class Emulator:
         with the first alone and the others join the next, as a real one does."""
         model, clock = self.engine(calibration)
         half = http_s / 2
-        # (reaches the engine, order, client, sent at, rounds left)
-        arriving = [(half + i * FRONT_END_S, i, i, 0.0, rounds) for i in range(clients)]
-        heapq.heapify(arriving)
+        # (reaches the engine, order sent, sent at, the client's requests left)
+        arriving = [(half + i * FRONT_END_S, i, 0.0, rounds) for i in range(clients)]
         order = clients
-        sent: dict[EngineRequest, tuple[int, float, int]] = {}
+        sent: dict[EngineRequest, tuple[float, int]] = {}
         out: list[Timing] = []
         while arriving or model.busy:
             if not model.busy:
                 clock[0] = max(clock[0], arriving[0][0])
             while arriving and arriving[0][0] <= clock[0]:
-                at, _, client, sent_at, left = heapq.heappop(arriving)
+                at, _, sent_at, left = heapq.heappop(arriving)
                 request = model.submit(EngineRequest(prompt, output))
                 request.arrival = at
-                sent[request] = (client, sent_at, left)
+                sent[request] = (sent_at, left)
             step = model.step()
             assert step is not None  # busy: a request was just submitted or runs
             clock[0] = step.end
             for k, request in enumerate(step.finished):
-                client, sent_at, left = sent.pop(request)
+                sent_at, left = sent.pop(request)
                 first = (request.first_token_at or 0.0) + half - sent_at
                 last = step.end + half - sent_at
                 out.append(Timing(first, last, output))
                 if left > 1:
                     again = step.end + 2 * half + k * FRONT_END_S
-                    heapq.heappush(arriving, (again, order, client, step.end + half, left - 1))
+                    heapq.heappush(arriving, (again, order, step.end + half, left - 1))
                     order += 1
         return out
 
