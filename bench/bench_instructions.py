@@ -6,9 +6,11 @@ lognormal sizes, as ``bench_sim.py``) under ``valgrind --tool=cachegrind`` twice
 counts, and divides the difference in instructions by the difference in requests, so that
 start-up, imports and warm-up cancel out. ``--tree`` measures another checkout of the project
 (a ``git worktree`` of an older revision) in the same run; ``--queue-order`` compares the
-device queues' orders. A tree's C kernel must be built in it first (``python setup.py
-build_ext --inplace``). Skipped, with a message, where valgrind is not installed. Prints JSON;
-``--out`` saves it.
+device queues' orders. ``--cache`` also simulates the caches and the branch predictor (a
+32 KiB 8-way L1 and an 8 MiB 16-way last level, fixed so that runs on other machines compare)
+and reports their misses per request: where equal instructions take unequal time. A tree's
+C kernel must be built in it first (``python setup.py build_ext --inplace``). Skipped, with a
+message, where valgrind is not installed. Prints JSON; ``--out`` saves it.
 
     git worktree add /tmp/old df9dfcb
     python bench/bench_instructions.py --tree /tmp/old --devices 10,1000
@@ -49,8 +51,19 @@ sim.run(generate(workload, sim.capacity), expected_duration=duration)
 """
 
 
-def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
-    """Instructions valgrind counts for one run of ``requests`` in ``tree``."""
+# Cachegrind's summary lines: what each counts.
+_COUNTS = {
+    "instructions": r"I\s+refs:\s+([\d,]+)",
+    "d1_misses": r"D1\s+misses:\s+([\d,]+)",
+    "ll_misses": r"LL misses:\s+([\d,]+)",
+    "mispredicts": r"Mispredicts:\s+([\d,]+)",
+}
+_CACHES = ["--cache-sim=yes", "--branch-sim=yes", "--D1=32768,8,64", "--LL=8388608,16,64"]
+
+
+def counts(tree: Path, devices: int, requests: int, order: str, cache: bool) -> dict[str, int]:
+    """What valgrind counts for one run of ``requests`` in ``tree``: instructions, and with
+    ``cache`` the simulated L1 and last-level misses and mispredicted branches."""
     # A fixed hash seed: string hashes decide how dicts probe, and so the count.
     # One BLAS thread: idle ones spin, and valgrind counts their instructions for as long as the
     # run lasts under it.
@@ -63,7 +76,7 @@ def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
     argv = [
         "valgrind",
         "--tool=cachegrind",
-        "--cache-sim=no",
+        *(_CACHES if cache else ["--cache-sim=no"]),
         "--cachegrind-out-file=/dev/null",
         sys.executable,
         "-c",
@@ -74,21 +87,28 @@ def instructions(tree: Path, devices: int, requests: int, order: str) -> int:
         order,
     ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
-    if done.returncode != 0 or found is None:
+    wanted = _COUNTS if cache else {"instructions": _COUNTS["instructions"]}
+    found = {name: re.search(pattern, done.stderr) for name, pattern in wanted.items()}
+    if done.returncode != 0 or not all(found.values()):
         raise RuntimeError(f"valgrind run failed in {tree}:\n{done.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    return {name: int(m.group(1).replace(",", "")) for name, m in found.items() if m}
 
 
-def per_request(tree: Path, devices: int, order: str, low: int, high: int) -> dict[str, Any]:
-    count = instructions(tree, devices, high, order) - instructions(tree, devices, low, order)
-    row = {
+def per_request(
+    tree: Path, devices: int, order: str, low: int, high: int, cache: bool
+) -> dict[str, Any]:
+    more = counts(tree, devices, high, order, cache)
+    fewer = counts(tree, devices, low, order, cache)
+    row: dict[str, Any] = {
         "tree": str(tree),
         "revision": short_commit(tree),
         "devices": devices,
         "queue_order": order,
         "requests": [low, high],
-        "instructions_per_request": round(count / (high - low)),
+        **{
+            f"{name}_per_request": round((more[name] - fewer[name]) / (high - low), ndigits)
+            for name, ndigits in ((k, None if k == "instructions" else 1) for k in more)
+        },
         # The C placement kernel, where the tree has one and it is built (else numpy's path).
         "kernel": any((tree / "src/hetero/sched").glob("_kernel*.so")),
     }
@@ -109,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help="comma-separated: default, size, fifo (older trees know only their default)",
     )
+    parser.add_argument(
+        "--cache", action="store_true", help="also simulate the caches and branch predictor"
+    )
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -121,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         low, high = (10_000, 50_000) if n <= 100 else (20 * n, 40 * n)
         for tree in trees:
             orders = args.queue_order.split(",") if tree == HERE.parent else ["default"]
-            rows.extend(per_request(tree, n, order, low, high) for order in orders)
+            rows.extend(per_request(tree, n, order, low, high, args.cache) for order in orders)
     return emit({"benchmark": "instructions per simulated request", "results": rows}, args.out)
 
 
