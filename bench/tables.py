@@ -109,6 +109,47 @@ def instructions(doc: dict[str, Any]) -> str:
     )
 
 
+def cache_counts(doc: dict[str, Any]) -> str:
+    """``bench_instructions.py --cache``: per revision and fleet, what each request costs in
+    instructions, simulated cache misses and mispredicted branches, and this checkout's over
+    the other's."""
+    keys = (
+        "instructions_per_request",
+        "d1_misses_per_request",
+        "ll_misses_per_request",
+        "mispredicts_per_request",
+    )
+    this = doc["results"][0]["revision"]
+    rows = []
+    for n in sorted({r["devices"] for r in doc["results"]}):
+        at = [r for r in doc["results"] if r["devices"] == n]
+        rows += [[r["revision"], f"{n:,}", *(f"{r[k]:,}" for k in keys)] for r in at]
+        mine = next(r for r in at if r["revision"] == this)
+        rows += [
+            [f"{this} / {r['revision']}", f"{n:,}", *(f"{mine[k] / r[k]:.3f}" for k in keys)]
+            for r in at
+            if r is not mine
+        ]
+    return (
+        "## Simulator cache misses and mispredicted branches per request\n\n"
+        f"`{doc['command']}` — the same runs as above under cachegrind's cache and branch"
+        " simulation (a 32 KiB 8-way L1, an 8 MiB 16-way last level, fixed so that machines"
+        " compare; this machine exposes no hardware counters), per request from the"
+        " difference of two request counts.\n\n"
+        + _table(
+            [
+                "revision",
+                "devices",
+                "instructions",
+                "L1 data misses",
+                "last-level misses",
+                "mispredicted branches",
+            ],
+            rows,
+        )
+    )
+
+
 def versus(doc: dict[str, Any]) -> str:
     rounds = max(r["round"] for r in doc["rounds"])
     figures: dict[tuple[str, int, int], list[float]] = {}
@@ -225,11 +266,20 @@ def emulator(doc: dict[str, Any]) -> str:
         f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {engine['vllm']} on one core"
         f" of this machine, a model made locally ({engine['model']['parameters']:,} parameters,"
         f" {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']},"
-        f" {engine['model']['dtype']}), and `hetero mock-replica --engine-model continuous` of"
-        " the same shape, its step time calibrated from short probes of the real engine"
-        f" (compute efficiency {cal['compute_efficiency']}, bandwidth efficiency"
-        f" {cal['bandwidth_efficiency']}, {cal['step_overhead'] * 1000:.2f} ms a step,"
-        f" {cal['request_overhead'] * 1000:.2f} ms a request). Requests of"
+        f" {engine['model']['dtype']}), and the engine model `hetero mock-replica --engine-model"
+        " continuous` runs, of the same shape, on a simulated clock (its clients timed through"
+        " the HTTP path the fit found), its step time calibrated from short probes of the real"
+        f" engine (compute efficiency {cal['compute_efficiency']}"
+        + (
+            f", attention efficiency {cal['attention_efficiency']}"
+            if cal.get("attention_efficiency")
+            else ""
+        )
+        + f", bandwidth efficiency {cal['bandwidth_efficiency']},"
+        f" {cal['step_overhead'] * 1000:.3g} ms a step,"
+        f" {cal['request_overhead'] * 1000:.3g} ms a request"
+        + (f", HTTP {doc['http_s'] * 1000:.3g} ms" if "http_s" in doc else "")
+        + "). Requests of"
         f" {doc['workload']['prompt']} prompt and {doc['workload']['output']} output tokens,"
         f" {doc['workload']['rounds']} rounds at each concurrency; means in seconds. Worst error"
         f" of {measured} {doc['worst_error']:.0%} (target: within 25%).\n\n"
@@ -2468,6 +2518,7 @@ def main() -> int:
         ("sim.json", simulator),
         ("sim_versus.json", versus),
         ("instructions.json", instructions),
+        ("instructions_cache.json", cache_counts),
         ("decisions.json", decisions),
         ("prefix.json", prefix),
         ("quality.json", quality),
