@@ -139,7 +139,6 @@ class StepCost:
     flops_per_token: float
     attention_flops: float  # per pair of a token and a position it attends to
     flops_per_s: float  # effective: peak × compute efficiency
-    attention_flops_per_s: float  # effective: peak × attention efficiency
     weight_bytes: float
     active_share: float  # the share of the weights one token reads (MoE: its experts)
     kv_bytes_per_token: float
@@ -150,13 +149,16 @@ class StepCost:
     # every scheduled token's activations over the link. Both 0 on one device.
     allreduce_s: float = 0.0
     allreduce_s_per_token: float = 0.0
+    # The compute efficiency over attention's: an attended pair costs this many times its
+    # FLOPs at the compute side's rate (1: the same efficiency, and the same arithmetic).
+    attention_slowdown: float = 1.0
 
     def comm_s(self, tokens: int) -> float:
         return self.allreduce_s + self.allreduce_s_per_token * tokens
 
     def compute_s(self, tokens: int, attended: int = 0) -> float:
-        attention = attended * self.attention_flops / self.attention_flops_per_s
-        return tokens * self.flops_per_token / self.flops_per_s + attention
+        attention = attended * self.attention_flops * self.attention_slowdown
+        return (tokens * self.flops_per_token + attention) / self.flops_per_s
 
     def memory_s(self, tokens: int, context: int) -> float:
         # Every weight is read once per step, but a few tokens of an MoE touch few experts.
@@ -358,7 +360,7 @@ def engine_spec(
         flops_per_token=2.0 * shape.active_params / tp,
         attention_flops=2.0 * shape.layers * shape.heads * (shape.head_dim + v_dim) / tp,
         flops_per_s=tflops * 1e12 * calibration.compute_efficiency,
-        attention_flops_per_s=tflops * 1e12 * calibration.attention,
+        attention_slowdown=calibration.compute_efficiency / calibration.attention,
         weight_bytes=float(parts["weights"]),
         active_share=shape.active_params / shape.params,
         kv_bytes_per_token=float(kv_per_token),
