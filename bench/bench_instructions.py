@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import emit, short_commit
+from _common import command, emit, short_commit
 
 HERE = Path(__file__).resolve().parent
 # One run, in the checkout named by PYTHONPATH: its own bench_sim fleet and workload.
@@ -145,7 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         for tree in trees:
             orders = args.queue_order.split(",") if tree == HERE.parent else ["default"]
             rows.extend(per_request(tree, n, order, low, high, args.cache) for order in orders)
-    return emit({"benchmark": "instructions per simulated request", "results": rows}, args.out)
+    # The command that reruns it, each other checkout named by its revision.
+    named = {t: f"<{short_commit(Path(t).resolve())}>" for t in args.tree}
+    given = sys.argv[1:] if argv is None else argv
+    rerun = command("bench/bench_instructions.py", [named.get(a, a) for a in given])
+    doc = {"benchmark": "instructions per simulated request", "command": rerun, "results": rows}
+    return emit(doc, args.out)
 
 
 if __name__ == "__main__":
