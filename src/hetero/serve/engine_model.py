@@ -97,8 +97,9 @@ class Calibration:
     forward passes reach, the share of the peak memory bandwidth its steps read at, and the
     seconds each step costs besides (scheduling, kernel launches), and each request in it
     (preparing its inputs, sampling, its output); the share of the peak its attention over
-    the context reaches (None: as the rest of the pass; on a CPU it runs several times below
-    the matrix products, which makes a long prompt's prefill grow faster than its length).
+    the context reaches (None: as the rest of the pass; vLLM on this project's CPU ran it at
+    about half the matrix products' share, so a long prompt's prefill grew faster than its
+    length).
     Fit them to a real engine's measured step times (``hetero profile-engine`` does;
     ``bench/bench_emulator.py`` for vLLM on a CPU)."""
 
