@@ -116,10 +116,9 @@ WARM_UP = 2_000
 
 
 def warm_run(devices: int, requests: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """``run_one`` after a short untimed run of the same fleet: what a run's first requests
-    set up once (numpy.random and the policies imported, from source where no bytecode is
-    cached; first calls) stays out of its time. Without it a fresh process paid some 0.1 s
-    inside a 2 s run that a run after another in the same process did not."""
+    """``run_one`` after a short untimed run of the same fleet, so that the first calls of a
+    fresh process stay out of its time (5-10 ms of a 2 s run here), as they do for the later
+    runs of an older revision's bench_sim, which ran its configurations in one process."""
     run_one(devices, min(WARM_UP, requests), *args, **kwargs)
     return run_one(devices, requests, *args, **kwargs)
 
