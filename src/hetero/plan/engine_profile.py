@@ -316,7 +316,7 @@ class Emulator:
         with the first alone and the others join the next, as a real one does."""
         model, clock = self.engine(calibration)
         half = http_s / 2
-        # (reaches the engine, order sent, sent at, the client's requests left)
+        # A heap (sorted as built) of (reaches the engine, order sent, sent at, requests left).
         arriving = [(half + i * FRONT_END_S, i, 0.0, rounds) for i in range(clients)]
         order = clients
         sent: dict[EngineRequest, tuple[float, int]] = {}
@@ -325,10 +325,8 @@ class Emulator:
             if not model.busy:
                 clock[0] = max(clock[0], arriving[0][0])
             while arriving and arriving[0][0] <= clock[0]:
-                at, _, sent_at, left = heapq.heappop(arriving)
-                request = model.submit(EngineRequest(prompt, output))
-                request.arrival = at
-                sent[request] = (sent_at, left)
+                _, _, sent_at, left = heapq.heappop(arriving)
+                sent[model.submit(EngineRequest(prompt, output))] = (sent_at, left)
             step = model.step()
             assert step is not None  # busy: a request was just submitted or runs
             clock[0] = step.end
