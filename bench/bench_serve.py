@@ -805,7 +805,7 @@ def overhead_configs(o: Overhead) -> list[Config]:
         ),
         *(
             Config(
-                f"hetero serve at {_revision_of(tree)}, {DEFAULT_STRATEGY} (--tree)",
+                f"hetero serve at {_common.short_commit(Path(tree))}, {DEFAULT_STRATEGY} (--tree)",
                 "hetero",
                 DEFAULT_STRATEGY,
                 tree=tree,
@@ -821,13 +821,6 @@ def overhead_configs(o: Overhead) -> list[Config]:
             for p in o.sglang_policies
         ),
     ]
-
-
-def _revision_of(tree: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", tree, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or Path(tree).name
 
 
 def _cpu_us(cpu: dict[str, float], requests: int) -> dict[str, float | None]:
