@@ -744,7 +744,12 @@ def _slo_doc(w: Goodput) -> dict[str, Any]:
 
 def _row_of(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, Any] | None:
     return next(
-        (r for r in rows if r["kind"] == kind and r["name"] == name and "skipped" not in r), None
+        (
+            r
+            for r in rows
+            if r["kind"] == kind and r["name"] == name and "skipped" not in r and "tree" not in r
+        ),
+        None,
     )
 
 
@@ -943,6 +948,8 @@ def overhead(
     rows = []
     for config in configs:
         head = {"config": config.label, "kind": config.kind, "name": config.name}
+        if config.tree is not None:
+            head["tree"] = config.tree
         got = runs[config.label]
         if not got:
             rows.append(head | {"skipped": skipped.get(config.label, "not run")})
@@ -995,7 +1002,7 @@ def overhead_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"note": "hetero serve was not measured"}
     out: dict[str, Any] = {}
     for r in rows:
-        other = r["kind"] == "sglang" or r["config"].endswith("(--tree)")
+        other = r["kind"] == "sglang" or "tree" in r
         if not other or "skipped" in r:
             continue
 
