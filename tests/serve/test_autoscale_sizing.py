@@ -19,6 +19,7 @@ from hetero.serve.autoscale.policy import (
     ScalePolicy,
     Traffic,
     TypeFleet,
+    observed_rate,
 )
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler
 from hetero.serve.autoscale.sizing import (
@@ -82,6 +83,58 @@ def test_the_traffic_log_counts_the_last_window() -> None:
     assert seen.rate == pytest.approx(19 / 10.0)  # those in (20, 30]: the last 10 s
     assert seen.prompt_samples == (100,) and seen.output_tokens == 20
     assert TrafficLog().traffic(5.0).rate == 0.0
+
+
+def poisson_log(rates: list[tuple[float, float]], seed: int) -> tuple[TrafficLog, list[float]]:
+    """A traffic log fed Poisson arrivals at ``rate`` until each ``until``; and the times."""
+    rng = random.Random(seed)
+    log, times, t = TrafficLog(), [], 0.0
+    for rate, until in rates:
+        while (t := t + rng.expovariate(rate)) < until:
+            times.append(t)
+        t = until
+    return log, times
+
+
+def rate_seen(log: TrafficLog, times: list[float], at: float) -> float:
+    for t in times:
+        if t <= at and (not log._arrivals or t > log._arrivals[-1]):
+            log.arrived(t)
+    return log.traffic(at).rate
+
+
+def test_a_step_up_in_traffic_is_seen_within_seconds_not_once_it_fills_the_window() -> None:
+    # 3 requests/s for two minutes, then 8: the window's mean alone crosses 5.4 about 27 s in.
+    for seed in range(20):
+        log, times = poisson_log([(3.0, 120.0), (8.0, 240.0)], seed)
+        seen = {at: rate_seen(log, times, float(at)) for at in range(100, 150)}
+        assert all(seen[at] < 5.4 for at in range(100, 121)), seed  # before the step
+        assert seen[135] > 5.4, seed  # 15 s after it
+
+
+def test_steady_traffic_is_not_read_as_a_rise_and_a_fall_is_seen_by_the_whole_window() -> None:
+    rises = decisions = 0  # a decision every 2 s, 20 runs of 10 minutes at 3 requests/s
+    for seed in range(20):
+        log, times = poisson_log([(3.0, 600.0)], seed)
+        for at in range(60, 600, 2):
+            seen = rate_seen(log, times, float(at))
+            window = len(log._arrivals) / 60.0
+            decisions += 1
+            rises += seen != window
+            assert seen < 1.5 * 3.0  # a chance rise, when read, is never a step's size
+    assert rises < 0.01 * decisions  # and rare: the policy's up_after outwaits it
+    log, times = poisson_log([(8.0, 120.0), (1.0, 240.0)], 0)
+    assert rate_seen(log, times, 135.0) > 5.0  # 15 s after a fall: the minute's mean
+
+
+def test_the_observed_rate_is_the_windows_unless_the_recent_part_is_beyond_chance() -> None:
+    assert observed_rate(180, 60.0, 45, 15.0) == 3.0  # as expected
+    assert observed_rate(180, 60.0, 60, 15.0) == 3.0  # +2 sd: chance
+    assert observed_rate(200, 60.0, 90, 15.0) == 6.0  # well above: the recent part's
+    assert observed_rate(0, 60.0, 0, 15.0) == 0.0
+    assert observed_rate(3, 60.0, 3, 15.0) == 0.05  # a few arrivals: within chance of 1
+    assert observed_rate(10, 0.0, 10, 0.0) == 0.0  # no time observed
+    assert observed_rate(120, 60.0, 120, 60.0) == 2.0  # no part shorter than the window
 
 
 def test_the_policy_grows_and_shrinks_a_simulated_fleet_and_loses_nothing() -> None:

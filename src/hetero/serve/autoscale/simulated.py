@@ -8,7 +8,14 @@ import itertools
 from collections import deque
 from collections.abc import Mapping
 
-from hetero.serve.autoscale.policy import Member, ScalePolicy, Traffic, TypeFleet
+from hetero.serve.autoscale.policy import (
+    RISE_WINDOW,
+    Member,
+    ScalePolicy,
+    Traffic,
+    TypeFleet,
+    observed_rate,
+)
 from hetero.serve.engine_model import EngineSpec
 from hetero.sim.engine_fleet import Action, Add, Drain, FleetSnapshot
 
@@ -61,8 +68,14 @@ class SimulatedAutoscaler:
         arrivals = sum(s.arrivals for s in self._seen)
         finished = sum(s.finished for s in self._seen)
         met = sum(s.met for s in self._seen)
+        recent, recent_seconds = 0, 0.0  # the last ticks covering RISE_WINDOW (or the last one)
+        for s in reversed(self._seen):
+            if recent_seconds >= RISE_WINDOW:
+                break
+            recent += s.arrivals
+            recent_seconds += s.interval
         traffic = Traffic(
-            rate=arrivals / seconds if seconds else 0.0,
+            rate=observed_rate(arrivals, seconds, recent, recent_seconds),
             window=seconds,
             prompt_tokens=sum(s.prompt_tokens for s in self._seen) / max(arrivals, 1),
             output_tokens=sum(s.output_tokens for s in self._seen) / max(arrivals, 1),

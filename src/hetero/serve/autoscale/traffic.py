@@ -3,16 +3,18 @@ sliding window, for the autoscaler's sizer. Two appends on the request path, not
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
-from hetero.serve.autoscale.policy import Traffic
+from hetero.serve.autoscale.policy import RISE_WINDOW, Traffic, observed_rate
 
 __all__ = ["TrafficLog"]
 
 
 class TrafficLog:
     """Arrival times and ``(prompt, output)`` tokens of finished requests; ``traffic(now)``
-    summarises the last ``window`` seconds (lengths: the last ``samples`` finished)."""
+    summarises the last ``window`` seconds (lengths: the last ``samples`` finished), its rate
+    that of the last ``RISE_WINDOW`` seconds when those are beyond chance above it."""
 
     def __init__(self, window: float = 60.0, samples: int = 2000) -> None:
         self.window = window
@@ -45,11 +47,12 @@ class TrafficLog:
         self._trim(now)
         span = self.window if self._first is None else min(self.window, now - self._first)
         span = max(span, 1.0)
+        recent = len(self._arrivals) - bisect_right(self._arrivals, now - RISE_WINDOW)
         prompts = tuple(p for p, _ in self._lengths)
         outputs = tuple(o for _, o in self._lengths)
         n = len(prompts)
         return Traffic(
-            rate=len(self._arrivals) / span,
+            rate=observed_rate(len(self._arrivals), span, recent, min(RISE_WINDOW, span)),
             window=span,
             prompt_tokens=sum(prompts) / n if n else 0.0,
             output_tokens=sum(outputs) / n if n else 0.0,
