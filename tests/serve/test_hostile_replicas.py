@@ -257,3 +257,37 @@ async def test_a_reply_over_max_reply_is_a_502_naming_the_limit(
     assert fleet.mocks[0].stats["requests"] == 0  # not tried again elsewhere
     status, _ = await fleet.post(chat())  # half a megabyte: its shape checked, its usage read
     assert status == 200 and fleet.status_of("bad")["output_tokens"] == 7
+
+
+async def test_the_traffic_log_takes_the_engines_prompt_count_and_not_an_absurd_one(
+    serve: Serve, hostile: Start
+) -> None:
+    # Text unlike English: characters / 4 says 2 tokens; the engine counted 900 (streamed,
+    # its usage asked for) and 700 (a whole reply). A count past any context window is a lie
+    # or a fault: the estimate stands.
+    usage = [900, 700, 10**30, -5]
+    tail = b'data: {"choices": [], "usage": {"prompt_tokens": %d, "completion_tokens": 1}}\n\n'
+
+    async def completion(request: web.Request) -> web.StreamResponse:
+        prompt = usage.pop(0)
+        if (await request.json()).get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(FIRST_EVENT + tail % prompt + b"data: [DONE]\n\n")
+            return response
+        counts = {"prompt_tokens": prompt, "completion_tokens": 1}
+        body = {"choices": [{"message": {"content": "a"}}], "usage": counts}
+        return web.json_response(body)
+
+    url = await hostile({CHAT: completion})
+    fleet = await serve(Spec(), serve_options=options())
+    await join(fleet, url, models=["q"], speed=100)
+    asked = {"stream_options": {"include_usage": True}}
+    async with fleet.session.post(
+        fleet.url + CHAT, json=chat("w1 w2 w3", model="q", stream=True, **asked)
+    ) as reply:
+        assert reply.status == 200 and b"[DONE]" in await reply.read()
+    for _ in range(3):
+        assert (await fleet.post(chat("w1 w2 w3", model="q")))[0] == 200
+    seen = fleet.router.traffic.traffic(fleet.router.clock.now()).prompt_samples
+    assert seen == (900, 700, 2, 2), seen

@@ -399,7 +399,13 @@ class Server:
         match outcome:
             case Answered():
                 answer.output_tokens = outcome.output_tokens
-                router.complete(ticket, outcome.output_tokens, outcome.latency, outcome.ttft)
+                router.complete(
+                    ticket,
+                    outcome.output_tokens,
+                    outcome.latency,
+                    outcome.ttft,
+                    outcome.prompt_tokens,
+                )
                 return outcome.response
             case ReplicaRefused():
                 router.complete(ticket, 0, outcome.latency)  # no output: nothing to learn

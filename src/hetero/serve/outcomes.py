@@ -34,12 +34,14 @@ __all__ = [
 class Answered:
     """The replica answered 200: a whole reply, or a stream to its end. ``output_tokens`` is the
     real output length (None: the reply gives none), ``latency`` the time to its end, ``ttft``
-    to a stream's first event."""
+    to a stream's first event, ``prompt_tokens`` the prompt's length as the engine counted it
+    (its ``usage``; None where the reply gives none)."""
 
     response: web.StreamResponse
     output_tokens: int | None
     latency: float
     ttft: float | None = None
+    prompt_tokens: int | None = None
 
 
 @dataclass(slots=True)

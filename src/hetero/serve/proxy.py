@@ -72,6 +72,7 @@ _FAULTS = (UpstreamError, asyncio.TimeoutError, OSError)
 _PARSED_REPLY = 256 * 1024
 _TAIL = 4096
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,18})\b')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,18})\b')
 
 
 @dataclass(slots=True)  # not frozen: one per request, and a frozen one costs 4x to build
@@ -184,26 +185,33 @@ async def forward(context: RequestContext, replica: Replica) -> Outcome:
     if status != 200 or len(data) > max_reply:
         return _not_ok(status, data, reply.headers, latency, max_reply)
     try:
-        tokens = _output_tokens(data)
+        tokens, prompt = _usage(data)
     except ValueError:
         return Failed(f"answered something that is not a JSON object: {_short(data)!r}")
-    return Answered(web.Response(body=data, headers=_JSON), tokens, latency)
+    return Answered(web.Response(body=data, headers=_JSON), tokens, latency, None, prompt)
 
 
-def _output_tokens(data: bytes) -> int | None:
-    """A reply's ``usage.completion_tokens`` (None when it gives none); ``ValueError`` when the
-    reply is not a JSON object (a long one is judged by its shape, see ``_PARSED_REPLY``)."""
+def _usage(data: bytes) -> tuple[int | None, int | None]:
+    """A reply's ``usage.completion_tokens`` and ``usage.prompt_tokens`` (None where it gives
+    none); ``ValueError`` when the reply is not a JSON object (a long one is judged by its
+    shape, see ``_PARSED_REPLY``)."""
     if len(data) > _PARSED_REPLY:
         if data[:_TAIL].lstrip()[:1] != b"{" or data[-_TAIL:].rstrip()[-1:] != b"}":
             raise ValueError("not a JSON object")
         found = _COMPLETION_TOKENS.search(data, len(data) - _TAIL)
-        return int(found[1]) if found else None
+        prompt = _PROMPT_TOKENS.search(data, len(data) - _TAIL)
+        return (int(found[1]) if found else None), (int(prompt[1]) if prompt else None)
     answer = json.loads(data)
     if not isinstance(answer, dict):
         raise ValueError("not a JSON object")
     usage = answer.get("usage")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) and tokens >= 0 else None
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("completion_tokens")), _count(usage.get("prompt_tokens"))
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _not_ok(
@@ -237,8 +245,10 @@ async def _first_event(reply: UpstreamReply) -> list[bytes]:
 
 
 def _event_problem(line: bytes, counts: list[int]) -> str | None:
-    """Check one SSE line; counts[0] gathers content chunks and counts[1] the usage's
-    completion tokens (-1 until seen). Returns what is wrong with the line, if anything."""
+    """Check one SSE line; counts[0] gathers content chunks, counts[1] and counts[2] the
+    usage's completion and prompt tokens (-1 until seen; streams carry a usage where the client
+    asked for it, ``stream_options.include_usage``). Returns what is wrong with the line, if
+    anything."""
     stripped = line.strip()
     if not stripped:
         return None
@@ -260,8 +270,10 @@ def _event_problem(line: bytes, counts: list[int]) -> str | None:
     if chunk.get("choices"):
         counts[0] += 1
     usage = chunk.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-        counts[1] = usage["completion_tokens"]
+    if isinstance(usage, dict):
+        for k, key in ((1, "completion_tokens"), (2, "prompt_tokens")):
+            if (seen := _count(usage.get(key))) is not None:
+                counts[k] = seen
     return None
 
 
@@ -274,7 +286,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
         reply = await context.upstream.post(replica.url, context.request.path, context.body)
     except _FAULTS as exc:
         return _unreached(exc)
-    counts = [0, -1]
+    counts = [0, -1, -1]
     try:
         if reply.status != 200:
             try:
@@ -317,7 +329,8 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
     finally:
         reply.release()
     tokens = counts[1] if counts[1] >= 0 else counts[0]
-    return Answered(response, tokens, loop.time() - started, ttft)
+    prompt = counts[2] if counts[2] >= 0 else None
+    return Answered(response, tokens, loop.time() - started, ttft, prompt)
 
 
 async def end_stream(outcome: Outcome, replica: str) -> None:

@@ -64,6 +64,9 @@ log = logging.getLogger("hetero.serve")
 _PASSING = frozenset({Hold.SATURATED})
 #: Model names a 404 lists at most: its answer stays small however many are served.
 _LISTED_MODELS = 10
+#: A prompt length a replica's ``usage`` may report (more: a lie or a fault; the estimate
+#: stands). Far beyond any context window served today.
+MAX_PROMPT_TOKENS = 1 << 24
 
 
 def request_item(
@@ -318,10 +321,12 @@ class Router(Driver):
         output_tokens: int | None,
         latency: float,
         ttft: float | None = None,
+        prompt_tokens: int | None = None,
     ) -> None:
         """The replica answered; ``output_tokens`` is the real output length (None: unknown,
         0: it refused the request, which teaches the speed model nothing); ``ttft`` the time to
-        its first streamed event."""
+        its first streamed event; ``prompt_tokens`` the prompt's length as its engine counted
+        it (None: not told; the router's own estimate, characters / 4, stands in)."""
         state = self.replicas[ticket.replica]
         if self.slo_policy is not None:
             self.slo_policy.finished(ticket.id, self.clock.now(), output_tokens or 0)
@@ -332,8 +337,13 @@ class Router(Driver):
             )
             if output_tokens:
                 self.outputs.observe(ticket.model, output_tokens)
+                # What the autoscaler sizes by: the engine's count where it gave one (for
+                # text unlike English, characters / 4 was a third of it).
+                prompt = ticket.prompt
+                if prompt_tokens is not None and 0 < prompt_tokens <= MAX_PROMPT_TOKENS:
+                    prompt = prompt_tokens
                 self.traffic.finished(
-                    ticket.prompt, output_tokens, self._met(ticket, output_tokens, latency, ttft)
+                    prompt, output_tokens, self._met(ticket, output_tokens, latency, ttft)
                 )
                 state.output_tokens += output_tokens
                 self._learn_capacity(state, output_tokens, work, latency, ttft)
