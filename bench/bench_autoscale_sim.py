@@ -38,7 +38,7 @@ from _common import emit, revision
 from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec, parse_serving_plan
 from hetero.plan.serving_verify import replace_utilization, serving_plan_verified
-from hetero.serve.autoscale.policy import ReplicaType, ScalePolicy
+from hetero.serve.autoscale.policy import PolicyOptions, ReplicaType, ScalePolicy
 from hetero.serve.autoscale.simulated import SimulatedAutoscaler, replica_name
 from hetero.serve.autoscale.sizing import PlanSizer, TypeOption
 from hetero.serve.records import RouterOptions
@@ -176,12 +176,14 @@ def run_autoscaled(
     types = [
         ReplicaType(name, startup_s=STARTUP[o.gpu], max_count=64) for name, o in engines.items()
     ]
+    hysteresis = PolicyOptions()
     sizer = PlanSizer(
         planner_spec,
         {n: TypeOption(o.gpu, o.tensor_parallel) for n, o in engines.items()},
         interval=args.tick,
+        hold=hysteresis.down_after,
     )
-    policy = ScalePolicy(types, sizer)
+    policy = ScalePolicy(types, sizer, hysteresis)
     specs = {name: o.engine for name, o in engines.items() if o.engine is not None}
     scaler = SimulatedAutoscaler(policy, specs)
     first = planner.plan(rate_at(0.0, args), explain=False)  # the night's fleet, to start

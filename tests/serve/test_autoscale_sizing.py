@@ -186,6 +186,40 @@ def test_the_sizer_keeps_its_gpus_while_they_cost_little_more() -> None:
     assert sticky(Traffic(rate=9.0)) == {"a100": 0, "h100": 1}
 
 
+def test_a_demand_wobbling_across_a_change_of_mix_asks_for_the_mix_of_its_top() -> None:
+    """Without ``hold`` a demand either side of the rate where the cheapest mix changes GPUs
+    asks for each mix in turn, and the policy, judging each type by its highest target over
+    its wait, keeps both; with it, the mix for the top of the last ``hold`` seconds."""
+    menu = [
+        {"model": "A100-80GB", "max_count": 8, "tensor_parallel": [2]},
+        {"model": "H100-SXM-80GB", "max_count": 8, "tensor_parallel": [2]},
+    ]
+    plan_spec = spec(model="llama-3.1-70b", devices=menu)
+    types = {"a100": TypeOption("A100-80GB", 2), "h100": TypeOption("H100-SXM-80GB", 2)}
+    low, high = 3.8, 6.0  # one A100 pair; one H100 pair (see the test above)
+    wobble = [low, high, low, low, high, low, low, low, low, low]
+    free = PlanSizer(plan_spec, types, stickiness=0.0, interval=30.0)
+    held = PlanSizer(plan_spec, types, stickiness=0.0, interval=30.0, hold=60.0)
+    asked = [free(Traffic(rate=r)) for r in wobble]
+    assert {"a100": 1, "h100": 0} in asked and {"a100": 0, "h100": 1} in asked
+    kept = [held(Traffic(rate=r)) for r in wobble]
+    assert kept[0] == {"a100": 1, "h100": 0}  # nothing higher seen yet
+    assert kept[1:7] == [{"a100": 0, "h100": 1}] * 6  # the top within the last 60 s
+    assert kept[7:] == [{"a100": 1, "h100": 0}] * 3  # 90 s after it: the low demand's mix
+    with pytest.raises(ConfigError, match=r"hold: must be seconds >= 0, got -1"):
+        PlanSizer(plan_spec, types, hold=-1)
+
+
+def test_a_fall_that_keeps_the_mix_is_followed_at_once_whatever_the_hold() -> None:
+    """``hold`` keeps a mix of other GPUs, not a count: after a burst the same GPUs are asked
+    for in the number the demand needs now (the policy's wait does the rest)."""
+    menu = [{"model": "A100-80GB", "max_count": 8, "tensor_parallel": [2]}]
+    plan_spec = spec(model="llama-3.1-70b", devices=menu)
+    sizer = PlanSizer(plan_spec, {"a100": TypeOption("A100-80GB", 2)}, interval=30.0, hold=300.0)
+    burst = sizer(Traffic(rate=8.0))["a100"]
+    assert burst > sizer(Traffic(rate=2.0))["a100"] >= 1
+
+
 def test_a_rate_that_wobbles_within_the_band_is_not_planned_again() -> None:
     """The demand is planned for with RATE_BAND's headroom and planned again only once it
     leaves the band: above what was planned at once, below it only by twice the band."""

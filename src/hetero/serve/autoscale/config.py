@@ -129,12 +129,13 @@ def load_autoscale(path: str | Path) -> AutoscaleSetup:
     types = tuple(
         ReplicaType(name, t.startup_s, t.max_count, t.min_count) for name, t in config.types.items()
     )
+    options = PolicyOptions(**config.policy.model_dump())
     sizer = PlanSizer(
         spec,
         {name: TypeOption(t.gpu, t.tensor_parallel) for name, t in config.types.items()},
         interval=config.interval,
+        hold=options.down_after,
     )
-    options = PolicyOptions(**config.policy.model_dump())
     return AutoscaleSetup(config, spec, types, sizer, options)
 
 

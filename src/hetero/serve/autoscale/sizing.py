@@ -14,7 +14,9 @@ model of a replica is corrected by what the replicas deliver.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -104,7 +106,14 @@ class PlanSizer:
     A rate no fleet within the caps carries asks every type for as many as it may have (the
     policy clamps to ``max_count``); a rate of nothing asks for none (the policy keeps the
     last warm replica and each type's ``min_count``). ``interval``: the seconds between its
-    calls (the correction moves at a pace per second, ``BOOST_PERIOD``)."""
+    calls (the correction moves at a pace per second, ``BOOST_PERIOD``). ``hold`` (the
+    policy's ``down_after``): where the plan for the demand now uses other GPUs than the plan
+    for the highest demand of the last ``hold`` seconds, the answer is the latter. A demand
+    wobbling across the rate where the cheapest mix changes GPUs asked for each mix in turn,
+    and the policy, judging a drain by each type's highest target over its wait, kept both
+    (on the simulated day's peak an A100 pair and two H100 pairs, $15.54/h, where two H100
+    pairs, $11.96/h, carry the top). A fall that keeps the GPUs is followed at once: holding
+    the count too held a burst's boosted demand, and its replicas, for the whole wait."""
 
     def __init__(
         self,
@@ -113,9 +122,12 @@ class PlanSizer:
         refit_every: int = 10,
         stickiness: float = STICKINESS,
         interval: float = BOOST_PERIOD,
+        hold: float = 0.0,
     ) -> None:
         if not is_positive(interval):
             raise ConfigError([("interval", f"must be seconds > 0, got {interval!r}")])
+        if not (isinstance(hold, int | float) and 0 <= hold < math.inf):
+            raise ConfigError([("hold", f"must be seconds >= 0, got {hold!r}")])
         menu = {d.model: d for d in spec.devices}
         problems = []
         for name, option in types.items():
@@ -144,6 +156,8 @@ class PlanSizer:
         self._up = BOOST_UP ** (interval / BOOST_PERIOD)  # a call's share of the pace
         self._down = BOOST_DOWN ** (interval / BOOST_PERIOD)
         self.planned = 0.0  # the demand the last answer was planned for (RATE_BAND)
+        # The demands of the calls within ``hold`` (this one included).
+        self._demands: deque[float] = deque(maxlen=max(1, math.ceil(hold / interval) + 1))
 
     def __call__(self, traffic: Traffic) -> dict[str, int]:
         self._calls += 1
@@ -160,14 +174,19 @@ class PlanSizer:
             return dict.fromkeys(self.types, 0)
         self._correct(traffic.attainment, traffic.judged, traffic.settled)
         demand = traffic.rate * self.boost
+        self._demands.append(demand)
         if demand > self.planned or demand < self.planned / (1 + 2 * RATE_BAND):
             self.planned = demand * (1 + RATE_BAND)
-        rate = self.planned
         try:
-            plan = self.planner.plan(rate, explain=False)
+            plan = self._sticky(self.planner.plan(self.planned, explain=False), self.planned)
         except InfeasiblePlan:
             return dict.fromkeys(self.types, 1_000_000)
-        plan = self._sticky(plan, rate)
+        top = max(self._demands) * (1 + RATE_BAND)
+        if top > self.planned:
+            with contextlib.suppress(InfeasiblePlan):  # a top beyond the caps: none held
+                held = self._sticky(self.planner.plan(top, explain=False), top)
+                if _mix(held) != _mix(plan):  # a change of GPUs: the top's mix, held
+                    plan = held
         counts = _counts(plan)
         self._kept = counts
         return {
@@ -226,6 +245,11 @@ class PlanSizer:
             (p for p in candidates if p.price_per_hour <= limit),
             key=lambda p: (moves(p), p.price_per_hour),
         )
+
+
+def _mix(plan: ServingPlan) -> frozenset[tuple[str, int]]:
+    """The (GPU, tensor-parallel degree) options ``plan`` uses."""
+    return frozenset(k for k, n in _counts(plan).items() if n > 0)
 
 
 def _counts(plan: ServingPlan) -> dict[tuple[str, int], int]:
