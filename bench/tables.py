@@ -1958,6 +1958,28 @@ def autoscale_sim(doc: dict[str, Any]) -> str:
         for g, v in doc["single_type_at_peak"].items()
     )
     slo = doc["slo"]
+    draws = []  # the same day drawn with other seeds (autoscale_sim_seed<N>.json)
+    for path in sorted(RESULTS.glob("autoscale_sim_seed*.json")):
+        other = json.loads(path.read_text())
+        a = other["autoscale"]
+        draws.append(
+            [
+                path.stem.removeprefix("autoscale_sim_seed"),
+                f"`{other['revision']['commit'][:7]}`",
+                f"{other['autoscale_cost_vs_static_peak']:.3f}×",
+                f"{a['attainment']:.2%}",
+                f"{a['actions_max_per_hour']} ({a['actions_max_in_any_hour']})",
+            ]
+        )
+    others = (
+        "\n\nThe same day drawn with other seeds (`--seed N`, arrivals and lengths drawn anew):\n\n"
+        + _table(
+            ["seed", "at", "vs static peak", "within SLO", "actions, worst hour (60 min)"],
+            draws,
+        )
+        if draws
+        else ""
+    )
     return (
         "## Autoscaling a simulated day\n\n"
         f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {doc['model']} replicas as "
@@ -1984,6 +2006,7 @@ def autoscale_sim(doc: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + others
     )
 
 
@@ -2006,7 +2029,24 @@ def autoscale_real(doc: dict[str, Any]) -> str:
         f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
         f"each step ({doc['attainment']:.1%} overall); at most {doc['max_warm']} replicas warm, "
         f"{doc['final_warm']} at the end. Timeline: `{doc['plot']}`.\n\n"
-        f"![autoscaling real vLLM engines]({doc['plot'].removeprefix('docs/')})"
+        + "".join(
+            f"{_other_real_run(path)}\n\n" for path in sorted(RESULTS.glob("autoscale_real_*.json"))
+        )
+        + f"![autoscaling real vLLM engines]({doc['plot'].removeprefix('docs/')})"
+    )
+
+
+def _other_real_run(path: Path) -> str:
+    """One line for another run of the real-engine autoscaling benchmark (its plot is not kept)."""
+    doc = json.loads(path.read_text())
+    rev = doc["revision"]
+    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    steps = ", ".join(f"{s['rate']:.2f}" for s in doc["steps"])
+    return (
+        f"Another run, `{path.name}` at {at}: steps of {steps} requests/s; "
+        f"{doc['answered']:,} of {doc['requests']:,} answered; "
+        f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
+        f"each step ({doc['attainment']:.1%} overall)."
     )
 
 
