@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from hetero._checks import is_integer
 from hetero.sched import Cause
 from hetero.serve.bounded import read_at_most
 from hetero.serve.outcomes import (
@@ -211,7 +212,8 @@ def _usage(data: bytes) -> tuple[int | None, int | None]:
 
 
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A token count from a usage: an integer >= 0, else None."""
+    return value if is_integer(value) and value >= 0 else None  # type: ignore[return-value,operator]
 
 
 def _not_ok(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetero._checks import is_positive
+from hetero._checks import is_number, is_positive
 from hetero.errors import ConfigError, InfeasiblePlan
 from hetero.plan.serving import ServingPlan, ServingPlanner
 from hetero.plan.serving_spec import ServingPlanSpec
@@ -126,7 +126,7 @@ class PlanSizer:
     ) -> None:
         if not is_positive(interval):
             raise ConfigError([("interval", f"must be seconds > 0, got {interval!r}")])
-        if not (isinstance(hold, int | float) and 0 <= hold < math.inf):
+        if not (is_number(hold) and hold >= 0):
             raise ConfigError([("hold", f"must be seconds >= 0, got {hold!r}")])
         menu = {d.model: d for d in spec.devices}
         problems = []
