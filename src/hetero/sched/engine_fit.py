@@ -10,19 +10,23 @@ quantities, and those are what differ between an H100 and a T4:
       TTFT = ttft_base + prefill_s · (queued + own uncached tokens) + ttft_per_running · running
 
 - **time per output token**: the engine's step time, which grows with the running batch and
-  with the KV tokens the batch reads, stretched by the prompts the engine prefills meanwhile (a
-  continuous batcher runs them in the same steps: with long prompts arriving, prefill takes a
-  large share of its time, and every running decode waits through it)::
+  the KV tokens it holds, stretched by the prompts the engine prefills meanwhile (a continuous
+  batcher runs them in the same steps: with long prompts arriving, prefill takes a large share
+  of its time, and every running decode waits through it)::
 
       step = step_base + step_per_request · running + step_per_kv · KV tokens (thousands)
-      TPOT = step + step_per_prefill · prompt tokens prefilled per output token (thousands)
+      TPOT = step + step_per_prefill · prompt tokens prefilled a second (thousands)
 
-  learned in that form from each decode (the prompt tokens its replica prefilled while it
-  ran, over its tokens), and predicted as ``step · (1 + u)``, where ``u = step_per_prefill ·
-  prompt tokens sent a second (thousands)`` is the share of the engine's time that goes to
-  prefill (at most ``MAX_PREFILL_SHARE``). First order, not ``step / (1 − u)``: a prefill
-  chunk rides partly free in a step bound by memory, and on a simulated fleet near saturation
-  the exact form over-predicted the fast replica's TPOT (``bench/bench_slo_sim.py``).
+  learned in that form from each decode (the prompt tokens its replica prefilled while it ran,
+  over its duration) and predicted in it with the prompt tokens sent to the replica a second
+  lately. First order in the prefill's share of the engine's time (``step / (1 − u)`` is the
+  exact form): a prefill chunk rides partly free in a step bound by memory, and on a simulated
+  fleet near saturation the exact form over-predicted the fast replica's TPOT
+  (``bench/bench_slo_sim.py``). The prefill enters as a term of its own, not as a factor of the
+  step: the prompt tokens a decode shares its steps with are a rate that holds for tens of
+  seconds, so a fit may take much of the step for the prefill's term; predicted with the same
+  rate the sum stays right, where a factor of the step collapsed with it (on real vLLM a fit
+  with a step of 0.05 ms predicted the fast replica at 0.1 ms a token where it took 20 ms).
 
 These are the emulator's equations (``hetero.serve.engine_model.StepCost``: a step costs an
 overhead, a share per request, the weights and the KV cache read at the memory bandwidth, the
@@ -68,8 +72,6 @@ MAX_SECONDS = 3600.0
 MAX_TOKENS = 1e9
 #: The least a prediction can be (seconds).
 FLOOR = 1e-4
-#: The largest share of an engine's time the TPOT prediction gives to prefill.
-MAX_PREFILL_SHARE = 0.9
 # Seconds over which the prompt tokens sent to a replica are averaged into a rate.
 PREFILL_RATE_SECONDS = 10.0
 # Replies whose error is remembered, per replica and measure.
@@ -433,11 +435,13 @@ class EngineFit:
         self.ttft = LinearFit(
             (prior.ttft_base, prior.prefill_s, prior.ttft_per_running), prior.ttft_sd
         )
-        # A thousand prompt tokens prefilled in a decode's steps cost what they cost a
-        # prefill: the TPOT fit's fourth coefficient starts at a thousand times prefill_s.
+        # A thousand prompt tokens prefilled a second take 1000 · prefill_s of each second,
+        # and stretch a lone step by that share: the TPOT fit's fourth coefficient starts at
+        # the lone step times it, unsure by four times as much.
+        per_rate = (prior.step_base + prior.step_per_request) * 1000 * prior.prefill_s
         self.tpot = LinearFit(
-            (prior.step_base, prior.step_per_request, prior.step_per_kv, 1000 * prior.prefill_s),
-            (*prior.tpot_sd, 1000 * prior.ttft_sd[1]),
+            (prior.step_base, prior.step_per_request, prior.step_per_kv, per_rate),
+            (*prior.tpot_sd, max(4 * per_rate, FLOOR)),
         )
         self.kv_tokens: int | None = prior.kv_tokens
         self.ttft_errors = _Errors()
@@ -450,17 +454,15 @@ class EngineFit:
         return np.array([1.0, token_feature(prefill_tokens), token_feature(running)])
 
     @staticmethod
-    def tpot_features(
-        running: float, kv_tokens: float, prefilled_per_token: float = 0.0
-    ) -> FloatArray:
+    def tpot_features(running: float, kv_tokens: float, prefill_rate: float = 0.0) -> FloatArray:
         """A decode's features: its mean batch, the KV tokens it read, and the prompt tokens
-        its replica prefilled per token it decoded (0 for the step alone)."""
+        its replica prefilled a second while it ran (0 for the step alone)."""
         return np.array(
             [
                 1.0,
                 token_feature(running),
                 token_feature(kv_tokens) / 1000.0,
-                token_feature(prefilled_per_token) / 1000.0,
+                token_feature(prefill_rate) / 1000.0,
             ]
         )
 
@@ -480,9 +482,8 @@ class EngineFit:
     def predict_tpot(self, running: float, kv_tokens: float, prefill_rate: float) -> float:
         """The TPOT of a decode in a batch of ``running`` holding ``kv_tokens`` while the
         engine is sent ``prefill_rate`` prompt tokens a second to prefill (see the module)."""
-        step = self.predict_step(running, kv_tokens)
-        share = min(MAX_PREFILL_SHARE, self.tpot.coef[3] * token_feature(prefill_rate) / 1000)
-        return step * (1.0 + share)
+        prefill = self.tpot.coef[3] * token_feature(prefill_rate) / 1000
+        return self.predict_step(running, kv_tokens) + min(MAX_SECONDS, prefill)
 
     # --- predictions ------------------------------------------------------------------------
 
@@ -540,7 +541,7 @@ class EngineFit:
             "step_base_s": round(float(d[0]), 5),
             "step_per_request_s": round(float(d[1]), 6),
             "step_per_1k_kv_s": round(float(d[2]), 6),
-            "step_per_1k_prefilled_s": round(float(d[3]), 6),
+            "step_per_1k_prefilled_per_s": round(float(d[3]), 6),
             "kv_tokens": self.kv_tokens,
             "replies_fitted": {"ttft": self.ttft.updates, "tpot": self.tpot.updates},
             "error_ttft": {"p50": q(self.ttft_errors, 0.5), "p90": q(self.ttft_errors, 0.9)},
