@@ -198,6 +198,20 @@ async def test_streamed_lines_come_whole_across_chunks_and_interim_answers_are_s
     await upstream.close()
 
 
+async def test_has_line_tells_whether_a_whole_line_waits_in_what_came(replica: Replica) -> None:
+    """The proxy writes lines that came together in one write to the client: ``has_line``
+    says whether the next ``readline`` has one without waiting for the replica."""
+    replica.answers.append((chunked(b"data: a\n\ndata: b\n\n", b"data: c\n\n"), False))
+    upstream = Upstream()
+    reply = await upstream.post(replica.url, "/x", b"{}")
+    waiting = []
+    while await reply.readline():
+        waiting.append(reply.has_line())
+    assert waiting == [True, True, True, False, True, False]
+    reply.release()
+    await upstream.close()
+
+
 async def test_an_answer_without_a_length_is_read_to_the_connections_end(
     replica: Replica,
 ) -> None:

@@ -312,14 +312,23 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             await response.prepare(context.request)
             await response.write(b"".join(first))
             mark = _FIRST_MARK  # the stream's pace is told at 8, 16, 32... chunks
+            # Lines that came together go out together: an event's data line and the blank
+            # line that ends it, or the events of a burst, in one write (a write is a send
+            # to the client's socket, most of a line's cost).
+            lines: list[bytes] = []
             while line := await reply.readline():
                 problem = _event_problem(line, counts)
                 if problem:
+                    await response.write(b"".join(lines))
                     return StreamBroke(response, problem)
                 if counts[0] >= mark:
                     watch.progress(counts[0])
                     mark *= 2
-                await response.write(line)
+                lines.append(line)
+                if not reply.has_line():
+                    await response.write(b"".join(lines))
+                    lines.clear()
+            await response.write(b"".join(lines))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
             # Writing to a client that hung up; with the client still there, the replica's
             # connection reset under the read.

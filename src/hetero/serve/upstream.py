@@ -320,6 +320,10 @@ class UpstreamReply:
                 return buffer
             buffer += data
 
+    def has_line(self) -> bool:
+        """Whether ``readline`` has a whole line to give without waiting for the replica."""
+        return b"\n" in self._buffer
+
     def release(self) -> None:
         """Hand the connection back for the next request when the answer was read to its end,
         else close it. Idempotent."""
