@@ -229,6 +229,34 @@ def test_chunks_that_come_in_a_burst_do_not_teach_a_step_time_of_nothing() -> No
     assert fit.tpot.predict(fit.tpot_features(1, 132)) == pytest.approx(0.01, rel=0.25)
 
 
+def test_a_reply_that_came_whole_in_one_burst_teaches_no_step_time() -> None:
+    """A streaming server starved of CPU holds a whole reply back, its first token too, and
+    sends it at once: 60 chunks within a millisecond. Such replies among paced ones leave the
+    fit at the paced replies' 5 ms step (on real vLLM they fitted it at nothing)."""
+    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    for k in range(40):
+        item = request(100, 64)
+        assert policy.pick(item, view, None) == 0
+        if k % 2:  # held back: everything comes at once after 0.35 s
+            clock.advance(0.35)
+            policy.first_token(item.id, clock.now())
+            for chunks in (8, 16, 32, 61):
+                clock.advance(0.00003 * chunks / 2)
+                policy.progress(item.id, clock.now(), chunks)
+            policy.finished(item.id, clock.now(), 61)
+        else:
+            clock.advance(0.05)
+            policy.first_token(item.id, clock.now())
+            clock.advance(0.005 * 60)
+            policy.finished(item.id, clock.now(), 61)
+        clock.advance(0.5)
+    fit = policy.fits[0]
+    assert fit.tpot.predict(fit.tpot_features(1, 132)) == pytest.approx(0.005, rel=0.25)
+    assert not fit.distrusted
+
+
 def test_a_reply_that_was_not_streamed_teaches_the_step_time_too() -> None:
     policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
     clock = view.clock
