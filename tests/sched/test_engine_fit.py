@@ -257,6 +257,43 @@ def test_a_reply_that_came_whole_in_one_burst_teaches_no_step_time() -> None:
     assert not fit.distrusted
 
 
+def test_a_lone_request_measured_brings_a_guessed_replica_to_its_times() -> None:
+    policy, view = make_policy([EnginePrior.generic(), prior(0.005, 0.002)], ttft=1, tpot=0.05)
+    policy.measured(0, 300, 0.9, 0.08, now=0.0)
+    fit = policy.fits[0]
+    assert fit.predict_ttft(300, 0) == pytest.approx(0.9)
+    assert fit.predict_step(1, 0) == pytest.approx(0.08)
+    assert policy.fits[0].prior.guess  # still ramped up as a replica known by its URL
+    declared = policy.fits[1].tpot.coef
+    policy.measured(1, 300, 0.9, 0.08, now=0.0)  # a declared prior is not a guess: kept
+    assert policy.fits[1].tpot.coef == declared
+
+
+@pytest.mark.parametrize(
+    "ttft, tpot", [(math.nan, 0.1), (-1.0, 0.1), (math.inf, 0.1), (1e300, 0.1), (0.5, math.nan)]
+)
+def test_an_absurd_measurement_leaves_the_guess_or_the_step(ttft: float, tpot: float) -> None:
+    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    before = policy.fits[0].tpot.coef, policy.fits[0].ttft.coef
+    policy.measured(0, 300, ttft, tpot, now=0.0)
+    fit = policy.fits[0]
+    if math.isfinite(ttft) and 0 < ttft < 3600:  # the TTFT is taken, the step scaled alike
+        assert fit.predict_ttft(300, 0) == pytest.approx(ttft)
+        assert all(math.isfinite(c) for c in fit.tpot.coef)
+    else:
+        assert (fit.tpot.coef, fit.ttft.coef) == before
+
+
+def test_a_measurement_after_replies_changes_nothing() -> None:
+    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    item = request(300, 20)
+    assert policy.pick(item, view, None) == 0
+    policy.first_token(item.id, 0.2)
+    before = policy.fits[0].ttft.coef
+    policy.measured(0, 300, 5.0, 0.5, now=1.0)
+    assert policy.fits[0].ttft.coef == before
+
+
 def test_a_reply_that_was_not_streamed_teaches_the_step_time_too() -> None:
     policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
     clock = view.clock

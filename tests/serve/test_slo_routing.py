@@ -56,6 +56,27 @@ async def test_streamed_replies_teach_each_replica_s_engine_model(serve: Serve) 
     assert len(rows) == 4 and all(" / 2.00 " in row for row in rows[2:])
 
 
+async def test_each_replica_is_timed_with_one_lone_request_before_it_is_sent_any(
+    serve: Serve,
+) -> None:
+    """A replica known by its URL alone is measured as the router starts (one short streamed
+    request): a replica five times slower is predicted slower before a user's request."""
+    fast = Spec(mock(**ENGINE, speed=1.0), speed=None, slots=None)
+    slow = Spec(mock(**ENGINE, speed=0.2), speed=None, slots=None)
+    fleet = await serve(fast, slow, options=RouterOptions(strategy="slo", slo_ttft=2.0))
+    assert [m.stats["completed"] for m in fleet.mocks] == [1, 1]
+    models = [r["engine_model"] for r in (await fleet.replicas()).values()]
+    assert all(m["replies_fitted"] == {"ttft": 0, "tpot": 0} for m in models)
+    ttft = [m["predicted_ttft_s"] for m in models]
+    tpot = [m["predicted_tpot_s"] for m in models]
+    assert 3 < ttft[1] / ttft[0] < 8 and 3 < tpot[1] / tpot[0] < 8
+
+
+async def test_no_probe_is_sent_under_another_strategy(serve: Serve) -> None:
+    fleet = await serve(Spec(mock(**ENGINE), speed=None, slots=None))
+    assert fleet.mocks[0].stats["requests"] == 0
+
+
 async def test_failed_attempts_give_back_what_they_held(serve: Serve) -> None:
     broken = Spec(mock(**ENGINE, fail_rate=1.0), speed=None, slots=None)
     good = Spec(mock(**ENGINE), speed=None, slots=None)

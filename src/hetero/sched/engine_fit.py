@@ -115,6 +115,24 @@ class EnginePrior:
             guess=True,
         )
 
+    def scaled(self, ttft_by: float, tpot_by: float) -> EnginePrior:
+        """This prior with its TTFT coefficients (and their spreads) times ``ttft_by`` and its
+        step's times ``tpot_by``: a guess brought to what one measured request took. Factors
+        outside [1e-3, 1e3] are taken at those bounds."""
+        a, b = (min(1e3, max(1e-3, f)) for f in (ttft_by, tpot_by))
+        return EnginePrior(
+            self.ttft_base * a,
+            self.prefill_s * a,
+            self.ttft_per_running * a,
+            self.step_base * b,
+            self.step_per_request * b,
+            self.step_per_kv * b,
+            ttft_sd=(self.ttft_sd[0] * a, self.ttft_sd[1] * a, self.ttft_sd[2] * a),
+            tpot_sd=(self.tpot_sd[0] * b, self.tpot_sd[1] * b, self.tpot_sd[2] * b),
+            kv_tokens=self.kv_tokens,
+            guess=self.guess,
+        )
+
 
 class LinearFit:
     """``y ≈ θ·x`` with no coefficient below zero, by weighted least squares over the last

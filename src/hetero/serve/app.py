@@ -36,6 +36,7 @@ from hetero.serve.client_requests import (
     same_key,
 )
 from hetero.serve.cost import prompt_tokens
+from hetero.serve.engine_probe import measure_engine
 from hetero.serve.listener import ADMIN_CONNECTIONS, connection_cap, listen
 from hetero.serve.logs import RepeatFilter
 from hetero.serve.metrics import ServeMetrics
@@ -160,6 +161,7 @@ class Server:
         self._runners: list[web.AppRunner] = []
         self._checks: HealthChecks | None = None
         self._health: asyncio.Task[None] | None = None
+        self._measuring: set[asyncio.Task[None]] = set()  # probes of replicas that joined
         self.poller: LoadPoller | None = None
         self.url = ""
         self.admin_url: str | None = None
@@ -206,6 +208,7 @@ class Server:
             self.router, self.session, self.metrics, o.health_interval
         )
         await asyncio.gather(*(checks.probe(s, models=True) for s in self.router.replicas))
+        await asyncio.gather(*(self._measure(s) for s in self.router.replicas))
         self.poller = LoadPoller(self.router, self.session, o.load_interval, max_reads=o.load_reads)
         for state in self.router.replicas:
             self.poller.watch(state)
@@ -251,6 +254,22 @@ class Server:
         await self._checks.probe(state, models=True)
         if self.poller is not None:
             self.poller.watch(state)
+        # Timed meanwhile, not before it serves: the policy's slow start covers a replica
+        # that joins under traffic, and a joining replica is counted warm once added.
+        if self.router.slo_policy is not None:
+            task = asyncio.create_task(self._measure(state))
+            self._measuring.add(task)
+            task.add_done_callback(self._measuring.discard)
+
+    async def _measure(self, state: ReplicaState) -> None:
+        """Under strategy slo, time one lone request on a replica that answers, before it is
+        sent any (``hetero.serve.engine_probe``)."""
+        models = state.replica.models
+        if self.router.slo_policy is None or not models or state.removed:
+            return
+        sample = await measure_engine(self.upstream, state.replica.url, min(models))
+        if sample is not None:
+            self.router.measured(state, sample)
 
     async def drain(self) -> None:
         """Graceful shutdown: refuse new requests (503), let admitted ones finish (up to
@@ -262,6 +281,10 @@ class Server:
         await self.stop()
 
     async def stop(self) -> None:
+        for task in list(self._measuring):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.poller is not None:
             await self.poller.stop()
             self.poller = None

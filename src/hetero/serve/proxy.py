@@ -45,6 +45,7 @@ __all__ = [
     "end_stopped",
     "end_stream",
     "error_json",
+    "event_problem",
     "exhausted",
     "forward",
     "forward_stream",
@@ -246,7 +247,7 @@ async def _first_event(reply: UpstreamReply) -> list[bytes]:
             return lines
 
 
-def _event_problem(line: bytes, counts: list[int]) -> str | None:
+def event_problem(line: bytes, counts: list[int]) -> str | None:
     """Check one SSE line; counts[0] gathers content chunks, counts[1] and counts[2] the
     usage's completion and prompt tokens (-1 until seen; streams carry a usage where the client
     asked for it, ``stream_options.include_usage``). Returns what is wrong with the line, if
@@ -301,7 +302,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             first = await _first_event(reply)
         except _FAULTS as exc:
             return Failed(f"stream broke before its first event: {describe_failure(exc)}")
-        problem = next((p for p in (_event_problem(x, counts) for x in first) if p), None)
+        problem = next((p for p in (event_problem(x, counts) for x in first) if p), None)
         if not first or problem:
             return Failed(problem or "closed the stream before its first event")
         # Committed: from here a failure ends the stream instead of retrying it.
@@ -317,7 +318,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             # to the client's socket, most of a line's cost).
             lines: list[bytes] = []
             while line := await reply.readline():
-                problem = _event_problem(line, counts)
+                problem = event_problem(line, counts)
                 if problem:
                     await response.write(b"".join(lines))
                     return StreamBroke(response, problem)

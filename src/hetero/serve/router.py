@@ -42,6 +42,7 @@ from hetero.sched.policies.slo import SloRouting
 from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
 from hetero.serve.autoscale.traffic import TrafficLog
 from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths, brief
+from hetero.serve.engine_probe import EngineSample
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
 from hetero.serve.records import DEFAULT_STRATEGY, ReplicaState, RouterOptions, Ticket
@@ -385,6 +386,13 @@ class Router(Driver):
         """The replica's first event for ``ticket`` reached the router: its prefill is over."""
         if self.slo_policy is not None:
             self.slo_policy.first_token(ticket.id, self.clock.now())
+
+    def measured(self, state: ReplicaState, sample: EngineSample) -> None:
+        """A lone probe request's times on the replica (``hetero.serve.engine_probe``)."""
+        if self.slo_policy is not None:
+            self.slo_policy.measured(
+                state.index, sample.prompt_tokens, sample.ttft, sample.tpot, self.clock.now()
+            )
 
     def progress(self, ticket: Ticket, tokens: int) -> None:
         """``ticket``'s stream has brought ``tokens`` output chunks so far."""

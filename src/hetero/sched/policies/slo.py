@@ -145,6 +145,24 @@ class SloRouting(PrefixAffinity):
             self.fits[device] = EngineFit(prior)
             self._mirror(device)
 
+    def measured(
+        self, device: int, prompt_tokens: float, ttft: float, tpot: float | None, now: float
+    ) -> None:
+        """Device ``device`` answered one lone request of ``prompt_tokens`` uncached tokens in
+        ``ttft`` seconds to its first token, then ``tpot`` seconds a token (None: not
+        measured). Where its prior is a guess and no reply has taught its fit yet, the guess
+        is brought to those times; absurd values change nothing."""
+        prior = self._priors.get(device, EnginePrior.generic())
+        if not (prior.guess and 0 < ttft <= MAX_SECONDS and 0 < prompt_tokens <= MAX_TOKENS):
+            return
+        lone_ttft = prior.ttft_base + prior.prefill_s * prompt_tokens
+        lone_step = prior.step_base + prior.step_per_request
+        ttft_by = ttft / lone_ttft
+        tpot_by = tpot / lone_step if tpot is not None and 0 < tpot <= MAX_SECONDS else ttft_by
+        self.set_prior(device, prior.scaled(ttft_by, tpot_by))
+        if device < len(self.heard):
+            self.heard[device] = now
+
     def set_kv_tokens(self, device: int, tokens: int | None) -> None:
         """Device ``device``'s KV cache size as its engine publishes it (ignored when absurd)."""
         self.fits[device].set_kv_tokens(tokens)
