@@ -5,12 +5,16 @@ What is asserted is what the router learned and shows, never how long anything t
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 from typing import Any
 
+import aiohttp
 import pytest
 
 from hetero.commands.top_serve import serve_view
 from hetero.errors import ConfigError
+from hetero.serve.emulator.server import MockReplica
 from hetero.serve.engines import LoadSample
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router, RouterOptions
@@ -104,6 +108,29 @@ async def test_the_engine_s_kv_size_reaches_the_model(serve: Serve) -> None:
 def test_an_absurd_slo_is_refused_naming_it(field: str, bad: float) -> None:
     with pytest.raises(ConfigError, match=field):
         RouterOptions(strategy="slo", **{field: bad})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("flags", [["--slo-ttft", "2"], ["--slo-tpot", "0.1", "--slo-ttft", "1"]])
+async def test_an_slo_given_without_a_strategy_routes_by_it(flags: list[str]) -> None:
+    replica = MockReplica(mock())
+    url = await replica.start()
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "hetero", "serve", "--port", "0", "-r", url, *flags),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+        found = re.search(r"listening on (http://\S+)", line)
+        assert found, line
+        async with aiohttp.ClientSession() as client, client.get(found[1] + "/status") as reply:
+            status = await reply.json()
+        assert status["strategy"] == "slo"
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
+        await replica.stop()
 
 
 def test_an_slo_given_to_another_strategy_is_refused() -> None:

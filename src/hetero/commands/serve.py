@@ -77,6 +77,7 @@ def serve(
         str | None,
         typer.Option(
             help="Routing policy (see `hetero policies list`). Default: the config's, else "
+            f"slo where an SLO is given (--slo-ttft, --slo-tpot, --autoscale), else "
             f"{DEFAULT_STRATEGY}.",
             show_default=False,
         ),
@@ -84,16 +85,18 @@ def serve(
     slo_ttft: Annotated[
         float | None,
         typer.Option(
-            help="Strategy slo: the time to first token (seconds) each request should meet. "
-            "Default: 1 s, or ten times the fleet's best predicted TTFT of the request if more.",
+            help="The time to first token (seconds) each request should meet; routes by "
+            "strategy slo unless --strategy or the config names another. Default (strategy "
+            "slo): 1 s, or ten times the fleet's best predicted TTFT of the request if more.",
             show_default=False,
         ),
     ] = None,
     slo_tpot: Annotated[
         float | None,
         typer.Option(
-            help="Strategy slo: the time per output token (seconds) each request should meet. "
-            "Default: five times the fleet's best predicted step time of a lone request.",
+            help="The time per output token (seconds) each request should meet; routes by "
+            "strategy slo unless --strategy or the config names another. Default (strategy "
+            "slo): five times the fleet's best predicted step time of a lone request.",
             show_default=False,
         ),
     ] = None,
@@ -288,10 +291,11 @@ def serve(
         scheduler = file.scheduler if file is not None else None
         # The config's strategy only when it names one: the engine's default is not the router's.
         chosen = scheduler if scheduler and "strategy" in scheduler.model_fields_set else None
+        # An SLO, given or the autoscaling plan's, is routed to by it unless told otherwise.
+        by_slo = setup is not None or slo_ttft is not None or slo_tpot is not None
         options = RouterOptions(
-            # Autoscaling to a plan's SLO routes by that SLO unless told otherwise.
             strategy=strategy
-            or (chosen.strategy if chosen else "slo" if setup else DEFAULT_STRATEGY),
+            or (chosen.strategy if chosen else "slo" if by_slo else DEFAULT_STRATEGY),
             strategy_options=dict(chosen.options) if chosen and not strategy else {},
             queue_size=queue_size,
             timeout=timeout,
