@@ -258,7 +258,7 @@ def test_a_reply_that_came_whole_in_one_burst_teaches_no_step_time() -> None:
 
 
 def test_a_lone_request_measured_brings_a_guessed_replica_to_its_times() -> None:
-    policy, view = make_policy([EnginePrior.generic(), prior(0.005, 0.002)], ttft=1, tpot=0.05)
+    policy, _ = make_policy([EnginePrior.generic(), prior(0.005, 0.002)], ttft=1, tpot=0.05)
     policy.measured(0, 300, 0.9, 0.08, now=0.0)
     fit = policy.fits[0]
     assert fit.predict_ttft(300, 0) == pytest.approx(0.9)
@@ -273,7 +273,7 @@ def test_a_lone_request_measured_brings_a_guessed_replica_to_its_times() -> None
     "ttft, tpot", [(math.nan, 0.1), (-1.0, 0.1), (math.inf, 0.1), (1e300, 0.1), (0.5, math.nan)]
 )
 def test_an_absurd_measurement_leaves_the_guess_or_the_step(ttft: float, tpot: float) -> None:
-    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    policy, _ = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
     before = policy.fits[0].tpot.coef, policy.fits[0].ttft.coef
     policy.measured(0, 300, ttft, tpot, now=0.0)
     fit = policy.fits[0]

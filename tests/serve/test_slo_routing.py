@@ -14,6 +14,7 @@ import pytest
 
 from hetero.commands.top_serve import serve_view
 from hetero.errors import ConfigError
+from hetero.serve.app import LOAD_INTERVAL, SLO_LOAD_INTERVAL, ServeOptions
 from hetero.serve.emulator.server import MockReplica
 from hetero.serve.engines import LoadSample
 from hetero.serve.replicas import Replica
@@ -79,6 +80,19 @@ async def test_each_replica_is_timed_with_one_lone_request_before_it_is_sent_any
 async def test_no_probe_is_sent_under_another_strategy(serve: Serve) -> None:
     fleet = await serve(Spec(mock(**ENGINE), speed=None, slots=None))
     assert fleet.mocks[0].stats["requests"] == 0
+
+
+async def test_the_engines_load_is_read_less_often_under_slo(serve: Serve) -> None:
+    """Its own books track each replica; a read of vLLM's /metrics costs the engine's server."""
+    by_slo = await serve(Spec(mock(**ENGINE)), options=RouterOptions(strategy="slo"))
+    other = await serve(Spec(mock(**ENGINE)))
+    told = await serve(
+        Spec(mock(**ENGINE)),
+        options=RouterOptions(strategy="slo"),
+        serve_options=ServeOptions(port=0, load_interval=0.25),
+    )
+    intervals = [f.server.poller.interval for f in (by_slo, other, told) if f.server.poller]
+    assert intervals == [SLO_LOAD_INTERVAL, LOAD_INTERVAL, 0.25]
 
 
 async def test_failed_attempts_give_back_what_they_held(serve: Serve) -> None:

@@ -179,12 +179,14 @@ def serve(
         ),
     ] = None,
     load_interval: Annotated[
-        float,
+        float | None,
         typer.Option(
             help="Seconds between reads of each replica's published load (vLLM /metrics, "
-            "SGLang /v1/loads), in the background."
+            "SGLang /v1/loads), in the background. Default: 0.1, or 1 under strategy slo "
+            "(whose own books track each replica; a read costs the engine's server CPU).",
+            show_default=False,
         ),
-    ] = 0.1,
+    ] = None,
     load_reads: Annotated[
         float,
         typer.Option(
