@@ -5,7 +5,8 @@ token's and the end's updates of the fits and the load books).
 Each fleet holds replicas of generic priors at speeds spread over 1-6x (the fits past their
 slow start: each first taught by 64 replies); requests of lognormal prompts (mean 1,000
 tokens) and outputs (mean 200); each request is answered (first token, then its end) once
-``2 × replicas`` are in flight, so every replica holds a batch. The clock is a fake one moved
+``2 × replicas`` are in flight, so every replica holds a batch; its first token comes 5 ms
+after it was sent and its decode takes the rest of its flight. The clock is a fake one moved
 by 10 ms a request. Medians of repeats of the mean µs per request, in this thread's CPU time
 (``time.thread_time``): the cost is CPU, and on a shared machine the wall clock adds the time
 other work held the core.
@@ -59,7 +60,7 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
         WorkItem(cost=1.0, id=k, tokens=Tokens(int(p), float(o)))
         for k, (p, o) in enumerate(zip(prompts.tolist(), outputs.tolist(), strict=True))
     ]
-    flying: deque[tuple[int, int]] = deque()
+    flying: deque[tuple[int, int, float]] = deque()
     picking = learning = 0.0
     timed = 0
     for k, item in enumerate(items):
@@ -68,11 +69,13 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
         picked = policy.pick(item, view, None)
         middle = time.thread_time()
         if picked is not None:
-            flying.append((k, int(outputs[k])))
+            flying.append((k, int(outputs[k]), clock.now()))
         if len(flying) > 2 * n or picked is None:
-            done, output = flying.popleft()
+            # Its first token 5 ms after it was sent, its decode paced over the rest of its
+            # flight (a decode faster than the policy's BURST_PACE would teach nothing).
+            done, output, sent = flying.popleft()
             now = clock.now()
-            policy.first_token(done, now - 0.005)
+            policy.first_token(done, sent + 0.005)
             policy.finished(done, now, output)
         ended = time.thread_time()
         if k >= 64 * n:  # past every replica's slow start
