@@ -2036,6 +2036,34 @@ def autoscale_real(doc: dict[str, Any]) -> str:
     )
 
 
+def serve_real_slo(doc: dict[str, Any]) -> str:
+    """The one-model real-engine run, its revision, and a line for each other run kept."""
+    rev = doc["revision"]
+    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    others = "".join(
+        f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob("serve_real_slo_*.json"))
+    )
+    return f"{serve_real_prefix(doc)}\n\nThe run above is at {at}.{others}"
+
+
+def _other_slo_run(path: Path) -> str:
+    """One line for another run of the one-model real-engine benchmark: each configuration's
+    SLO attainment at each load."""
+    doc = json.loads(path.read_text())
+    rev = doc["revision"]
+    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    loads = "; ".join(
+        f"at {block['load']:.0%} ({block['rate_rps']}/s) "
+        + ", ".join(
+            f"{r['config']} {r['slo_attainment']:.1%}"
+            for r in block["configs"]
+            if "skipped" not in r
+        )
+        for block in doc["loads"]
+    )
+    return f"Another run, `{path.name}` at {at}: {loads}."
+
+
 def _other_real_run(path: Path) -> str:
     """One line for another run of the real-engine autoscaling benchmark (its plot is not kept)."""
     doc = json.loads(path.read_text())
@@ -2578,7 +2606,7 @@ def main() -> int:
         ("slo_cost.json", slo_cost),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
-        ("serve_real_slo.json", serve_real_prefix),
+        ("serve_real_slo.json", serve_real_slo),
         ("emulator.json", emulator),
         ("emulator_small.json", emulator),
         ("train.json", train),
