@@ -119,12 +119,13 @@ class ServeOptions:
     max_connections: int | None = None
 
     def __post_init__(self) -> None:
-        problems = [
-            (name, f"must be a number > 0, got {value!r}")
-            for name in ("health_interval", "load_interval", "load_reads", "header_timeout")
-            if (value := getattr(self, name)) is not None or name != "load_interval"
-            if not (isinstance(value, int | float) and 0 < value < 1e9)
-        ]
+        problems = []
+        for name in ("health_interval", "load_interval", "load_reads", "header_timeout"):
+            value = getattr(self, name)
+            if value is None and name == "load_interval":
+                continue  # the default: chosen by the strategy
+            if not (isinstance(value, int | float) and 0 < value < 1e9):
+                problems.append((name, f"must be a number > 0, got {value!r}"))
         cap = self.max_connections
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             problems.append(("max_connections", f"must be an integer >= 1, got {cap!r}"))
@@ -276,8 +277,8 @@ class Server:
             task.add_done_callback(self._measuring.discard)
 
     async def _measure(self, state: ReplicaState) -> None:
-        """Under strategy slo, time one lone request on a replica that answers, before it is
-        sent any (``hetero.serve.engine_probe``)."""
+        """Under strategy slo, time one lone request on a replica that answers
+        (``hetero.serve.engine_probe``)."""
         models = state.replica.models
         if self.router.slo_policy is None or not models or state.removed:
             return

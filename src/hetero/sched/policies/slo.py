@@ -150,8 +150,9 @@ class SloRouting(PrefixAffinity):
     ) -> None:
         """Device ``device`` answered one lone request of ``prompt_tokens`` uncached tokens in
         ``ttft`` seconds to its first token, then ``tpot`` seconds a token (None: not
-        measured). Where its prior is a guess and no reply has taught its fit yet, the guess
-        is brought to those times; absurd values change nothing."""
+        measured; its step is then scaled as its TTFT). Where its prior is a guess and no
+        reply has taught its fit yet, the guess is brought to those times; absurd values
+        change nothing."""
         prior = self._priors.get(device, EnginePrior.generic())
         if not (prior.guess and 0 < ttft <= MAX_SECONDS and 0 < prompt_tokens <= MAX_TOKENS):
             return
