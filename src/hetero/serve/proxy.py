@@ -320,16 +320,16 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
             while line := await reply.readline():
                 problem = event_problem(line, counts)
                 if problem:
-                    await response.write(b"".join(lines))
+                    if lines:  # what came before it in the same read
+                        await response.write(b"".join(lines))
                     return StreamBroke(response, problem)
                 if counts[0] >= mark:
                     watch.progress(counts[0])
                     mark *= 2
                 lines.append(line)
-                if not reply.has_line():
+                if not reply.has_line():  # the last line of a body is always written here
                     await response.write(b"".join(lines))
                     lines.clear()
-            await response.write(b"".join(lines))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
             # Writing to a client that hung up; with the client still there, the replica's
             # connection reset under the read.
