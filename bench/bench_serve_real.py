@@ -479,21 +479,32 @@ def _p99_all(latencies: Sequence[float], n: int) -> float | None:
 
 
 def per_request(records: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each answered request's TTFT, TPOT and latency (seconds)."""
+    """Each answered request's TTFT, TPOT and latency (seconds), when it was due and how late
+    the generator sent it."""
     out = []
-    for status, latency, ttft, tokens, chunks in zip(
+    for status, latency, ttft, tokens, chunks, start, lag in zip(
         records["status"],
         records["latency"],
         records["ttft"],
         records["completion_tokens"],
         records["chunks"],
+        records["start"],
+        records["lag"],
         strict=True,
     ):
         if status != 200 or ttft is None or not tokens:
             continue
         tpot = (latency - ttft) / (tokens - 1) if tokens > 1 else 0.0
         out.append(
-            {"ttft": ttft, "tpot": tpot, "latency": latency, "tokens": tokens, "chunks": chunks}
+            {
+                "ttft": ttft,
+                "tpot": tpot,
+                "latency": latency,
+                "tokens": tokens,
+                "chunks": chunks,
+                "start": start,
+                "lag": lag,
+            }
         )
     return out
 
@@ -803,7 +814,29 @@ def summarize(s: Settings, records: dict[str, Any]) -> dict[str, Any]:
         if answered
         else None,
         "send_lag_ms": _pct([v * 1e3 for v in records["lag"]], 2),
+        "misses": misses(s, answered),
     }
+
+
+#: Misses listed per configuration and load, the earliest first.
+MISSES_LISTED = 24
+
+
+def misses(s: Settings, answered: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """The answered requests that missed the SLO, when they were due (seconds into the run),
+    their TTFT (which counts from then), TPOT and how late the generator sent them: where in a
+    run the misses fall (at a cold start, in a burst, throughout) and whether the generator's
+    own lateness made them."""
+    missed = [a for a in answered if a["ttft"] > s.ttft_slo or a["tpot"] > s.tpot_slo]
+    return [
+        {
+            "at_s": round(a["start"], 2),
+            "ttft_s": round(a["ttft"], 3),
+            "tpot_s": round(a["tpot"], 4),
+            "lag_ms": round(a["lag"] * 1e3, 1),
+        }
+        for a in sorted(missed, key=lambda a: a["start"])[:MISSES_LISTED]
+    ]
 
 
 def shares(
