@@ -6,7 +6,8 @@ Each fleet holds replicas of generic priors at speeds spread over 1-6x (the fits
 slow start: each first taught by 64 replies); requests of lognormal prompts (mean 1,000
 tokens) and outputs (mean 200); each request is answered (first token, then its end) once
 ``2 × replicas`` are in flight, so every replica holds a batch; its first token comes 5 ms
-after it was sent and its decode takes the rest of its flight. The clock is a fake one moved
+after it was sent and its decode takes the rest of its flight, its pace reported as the router
+reports a stream's (at 8, 16, 32... chunks: each a TPOT observation). The clock is a fake one moved
 by 10 ms a request. Medians of repeats of the mean µs per request, in this thread's CPU time
 (``time.thread_time``): the cost is CPU, and on a shared machine the wall clock adds the time
 other work held the core.
@@ -37,6 +38,9 @@ from hetero.sched.policies.slo import SloRouting
 #: path can afford of its whole CPU target (250 µs a request, issue #33).
 BUDGET_US = 50.0
 BUDGET_AT = 64
+#: The chunks at which the router first reports a stream's pace (``hetero.serve.proxy``), then
+#: at twice as many each time.
+FIRST_MARK = 8
 
 
 def fleet(n: int, rng: np.random.Generator) -> tuple[SloRouting, FleetView, ManualClock]:
@@ -75,7 +79,13 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
             # flight (a decode faster than the policy's BURST_PACE would teach nothing).
             done, output, sent = flying.popleft()
             now = clock.now()
-            policy.first_token(done, sent + 0.005)
+            first = sent + 0.005
+            policy.first_token(done, first)
+            # The stream's pace as the router reports it: at 8, 16, 32... chunks.
+            mark = FIRST_MARK
+            while mark < output:
+                policy.progress(done, first + (now - first) * mark / output, mark)
+                mark *= 2
             policy.finished(done, now, output)
         ended = time.thread_time()
         if k >= 64 * n:  # past every replica's slow start
