@@ -208,23 +208,27 @@ def test_the_slow_replicas_tpot_is_learned_from_the_first_tokens_of_a_stream() -
 
 def test_chunks_that_come_in_a_burst_do_not_teach_a_step_time_of_nothing() -> None:
     """A server that falls behind sends the tokens it held back at once: the stretch between
-    two reports can be a millisecond for eight tokens. Each report teaches the decode so far,
-    so the fit stays at the replica's true 10 ms step (seen on real vLLM: a fit pulled to its
-    floor by such bursts sent every request to a replica it thought 60x faster than it was)."""
+    two reports can be a millisecond for eight tokens. A stream's pace teaches the fit once,
+    over the decode from its start, and its end teaches the whole decode, so the fit stays at
+    the replica's true 10 ms step (seen on real vLLM: a fit pulled to its floor by such bursts
+    sent every request to a replica it thought 60x faster than it was)."""
     policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
     clock = view.clock
     assert isinstance(clock, ManualClock)
-    for _ in range(20):
+    for k in range(20):
         item = request(100, 64)
         assert policy.pick(item, view, None) == 0
         clock.advance(0.1)
         policy.first_token(item.id, clock.now())
-        clock.advance(0.01 * 15)  # 15 more tokens at 10 ms, but the chunks after the 8th ...
-        policy.progress(item.id, clock.now(), 8)  # ... had been held back ...
+        clock.advance(0.01 * 7)  # 7 more tokens at 10 ms
+        policy.progress(item.id, clock.now(), 8)
+        clock.advance(0.01 * 8)  # 8 more, held back ...
+        policy.progress(item.id, clock.now(), 9)
         clock.advance(0.001)
         policy.progress(item.id, clock.now(), 16)  # ... and come at once
         clock.advance(0.01 * 48)
         policy.finished(item.id, clock.now(), 64)
+        assert policy.fits[0].tpot.updates == 2 * (k + 1)  # the first report and the end
     fit = policy.fits[0]
     assert fit.tpot.predict(fit.tpot_features(1, 132)) == pytest.approx(0.01, rel=0.25)
 
@@ -555,6 +559,9 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             rate = load.prefill_rate(now)
             assert tpot == pytest.approx(fit.predict_tpot(load.running + 1, kv, rate))
             busy = load.running > 0
-            assert table.ttft_factor[i] == (fit.ttft_errors.factor if busy else 1.0)
+            ramped = fit.prior.guess and load.running >= 2 ** min(fit.ttft.updates, 6)
+            assert table.ramped[i] == ramped
+            gate = math.inf if ramped else fit.ttft_errors.factor if busy else 1.0
+            assert table.ttft_gate[i] == gate
             cap = fit.kv_tokens
             assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

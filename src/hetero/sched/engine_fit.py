@@ -56,7 +56,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,16 +187,18 @@ class LinearFit:
         """The coefficients as an array (for reading: ``coef`` is the state)."""
         return np.array(self.coef)
 
-    def predict(self, x: FloatArray) -> float:
+    def predict(self, x: Sequence[float]) -> float:
         """The mean at features ``x`` (at least ``FLOOR``)."""
-        return max(FLOOR, float(self.theta @ x))
+        return max(FLOOR, float(sum(map(operator.mul, self.coef, x))))
 
-    def update(self, x: FloatArray, y: float) -> None:
+    def update(self, x: Sequence[float], y: float) -> None:
         # Weighed by the larger of the measured and the predicted value: a reply far below the
         # fit (a burst of tokens the server had held back) must not pull it with the weight of
         # a tiny, exact-looking measurement.
-        v = x.tolist()
-        predicted = sum(c * f for c, f in zip(self.coef, v, strict=True))
+        v = [float(f) for f in x]
+        if len(v) != len(self.coef):
+            raise ValueError(f"{len(self.coef)} features expected, got {len(v)}")
+        predicted = sum(map(operator.mul, self.coef, v))
         w = 1.0 / (self.noise * max(y, predicted, FLOOR)) ** 2
         replies = self._replies
         if len(replies) == replies.maxlen and self.updates % len(replies):
@@ -234,16 +238,19 @@ def _nonnegative(
     update's: it rarely changes), then largest first. In plain floats: numpy's per-call
     overhead on 4×4 systems was most of the router's cost per reply."""
     n = len(v)
-    tolerance = 1e-9 * (max(abs(x) for x in v) + 1.0)
-    supports = _SUPPORTS[n] if first is None else (first, *_SUPPORTS[n])
+    tolerance = 1e-9 * (max(map(abs, v)) + 1.0)
+    supports = _SUPPORTS[n] if first is None else _AFTER[n][first]
     for support in supports:
         part = _solve(m, v, support)
         if part is None or min(part) < 0:
             continue
-        theta = [0.0] * n
-        for k, value in zip(support, part, strict=True):
-            theta[k] = value
-        if all(
+        if len(support) == n:  # no coefficient held at zero: nothing more to check
+            theta = part
+        else:
+            theta = [0.0] * n
+            for k, value in zip(support, part, strict=True):
+                theta[k] = value
+        if len(support) == n or all(
             sum(m[k][j] * theta[j] for j in support) - v[k] >= -tolerance
             for k in range(n)
             if k not in support
@@ -255,10 +262,15 @@ def _nonnegative(
     return ([0.0] * n, ()) if finite else None
 
 
-# Supports of up to four coefficients, largest first.
+# Supports of up to four coefficients, largest first; and in the order tried after each: that
+# one first, then the others.
 _SUPPORTS = {
     n: [c for size in range(n, 0, -1) for c in itertools.combinations(range(n), size)]
     for n in (1, 2, 3, 4)
+}
+_AFTER = {
+    n: {(): supports} | {first: [first, *(c for c in supports if c != first)] for first in supports}
+    for n, supports in _SUPPORTS.items()
 }
 
 
@@ -306,7 +318,7 @@ class Flight:
     uncached: float  # prompt tokens it must prefill there
     kv: float  # KV tokens it holds while it runs (its prompt and half its expected output)
     sent: float
-    x_ttft: FloatArray  # the TTFT features it met on arrival
+    x_ttft: list[float]  # the TTFT features it met on arrival
     predicted_ttft: float
     predicted_tpot: float
     fitted: tuple[int, int]  # the replies the TTFT and TPOT fits had learned from at its send
@@ -318,6 +330,7 @@ class Flight:
     running_at: float = 0.0
     kv_at: float = 0.0
     prefilled_at: float = 0.0  # EngineLoad.prefilled_total then
+    paced: bool = False  # its stream's pace has taught the fit (see SloRouting.progress)
 
 
 class EngineLoad:
@@ -467,22 +480,23 @@ class EngineFit:
 
     # --- features ---------------------------------------------------------------------------
 
-    @staticmethod
-    def ttft_features(prefill_tokens: float, running: float) -> FloatArray:
-        return np.array([1.0, token_feature(prefill_tokens), token_feature(running)])
+    # As plain lists: building a numpy array of three or four numbers costs more than the
+    # arithmetic done with them.
 
     @staticmethod
-    def tpot_features(running: float, kv_tokens: float, prefill_rate: float = 0.0) -> FloatArray:
+    def ttft_features(prefill_tokens: float, running: float) -> list[float]:
+        return [1.0, token_feature(prefill_tokens), token_feature(running)]
+
+    @staticmethod
+    def tpot_features(running: float, kv_tokens: float, prefill_rate: float = 0.0) -> list[float]:
         """A decode's features: its mean batch, the KV tokens it read, and the prompt tokens
         its replica prefilled a second while it ran (0 for the step alone)."""
-        return np.array(
-            [
-                1.0,
-                token_feature(running),
-                token_feature(kv_tokens) / 1000.0,
-                token_feature(prefill_rate) / 1000.0,
-            ]
-        )
+        return [
+            1.0,
+            token_feature(running),
+            token_feature(kv_tokens) / 1000.0,
+            token_feature(prefill_rate) / 1000.0,
+        ]
 
     def predict_ttft(self, prefill_tokens: float, running: float) -> float:
         """``ttft.predict(ttft_features(prefill_tokens, running))``, in plain floats."""
@@ -515,7 +529,7 @@ class EngineFit:
     # --- learning ---------------------------------------------------------------------------
 
     def observe_ttft(
-        self, x: FloatArray, measured: float, predicted: float, fitted: int | None = None
+        self, x: Sequence[float], measured: float, predicted: float, fitted: int | None = None
     ) -> bool:
         """A reply's time to first token at the features it met, ``predicted`` by the fit
         when it had learned from ``fitted`` replies (None: as it stands); False if refused.
@@ -530,7 +544,7 @@ class EngineFit:
         return True
 
     def observe_tpot(
-        self, x: FloatArray, measured: float, predicted: float, fitted: int | None = None
+        self, x: Sequence[float], measured: float, predicted: float, fitted: int | None = None
     ) -> bool:
         """A reply's time per output token, as ``observe_ttft``."""
         if not _seconds(measured):

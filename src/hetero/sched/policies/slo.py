@@ -231,33 +231,31 @@ class SloRouting(PrefixAffinity):
             uncached = np.where(
                 held > 0, np.maximum(1.0, prompt - held * self.block_tokens), prompt
             )
-        # Every replica's predictions at once (see _Table).
-        t = self._table
-        running = t.running[:n]
-        busy = usable & (running > 0)
-        ramped = t.ramp[:n] <= running  # its next reply is worth waiting for: see _RAMP_MAX
-        own = np.minimum(uncached, MAX_TOKENS) * t.per_token[:n]
-        ttft_s = np.maximum(FLOOR, t.ttft_base[:n] + own)  # the model's own, in seconds
-        ttft = ttft_s / ttft_slo
-        kv_own = t.per_kv[:n] * token_feature(kv_new)
-        decay = np.minimum(1.0, np.exp((t.at[:n] - now) / PREFILL_RATE_SECONDS))
-        prefill = np.minimum(MAX_SECONDS, t.prefill[:n] * decay)
-        tpot_s = np.maximum(FLOOR, t.step_base[:n] + kv_own) + prefill
-        tpot = tpot_s / tpot_slo
-        tpot[t.kv_room[:n] < kv_new + output / 2] *= 10.0  # past its KV cache: it queues
-        # Ranked by the plain means, so that a busy replica's widening (which decides whether
-        # it meets the SLO at all) does not tilt the choice toward idle slow ones.
-        headroom = ttft + tpot
-        ttft *= t.ttft_factor[:n]  # widened while distrusted, where it runs something
-        tpot *= t.tpot_factor[:n]
-        lone_ok = (np.maximum(FLOOR, t.lone_ttft[:n] + own) <= ttft_slo) & (
-            np.maximum(FLOOR, t.lone_step[:n] + kv_own) <= tpot_slo
+        # Every replica's predictions at once (see _Table): the fewest array operations, each
+        # costing about a microsecond of numpy's call overhead at any fleet size up to hundreds.
+        t = self._table if len(self._table) == n else self._table.first(n)
+        if isinstance(uncached, float):
+            own = min(uncached, MAX_TOKENS) * t.per_token
+        else:
+            own = np.minimum(uncached, MAX_TOKENS) * t.per_token
+        ttft_s = np.maximum(FLOOR, t.ttft_base + own)  # the model's own, in seconds
+        kv_own = t.per_kv * token_feature(kv_new)
+        decay = np.minimum(1.0, np.exp((t.at - now) / PREFILL_RATE_SECONDS))
+        tpot_s = np.maximum(FLOOR, t.step_base + kv_own) + np.minimum(
+            MAX_SECONDS, t.prefill * decay
         )
-        idle_ok = usable & (ramped | np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0)))
-        weighed = usable & ~ramped
-        r_ttft = np.where(weighed, ttft, np.inf)
-        r_tpot = np.where(weighed, tpot, np.inf)
-        worst = np.maximum(r_ttft, r_tpot)
+        ttft = ttft_s / ttft_slo
+        tpot = tpot_s / tpot_slo
+        need = kv_new + output / 2
+        if t.kv_room.min() < need:
+            tpot[t.kv_room < need] *= 10.0  # past its KV cache: it queues
+        # Ranked by the plain means, so that a busy replica's widening (which decides whether
+        # it meets the SLO at all) does not tilt the choice toward idle slow ones. A replica
+        # in its slow start with a reply on the way is not weighed (its gate is infinite).
+        headroom = ttft + tpot
+        r_ttft = ttft * t.ttft_gate
+        r_tpot = tpot * t.tpot_gate
+        worst = np.where(usable, np.maximum(r_ttft, r_tpot), np.inf)
         meets = worst <= 1.0
         if meets.any():
             i = int(np.where(meets, headroom, np.inf).argmin())
@@ -266,7 +264,8 @@ class SloRouting(PrefixAffinity):
             # Only its TTFT is missed somewhere: sending it now is its best chance. Else wait
             # for a replica to finish something, unless no replica could meet the SLO even
             # idle (then waiting gains nothing).
-            only_ttft = (r_tpot <= 1.0) & (r_ttft <= TTFT_SLACK)
+            only_ttft = usable & (r_tpot <= 1.0) & (r_ttft <= TTFT_SLACK)
+            busy = usable & (t.running > 0)
             stale = (
                 usable & ~busy & (now - np.array(self.heard[:n]) > np.array(self._probe_wait[:n]))
             )
@@ -275,9 +274,17 @@ class SloRouting(PrefixAffinity):
             elif stale.any():
                 i = int(np.where(stale, worst, np.inf).argmin())  # try it again
                 self._probe_wait[i] = min(2 * self._probe_wait[i], PROBE_MAX)
-            elif busy.any() and idle_ok.any():
-                return None
             else:
+                if busy.any():
+                    # Worth waiting if some replica would meet it once idle: a busy one by its
+                    # lone predictions, an idle one as it stands, one in its slow start as soon
+                    # as its reply comes.
+                    lone_ok = (np.maximum(FLOOR, t.lone_ttft + own) <= ttft_slo) & (
+                        np.maximum(FLOOR, t.lone_step + kv_own) <= tpot_slo
+                    )
+                    idle = np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0))
+                    if (usable & (t.ramped | idle)).any():
+                        return None
                 i = int(worst.argmin())
                 if not math.isfinite(worst[i]):
                     return None
@@ -333,12 +340,17 @@ class SloRouting(PrefixAffinity):
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
         """The request's stream has brought ``tokens`` content chunks so far: its decode so far
-        teaches the step time (a slow replica is known within a few tokens of its first
-        request, not at the end of a long reply). A chunk is a token at least: an engine whose
-        server falls behind merges several into one, which reads as slower, the safe side."""
+        teaches the step time, once (a slow replica is known within a few tokens of its first
+        request, not at the end of a long reply; later reports would measure the same decode
+        again, each at the cost of a fit, and fill the fit's window with a few requests' paces
+        where its end teaches the whole decode anyway). A chunk is a token at least: an engine
+        whose server falls behind merges several into one, which reads as slower, the safe
+        side."""
         flight = self._flights.get(item_id)
-        if flight is not None and flight.first is not None:
-            self._learn_decode(flight, now, flight.first, tokens)
+        if flight is None or flight.first is None or flight.paced:
+            return
+        if self._learn_decode(flight, now, flight.first, tokens):
+            flight.paced = True
             self._mirror(flight.device)
 
     def finished(self, item_id: int | str, now: float, output_tokens: int) -> None:
@@ -364,17 +376,17 @@ class SloRouting(PrefixAffinity):
         flight.read_at, flight.running_at, flight.kv_at = now, load.running_time, load.kv_time
         flight.prefilled_at = load.prefilled_total
 
-    def _learn_decode(self, flight: Flight, now: float, start: float, tokens: int) -> None:
+    def _learn_decode(self, flight: Flight, now: float, start: float, tokens: int) -> bool:
         """One TPOT observation: the decode from ``start`` to ``tokens``, at the mean batch
         and KV tokens since the integrals were read and with the prompt tokens its replica
         prefilled meanwhile (a second). Always from the start, never the stretch
         since the last report: a server that falls behind sends chunks in bursts, and a burst
         alone would read as a step time of nothing. A decode whose chunks came faster than
         ``BURST_PACE`` a token came in one such burst from its start (its first token held
-        back with the rest) and teaches nothing of the step."""
+        back with the rest) and teaches nothing of the step. True if it taught the fit."""
         n, span, window = tokens - 1, now - start, now - flight.read_at
         if n < 1 or span < n * BURST_PACE or window <= 0:
-            return
+            return False
         load = self.loads[flight.device]
         load.advance(now)
         running = (load.running_time - flight.running_at) / window
@@ -382,8 +394,9 @@ class SloRouting(PrefixAffinity):
         fit = self.fits[flight.device]
         prefilled = (load.prefilled_total - flight.prefilled_at) / window
         x = fit.tpot_features(running, kv, prefilled)
-        fit.observe_tpot(x, span / n, flight.predicted_tpot, flight.fitted[1])
+        taught = fit.observe_tpot(x, span / n, flight.predicted_tpot, flight.fitted[1])
         self.heard[flight.device] = now
+        return taught
 
     def dropped(self, item_id: int | str, now: float) -> None:
         """The request's attempt ended without an answer to learn from (failed, moved,
@@ -445,14 +458,24 @@ class _Table:
         self.lone_step = np.zeros(n)  # d0 + d1
         self.prefill = np.zeros(n)  # d3 × the prompt tokens sent a second, before decay
         self.at = np.zeros(n)  # when that rate was last decayed (EngineLoad.at)
-        self.ttft_factor = np.ones(n)  # the widening where the replica runs something
-        self.tpot_factor = np.ones(n)
+        # What a ratio to the target is multiplied by before it is judged: the widening where
+        # the replica runs something while distrusted, infinite while its slow start waits
+        # for a reply (not weighed).
+        self.ttft_gate = np.ones(n)
+        self.tpot_gate = np.ones(n)
+        self.ramped = np.zeros(n, dtype=bool)  # its slow start waits for a reply: _RAMP_MAX
         self.kv_room = np.full(n, np.inf)  # KV tokens left in its cache while busy (inf: unknown)
-        self.ramp = np.full(n, np.inf)  # the slow start's cap on running (inf: none)
         self.running = np.zeros(n)
 
     def __len__(self) -> int:
         return len(self.running)
+
+    def first(self, n: int) -> _Table:
+        """The first ``n`` replicas' columns (views, for reading)."""
+        part = _Table(0)
+        for name, column in vars(self).items():
+            setattr(part, name, column[:n])
+        return part
 
     def set(self, i: int, fit: EngineFit, load: EngineLoad) -> None:
         c, d = fit.ttft.coef, fit.tpot.coef
@@ -466,8 +489,12 @@ class _Table:
         self.lone_step[i] = d[0] + d[1]
         self.prefill[i] = d[3] * token_feature(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
         self.at[i] = load.at
-        self.ttft_factor[i] = fit.ttft_errors.factor if busy else 1.0
-        self.tpot_factor[i] = fit.tpot_errors.factor if busy else 1.0
+        ramped = fit.prior.guess and load.running >= 1 << min(fit.ttft.updates, _RAMP_MAX)
+        self.ramped[i] = ramped
+        if ramped:
+            self.ttft_gate[i] = self.tpot_gate[i] = np.inf
+        else:
+            self.ttft_gate[i] = fit.ttft_errors.factor if busy else 1.0
+            self.tpot_gate[i] = fit.tpot_errors.factor if busy else 1.0
         self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
-        self.ramp[i] = 1 << min(fit.ttft.updates, _RAMP_MAX) if fit.prior.guess else np.inf
         self.running[i] = load.running
