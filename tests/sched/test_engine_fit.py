@@ -288,6 +288,26 @@ def test_an_absurd_measurement_leaves_the_guess_or_the_step(ttft: float, tpot: f
         assert (fit.tpot.coef, fit.ttft.coef) == before
 
 
+def test_unstreamed_answers_open_a_guessed_replica_s_slow_start() -> None:
+    """A replica known by its URL alone runs 1, 2, 4... requests at once as it answers. An
+    unstreamed reply teaches no TTFT, and one that comes faster than any engine decodes
+    teaches no step either: it still is an answer (counted by the fit's updates, such a
+    replica ran one request at a time for good: 840 requests/s behind an instant mock where
+    the default strategy served 2,300)."""
+    policy, view = make_policy([EnginePrior.generic()])
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    running: list[WorkItem] = []
+    for answered in range(4):
+        while (item := request(20, 64)) and policy.pick(item, view, None) == 0:
+            running.append(item)
+        assert len(running) == 2**answered  # the slow start's cap, then it waits
+        clock.advance(0.001)
+        policy.finished(running.pop(0).id, clock.now(), 64)  # whole, in a millisecond
+    fit = policy.fits[0]
+    assert fit.answers == 4 and not fit.taught
+
+
 def test_a_measurement_after_replies_changes_nothing() -> None:
     policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
     item = request(300, 20)
@@ -559,7 +579,7 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             rate = load.prefill_rate(now)
             assert tpot == pytest.approx(fit.predict_tpot(load.running + 1, kv, rate))
             busy = load.running > 0
-            ramped = fit.prior.guess and load.running >= 2 ** min(fit.ttft.updates, 6)
+            ramped = fit.prior.guess and load.running >= 2 ** min(fit.answers, 6)
             assert table.ramped[i] == ramped
             gate = math.inf if ramped else fit.ttft_errors.factor if busy else 1.0
             assert table.ttft_gate[i] == gate

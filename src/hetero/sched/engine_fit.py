@@ -459,10 +459,11 @@ class EngineFit:
     """One replica's engine: its fitted TTFT and TPOT coefficients, its KV capacity, and how
     well its replies bear the fit out."""
 
-    __slots__ = ("kv_tokens", "prior", "tpot", "tpot_errors", "ttft", "ttft_errors")
+    __slots__ = ("answers", "kv_tokens", "prior", "tpot", "tpot_errors", "ttft", "ttft_errors")
 
     def __init__(self, prior: EnginePrior) -> None:
         self.prior = prior
+        self.answers = 0  # requests it answered (a first token, or an unstreamed reply's end)
         self.ttft = LinearFit(
             (prior.ttft_base, prior.prefill_s, prior.ttft_per_running), prior.ttft_sd
         )
@@ -521,6 +522,11 @@ class EngineFit:
 
     # Predictions: ``ttft.predict(x)`` and ``tpot.predict(x)``, times ``ttft_errors.factor``
     # and ``tpot_errors.factor`` where they are to be widened while distrusted.
+
+    @property
+    def taught(self) -> bool:
+        """Whether any reply has taught the fit."""
+        return bool(self.ttft.updates or self.tpot.updates)
 
     @property
     def distrusted(self) -> bool:

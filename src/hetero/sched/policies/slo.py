@@ -84,10 +84,12 @@ BURST_PACE = 2e-4
 #: replica to finish something. On real vLLM at the fleet's capacity, a replica predicted at
 #: 20 s took 60 requests this way while the fast one freed a slot every tenth of a second.
 TTFT_SLACK = 2.0
-#: Slow start: a replica known by its URL alone runs at most ``2**k`` requests at once while its
-#: TTFT fit has learned from ``k`` replies (one before its first reply), up to ``k = _RAMP_MAX``.
-#: Until it answers, its predictions are a guess; a burst sent on a guess is a burst of misses
-#: (on real vLLM at a cold start, 15 long prompts to a replica five times slower than guessed).
+#: Slow start: a replica known by its URL alone runs at most ``2**k`` requests at once while it
+#: has answered ``k`` (one before its first answer), up to ``k = _RAMP_MAX``. Until it answers,
+#: its predictions are a guess; a burst sent on a guess is a burst of misses (on real vLLM at a
+#: cold start, 15 long prompts to a replica five times slower than guessed). An answer is a
+#: first token, or the end of a reply that was not streamed: counted by the fit's updates, a
+#: replica sent only unstreamed requests (which teach no TTFT) ran one at a time for good.
 _RAMP_MAX = 6
 
 
@@ -141,8 +143,10 @@ class SloRouting(PrefixAffinity):
         figures for its GPU and model, or a declared speed); used when it joins, and at once
         when it has not answered yet."""
         self._priors[device] = prior
-        if device < len(self.fits) and not self.fits[device].ttft.updates:
+        if device < len(self.fits) and not self.fits[device].taught:
+            answers = self.fits[device].answers
             self.fits[device] = EngineFit(prior)
+            self.fits[device].answers = answers
             self._mirror(device)
 
     def measured(
@@ -333,9 +337,9 @@ class SloRouting(PrefixAffinity):
         flight.first = now
         self.heard[flight.device] = now
         self._read(flight, now)
-        self.fits[flight.device].observe_ttft(
-            flight.x_ttft, now - flight.sent, flight.predicted_ttft, flight.fitted[0]
-        )
+        fit = self.fits[flight.device]
+        fit.answers += 1
+        fit.observe_ttft(flight.x_ttft, now - flight.sent, flight.predicted_ttft, flight.fitted[0])
         self._mirror(flight.device)
 
     def progress(self, item_id: int | str, now: float, tokens: int) -> None:
@@ -363,6 +367,7 @@ class SloRouting(PrefixAffinity):
         start = flight.first
         if start is None:
             start = flight.sent + min(flight.predicted_ttft, (now - flight.sent) / 2)
+            self.fits[flight.device].answers += 1
         self._learn_decode(flight, now, start, output_tokens)
         load = self.loads[flight.device]
         if flight.first is None:  # not streamed: its prefill is known done only now
@@ -489,7 +494,7 @@ class _Table:
         self.lone_step[i] = d[0] + d[1]
         self.prefill[i] = d[3] * token_feature(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
         self.at[i] = load.at
-        ramped = fit.prior.guess and load.running >= 1 << min(fit.ttft.updates, _RAMP_MAX)
+        ramped = fit.prior.guess and load.running >= 1 << min(fit.answers, _RAMP_MAX)
         self.ramped[i] = ramped
         if ramped:
             self.ttft_gate[i] = self.tpot_gate[i] = np.inf
