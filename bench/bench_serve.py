@@ -23,9 +23,10 @@
   on a grid of ``--step`` (5%) of capacity up to 120% are bisected, ``--rate-duration`` s of
   arrivals each, on a fresh mock process and router every time.
 - ``overhead``: one instant mock (no prefill or decode time, 1024 slots) straight, behind
-  ``hetero serve`` (default strategy) and behind sglang-router: an open loop of ``--rate``
-  requests/s (Poisson) → latency percentiles, added latency = routed minus direct; then a closed
-  loop of ``--concurrency`` clients → requests/s sustained, and each process's CPU per request.
+  ``hetero serve`` (default strategy, and ``slo``) and behind sglang-router: an open loop of
+  ``--rate`` requests/s (Poisson) → latency percentiles, added latency = routed minus direct;
+  then a closed loop of ``--concurrency`` clients → requests/s sustained, and each process's
+  CPU per request.
 
 The load generator runs in processes of its own (bench/_serve_load.py): open loop with send
 times fixed in advance, every request recorded with its status, latency and ``usage``; it stops
@@ -801,6 +802,8 @@ def overhead_configs(o: Overhead) -> list[Config]:
     return [
         Config("direct (no router)", "client", "direct"),
         Config(f"hetero serve, {DEFAULT_STRATEGY} (default)", "hetero", DEFAULT_STRATEGY),
+        # The engine model's cost on the request path (issue #33's router routes by it).
+        Config("hetero serve, slo (--strategy slo)", "hetero", "slo"),
         # What uvloop (the default where installed) saves: the same router on asyncio's loop.
         Config(
             f"hetero serve, {DEFAULT_STRATEGY}, --loop asyncio",

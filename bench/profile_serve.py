@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero.serve.app import ServeOptions, Server
+from hetero.serve.records import RouterOptions
 from hetero.serve.replicas import Replica
 from hetero.serve.router import Router
 
@@ -64,7 +65,9 @@ PARTS = (
 )
 
 
-async def profile(seconds: float, clients: int) -> tuple[pstats.Stats, int, float]:
+async def profile(
+    seconds: float, clients: int, strategy: str | None
+) -> tuple[pstats.Stats, int, float]:
     mock = subprocess.Popen(
         [
             *(sys.executable, "-m", "hetero", "mock-replica", "--model", "m", "--slots", "1024"),
@@ -78,7 +81,8 @@ async def profile(seconds: float, clients: int) -> tuple[pstats.Stats, int, floa
         found = re.search(r"http://\S+", mock.stdout.readline())
         assert found, "the mock replica did not start"
         replica = Replica("instant", found[0], 1.0, 1024, {"m"}, True)
-        server = Server(Router([replica]), ServeOptions(port=0))
+        options = RouterOptions() if strategy is None else RouterOptions(strategy=strategy)
+        server = Server(Router([replica], options), ServeOptions(port=0))
         url = await server.start()
         profiler = cProfile.Profile()
         started = time.perf_counter()
@@ -127,9 +131,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="length of the load")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients")
+    parser.add_argument("--strategy", help="the router's strategy (its default when not given)")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     args = parser.parse_args()
-    stats, requests, wall = asyncio.run(profile(args.seconds, args.clients))
+    stats, requests, wall = asyncio.run(profile(args.seconds, args.clients, args.strategy))
     doc = {
         "benchmark": "serve_profile",
         "command": "python bench/profile_serve.py " + " ".join(sys.argv[1:]),
