@@ -13,19 +13,26 @@ by 10 ms a request. Medians of repeats of the mean µs per request, in this thre
 other work held the core.
 
     python bench/bench_slo_cost.py --out bench/results/slo_cost.json
+
+``--tree PATH`` measures another checkout's model in turns with this one's (the same loop, its
+``hetero`` first on the path), so that a change is compared with what it replaces in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import emit, revision
+from _common import emit, revision, short_commit
 
 from hetero.devices.catalog import get_catalog
 from hetero.devices.spec import Device
@@ -95,27 +102,59 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
     return {"pick_us": picking / timed * 1e6, "learn_us": learning / timed * 1e6}
 
 
+def measure_in(tree: str, n: int, requests: int, seed: int) -> dict[str, float]:
+    """``measure`` with another checkout's ``hetero`` (its ``src/`` first on the path), in a
+    process of its own: the same loop, that checkout's model."""
+    env = {**os.environ, "PYTHONPATH": str(Path(tree, "src"))}
+    argv = [sys.executable, __file__, "--measure", f"{n},{requests},{seed}"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    result: dict[str, float] = json.loads(out)
+    return result
+
+
+def row(n: int, runs: list[dict[str, float]]) -> dict[str, Any]:
+    pick = statistics.median(r["pick_us"] for r in runs)
+    learn = statistics.median(r["learn_us"] for r in runs)
+    return {
+        "replicas": n,
+        "pick_us": round(pick, 1),
+        "learn_us": round(learn, 1),
+        "total_us": round(pick + learn, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="3,16,64,256", help="fleet sizes")
     parser.add_argument("--requests", type=int, default=4000, help="timed requests per run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        help="another checkout whose model is measured in turns with this one's; repeatable",
+    )
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # N,REQUESTS,SEED: one run, JSON
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    if args.measure:
+        n, requests, seed = (int(x) for x in args.measure.split(","))
+        print(json.dumps(measure(n, requests, seed)))
+        return 0
     rows: list[dict[str, Any]] = []
+    others: dict[str, list[dict[str, Any]]] = {tree: [] for tree in args.tree}
     for n in (int(x) for x in args.devices.split(",")):
-        runs = [measure(n, args.requests, seed) for seed in range(args.repeats)]
-        pick = statistics.median(r["pick_us"] for r in runs)
-        learn = statistics.median(r["learn_us"] for r in runs)
-        rows.append(
-            {
-                "replicas": n,
-                "pick_us": round(pick, 1),
-                "learn_us": round(learn, 1),
-                "total_us": round(pick + learn, 1),
-            }
-        )
-        print(f"{n} replicas: pick {pick:.1f} µs, learning {learn:.1f} µs", file=sys.stderr)
+        runs: list[dict[str, float]] = []
+        theirs: dict[str, list[dict[str, float]]] = {tree: [] for tree in args.tree}
+        for seed in range(args.repeats):  # in turns, so that the machine's drift hits both
+            runs.append(measure(n, args.requests, seed))
+            for tree in args.tree:
+                theirs[tree].append(measure_in(tree, n, args.requests, seed))
+        rows.append(row(n, runs))
+        print(f"{n} replicas: {rows[-1]}", file=sys.stderr)
+        for tree, measured in theirs.items():
+            others[tree].append(row(n, measured))
+            print(f"  {short_commit(Path(tree))}: {others[tree][-1]}", file=sys.stderr)
     at = next((r for r in rows if r["replicas"] == BUDGET_AT), None)
     doc = {
         "benchmark": "slo_cost",
@@ -124,6 +163,7 @@ def main() -> int:
         "budget": {"us_per_request": BUDGET_US, "replicas": BUDGET_AT},
         "within_budget": None if at is None else at["total_us"] <= BUDGET_US,
         "rows": rows,
+        "trees": [{"commit": short_commit(Path(t)), "rows": r} for t, r in others.items()],
     }
     return emit(doc, args.out)
 

@@ -2550,7 +2550,15 @@ def compression(doc: dict[str, Any]) -> str:
 
 def slo_cost(doc: dict[str, Any]) -> str:
     budget = doc["budget"]
-    rows = [[r["replicas"], r["pick_us"], r["learn_us"], r["total_us"]] for r in doc["rows"]]
+    trees = doc.get("trees", [])
+    commit = (doc["revision"]["commit"] or "")[:7]
+    runs = [(f"`{commit}` (this)" if trees else None, doc["rows"])]
+    runs += [(f"`{t['commit']}` (--tree)", t["rows"]) for t in trees]
+    rows = [
+        ([label] if label else []) + [r["replicas"], r["pick_us"], r["learn_us"], r["total_us"]]
+        for label, part in runs
+        for r in part
+    ]
     at = next((r for r in doc["rows"] if r["replicas"] == budget["replicas"]), None)
     calibration = doc["machine"]["calibration_seconds"]
     return (
@@ -2560,18 +2568,27 @@ def slo_cost(doc: dict[str, Any]) -> str:
         + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
         "1-6x, fits past their slow start, each replica holding a batch; µs of CPU time per "
         "request, median of repeats: the pick (a TTFT and a TPOT prediction for every replica) "
-        "and the learning (the updates at the first token and at the end)"
+        "and the learning (the updates at the first token, at the stream's reports as the "
+        "router makes them, and at the end)"
         + (
             f"; measured under load (calibration {calibration} s; a quiet run of this machine "
             "takes about 0.13 s)"
             if calibration > 0.2
             else ""
         )
+        + (
+            "; another checkout's model measured in turns with this one's in the same run"
+            if trees
+            else ""
+        )
         + f". Budget: ≤ {budget['us_per_request']:g} µs a request at {budget['replicas']} "
         f"replicas: {_met(doc['within_budget'])}"
         + (f" ({at['total_us']:,} µs)" if at else "")
         + ".\n\n"
-        + _table(["replicas", "pick µs", "learning µs", "total µs"], rows)
+        + _table(
+            (["checkout"] if trees else []) + ["replicas", "pick µs", "learning µs", "total µs"],
+            rows,
+        )
     )
 
 
