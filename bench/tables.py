@@ -2043,7 +2043,36 @@ def serve_real_slo(doc: dict[str, Any]) -> str:
     others = "".join(
         f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob("serve_real_slo_*.json"))
     )
-    return f"{serve_real_prefix(doc)}\n\nThe run above is at {at}.{others}"
+    return f"{serve_real_prefix(doc)}\n\nThe run above is at {at}.{_slo_misses(doc)}{others}"
+
+
+def _slo_misses(doc: dict[str, Any]) -> str:
+    """Where hetero's and the lone replica's misses fell in the run above: the seconds they were
+    due in (TTFT counts from then) and how late the load generator sent them, so that a stall
+    of the machine (the generator late too) reads apart from a router's choice."""
+    lines = []
+    for block in doc["loads"]:
+        for r in block["configs"]:
+            if r["kind"] not in ("hetero", "alone") or not r.get("misses"):
+                continue
+            misses = r["misses"]
+            due = [m["at_s"] for m in misses]
+            late = max(0.0, *(m["lag_ms"] for m in misses))
+            when = (
+                f"due at {due[0]:g} s"
+                if len(due) == 1
+                else f"the first {len(due)} due between {min(due):g} and {max(due):g} s"
+            )
+            lines.append(
+                f"- {block['load']:.0%}, {r['config']}: {r['requests'] - r['slo_met']} missed; "
+                f"{when}, the generator up to {late:,.0f} ms late with them"
+            )
+    if not lines:
+        return ""
+    return (
+        "\n\nWhere the misses fell (seconds into the run, when each was due; TTFT counts from "
+        "then):\n\n" + "\n".join(lines)
+    )
 
 
 def _other_slo_run(path: Path) -> str:
@@ -2061,7 +2090,11 @@ def _other_slo_run(path: Path) -> str:
         )
         for block in doc["loads"]
     )
-    return f"Another run, `{path.name}` at {at}: {loads}."
+    rate, streams = doc["capacity"]["requests_per_second"], doc["capacity"]["concurrency"]
+    return (
+        f"Another run, `{path.name}` at {at} (the fleet's capacity {rate}/s, measured with "
+        f"{streams} streams a replica): {loads}."
+    )
 
 
 def _other_real_run(path: Path) -> str:
