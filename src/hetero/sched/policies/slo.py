@@ -237,7 +237,7 @@ class SloRouting(PrefixAffinity):
             )
         # Every replica's predictions at once (see _Table): the fewest array operations, each
         # costing about a microsecond of numpy's call overhead at any fleet size up to hundreds.
-        t = self._table if len(self._table) == n else self._table.first(n)
+        t = self._table  # a column per replica of the view (bind, above)
         if isinstance(uncached, float):
             own = min(uncached, MAX_TOKENS) * t.per_token
         else:
@@ -474,13 +474,6 @@ class _Table:
 
     def __len__(self) -> int:
         return len(self.running)
-
-    def first(self, n: int) -> _Table:
-        """The first ``n`` replicas' columns (views, for reading)."""
-        part = _Table(0)
-        for name, column in vars(self).items():
-            setattr(part, name, column[:n])
-        return part
 
     def set(self, i: int, fit: EngineFit, load: EngineLoad) -> None:
         c, d = fit.ttft.coef, fit.tpot.coef
