@@ -393,7 +393,7 @@ def serve_slo(doc: dict[str, Any]) -> str:
     )
 
 
-def serve_real_prefix(doc: dict[str, Any]) -> str:
+def serve_real_prefix(doc: dict[str, Any], heading: str = "Prefix affinity") -> str:
     w = doc["workload"]
     if "skipped" in doc and "vllm" in doc["skipped"]:
         return f"## Prefix affinity on real vLLM replicas\n\nskipped: {doc['skipped']['vllm']}"
@@ -448,6 +448,7 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
             + ", ".join(f"{r['name']} ({r['cpu_share']:.0%} of core {r['core']})" for r in replicas)
         )
     else:
+        title += ", two models"
         fleet = (
             "the two vLLM CPU replicas of the real-engine benchmark (small on core 0, large on"
             " core 1)"
@@ -464,7 +465,7 @@ def serve_real_prefix(doc: dict[str, Any]) -> str:
             f"{x / sum(alone):.0%}" for x in alone
         )
     return (
-        f"## Prefix affinity on real vLLM replicas: {title}\n\n"
+        f"## {heading} on real vLLM replicas: {title}\n\n"
         f"`{doc['command']}` — {fleet}, prefix caching on, each cache emptied before every run;"
         f" {what}; {outputs}, {w['prompt_tokens_mean']} prompt tokens on"
         f" average; Poisson arrivals for {w['duration_s']} s at each load × capacity"
@@ -2036,10 +2037,21 @@ def autoscale_real(doc: dict[str, Any]) -> str:
     )
 
 
+def _revision_at(doc: dict[str, Any]) -> str:
+    """The commit a run measured, and whether src/ differed from it."""
+    rev = doc["revision"]
+    return f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+
+
+def serve_real_slo_more(doc: dict[str, Any]) -> str:
+    """Another fleet or workload of the SLO runs (the two-model fleet, single-turn prompts)."""
+    text = serve_real_prefix(doc, "Routing by the SLO")
+    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}"
+
+
 def serve_real_slo(doc: dict[str, Any]) -> str:
     """The one-model real-engine run, its revision, and a line for each other run kept."""
-    rev = doc["revision"]
-    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    at = _revision_at(doc)
     others = "".join(
         f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob("serve_real_slo_*.json"))
     )
@@ -2079,8 +2091,7 @@ def _other_slo_run(path: Path) -> str:
     """One line for another run of the one-model real-engine benchmark: each configuration's
     SLO attainment at each load."""
     doc = json.loads(path.read_text())
-    rev = doc["revision"]
-    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    at = _revision_at(doc)
     loads = "; ".join(
         f"at {block['load']:.0%} ({block['rate_rps']}/s) "
         + ", ".join(
@@ -2100,8 +2111,7 @@ def _other_slo_run(path: Path) -> str:
 def _other_real_run(path: Path) -> str:
     """One line for another run of the real-engine autoscaling benchmark (its plot is not kept)."""
     doc = json.loads(path.read_text())
-    rev = doc["revision"]
-    at = f"`{rev['commit'][:7]}`" + (" with src/ modified" if rev["src_modified"] else "")
+    at = _revision_at(doc)
     steps = ", ".join(f"{s['rate']:.2f}" for s in doc["steps"])
     return (
         f"Another run, `{path.name}` at {at}: steps of {steps} requests/s; "
@@ -2657,6 +2667,8 @@ def main() -> int:
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
         ("serve_real_slo.json", serve_real_slo),
+        ("serve_real_two_models_slo.json", serve_real_slo_more),
+        ("serve_real_single_turn_slo.json", serve_real_slo_more),
         ("emulator.json", emulator),
         ("emulator_small.json", emulator),
         ("train.json", train),
