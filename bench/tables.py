@@ -2046,7 +2046,12 @@ def _revision_at(doc: dict[str, Any]) -> str:
 def serve_real_slo_more(doc: dict[str, Any]) -> str:
     """Another fleet or workload of the SLO runs (the two-model fleet, single-turn prompts)."""
     text = serve_real_prefix(doc, "Routing by the SLO")
-    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}"
+    kind = "two_models" if doc["workload"]["kind"] == "multi-turn chat" else "single_turn"
+    others = "".join(
+        f"\n\n{_other_slo_run(path)}"
+        for path in sorted(RESULTS.glob(f"serve_real_{kind}_slo_*.json"))
+    )
+    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}{others}"
 
 
 def serve_real_slo(doc: dict[str, Any]) -> str:
