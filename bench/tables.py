@@ -2045,22 +2045,21 @@ def _revision_at(doc: dict[str, Any]) -> str:
 
 def serve_real_slo_more(doc: dict[str, Any]) -> str:
     """Another fleet or workload of the SLO runs (the two-model fleet, single-turn prompts)."""
-    text = serve_real_prefix(doc, "Routing by the SLO")
     kind = "two_models" if doc["workload"]["kind"] == "multi-turn chat" else "single_turn"
-    others = "".join(
-        f"\n\n{_other_slo_run(path)}"
-        for path in sorted(RESULTS.glob(f"serve_real_{kind}_slo_*.json"))
-    )
-    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}{others}"
+    return _slo_run(doc, "Routing by the SLO", f"serve_real_{kind}_slo_*.json")
 
 
 def serve_real_slo(doc: dict[str, Any]) -> str:
-    """The one-model real-engine run, its revision, and a line for each other run kept."""
-    at = _revision_at(doc)
-    others = "".join(
-        f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob("serve_real_slo_*.json"))
-    )
-    return f"{serve_real_prefix(doc)}\n\nThe run above is at {at}.{_slo_misses(doc)}{others}"
+    """The one-model real-engine run."""
+    return _slo_run(doc, "Prefix affinity", "serve_real_slo_*.json")
+
+
+def _slo_run(doc: dict[str, Any], heading: str, others: str) -> str:
+    """A real-engine SLO run's table, its revision, where its misses fell, and a line for each
+    other run kept of the same fleet and workload (the files matching ``others``)."""
+    lines = "".join(f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob(others)))
+    text = serve_real_prefix(doc, heading)
+    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}{lines}"
 
 
 def _slo_misses(doc: dict[str, Any]) -> str:
