@@ -39,15 +39,12 @@ from hetero.devices.spec import Device
 from hetero.sched import FleetView, ManualClock, PerfModel, WorkItem
 from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.item import Tokens
-from hetero.sched.policies.slo import SloRouting
+from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
 
 #: The pick and the learning together, per request, at 64 replicas: what the router's request
 #: path can afford of its whole CPU target (250 µs a request, issue #33).
 BUDGET_US = 50.0
 BUDGET_AT = 64
-#: The chunks at which the router first reports a stream's pace (``hetero.serve.proxy``), then
-#: at twice as many each time.
-FIRST_MARK = 8
 
 
 def fleet(n: int, rng: np.random.Generator) -> tuple[SloRouting, FleetView, ManualClock]:
@@ -89,7 +86,7 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
             first = sent + 0.005
             policy.first_token(done, first)
             # The stream's pace as the router reports it: at 8, 16, 32... chunks.
-            mark = FIRST_MARK
+            mark = FIRST_PACE_REPORT
             while mark < output:
                 policy.progress(done, first + (now - first) * mark / output, mark)
                 mark *= 2

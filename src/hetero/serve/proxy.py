@@ -23,6 +23,7 @@ from aiohttp import web
 
 from hetero._checks import is_integer
 from hetero.sched import Cause
+from hetero.sched.policies.slo import FIRST_PACE_REPORT
 from hetero.serve.bounded import read_at_most
 from hetero.serve.outcomes import (
     Answered,
@@ -63,9 +64,6 @@ _SSE_HEADERS = {
 _SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
 #: What a process runs out of (descriptors, buffers, memory): its own fault, not a replica's.
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-#: Content chunks after which a stream's pace is first reported to the router (then at twice
-#: as many each time): the engine model learns a replica's step time from the first of them.
-_FIRST_MARK = 8
 #: What breaks an exchange on the replica's side.
 _FAULTS = (UpstreamError, asyncio.TimeoutError, OSError)
 #: Replies up to this size are parsed whole (a few milliseconds). A longer one could hold the
@@ -312,7 +310,7 @@ async def forward_stream(context: RequestContext, replica: Replica, watch: Strea
         try:
             await response.prepare(context.request)
             await response.write(b"".join(first))
-            mark = _FIRST_MARK  # the stream's pace is told at 8, 16, 32... chunks
+            mark = FIRST_PACE_REPORT  # the stream's pace is told at 8, 16, 32... chunks
             # Lines that came together go out together: an event's data line and the blank
             # line that ends it, or the events of a burst, in one write (a write is a send
             # to the client's socket, most of a line's cost).

@@ -46,7 +46,7 @@ from hetero.sched.instructions import Finish, Instruction, Run, Stop
 from hetero.sched.item import CostModel, ItemState, Tokens, WorkItem
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS, PerfModel
 from hetero.sched.policies.prefix import PrefixAffinity
-from hetero.sched.policies.slo import SloRouting
+from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
 from hetero.sched.registry import make_policy
 from hetero.serve.cost import OutputLengths
 from hetero.serve.engine_model import EngineModel, EngineRequest, EngineSpec, Step
@@ -74,7 +74,6 @@ _MODEL = "model"  # the one model the fleet serves (OutputLengths keys its estim
 _STEP, _EXPIRE, _ASK, _WARM, _DRAIN, _LOAD, _TICK = range(7)
 _OPEN, _DONE, _FAILED = 0, 1, 2
 _WARMING, _SERVING, _DRAINING, _GONE = "warming", "serving", "draining", "gone"
-_FIRST_MARK = 8  # the router hears a stream's pace at 8, 16, 32... tokens (serve.proxy)
 _STALL_TICKS = 1000  # ticks in a row without progress, traffic over, before giving up
 
 
@@ -615,7 +614,7 @@ class EngineFleetSimulator(Driver):
         self._live[rid] = (r, request)
         self._started[rid] = request.arrival
         if self.slo is not None:
-            self._marks[rid] = _FIRST_MARK
+            self._marks[rid] = FIRST_PACE_REPORT
         if r.step is None:
             self._kicks.append(r)
         if self.load_interval is not None and not r.load_armed:

@@ -60,12 +60,15 @@ from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
 
-__all__ = ["SloRouting", "check_slo"]
+__all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
 # TTFT at least this (seconds) when derived from the fleet, and its multiple of the best lone one.
 _DEFAULT_TTFT = 1.0
 _TTFT_MULTIPLE = 10.0
 _TPOT_MULTIPLE = 5.0
+#: Content chunks at which an executor first reports a stream's pace (``progress``), then at
+#: twice as many each time: the router's proxy and the simulator alike.
+FIRST_PACE_REPORT = 8
 #: Seconds after which an idle replica that has taught the fit nothing is tried again with a
 #: request that would otherwise wait: a fit gone wrong (a burst at start, a replica restarted
 #: faster) is corrected only by new replies. Each such try doubles the wait before the next (up
