@@ -106,6 +106,40 @@ def test_profiling_the_mock_recovers_its_engine(mock_url: str, tmp_path: Path) -
     assert profile.emulator().spec(profile.calibration).kv_tokens == KV_TOKENS
 
 
+def prefix_counters(url: str) -> tuple[float, float]:
+    """The engine's prefix-cache (queries, hits) in tokens, from its /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    values = {}
+    for name in ("queries", "hits"):
+        match = re.search(rf"^vllm:prefix_cache_{name}_total\S* (\S+)$", text, re.MULTILINE)
+        assert match, text
+        values[name] = float(match[1])
+    return values["queries"], values["hits"]
+
+
+@pytest.mark.slow
+def test_a_second_profile_of_one_engine_finds_none_of_its_prompts_cached(mock_url: str) -> None:
+    import asyncio
+
+    from hetero.plan.engine_profile import profile_engine
+
+    plan = ProbePlan(ttft_prompts=(1024,), itl_batches=(2,))
+
+    def profile() -> None:
+        asyncio.run(profile_engine(mock_url, SHAPE, DEVICE, repeats=1, plan=plan, **LIMITS))
+
+    profile()
+    queries, hits = prefix_counters(mock_url)
+    profile()  # the same probes again: a fixed seed sent the same prompts
+    more_queries, more_hits = prefix_counters(mock_url)
+    assert more_queries > queries
+    # Random token ids share no 16-token block by chance: a hit is a prompt sent before.
+    assert (more_hits - hits) / (more_queries - queries) < 0.05
+
+
 # --- the emulator's clients and the fit, on its simulated clock ---------------------------------
 
 

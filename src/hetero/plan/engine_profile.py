@@ -113,7 +113,10 @@ class Timing:
 
 class ProbeClient:
     """Streamed completions of random token ids (drawn from the middle of a ``vocab`` of
-    tokens, clear of the special ones at either end), timed at the first and last token."""
+    tokens, clear of the special ones at either end), timed at the first and last token.
+    ``seed`` None: drawn afresh, so that a second profile of the same engine does not find
+    its prompts in the engine's prefix cache (with one fixed seed it did: prompts of 1,536
+    tokens read as a 53 ms TTFT where they took 390)."""
 
     def __init__(
         self,
@@ -122,7 +125,7 @@ class ProbeClient:
         model: str,
         *,
         vocab: int,
-        seed: int = 0,
+        seed: int | None = None,
         timeout: float = 120.0,
     ) -> None:
         self.session, self.url, self.model, self.timeout = session, url.rstrip("/"), model, timeout
@@ -600,7 +603,7 @@ async def profile_engine(
     repeats: int = 3,
     timeout: float = 120.0,
     plan: ProbePlan | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     progress: Progress | None = None,
 ) -> EngineProfile:
     """Probe the engine at ``url`` (serving ``model``, else the first of its ``/v1/models``),
