@@ -2023,8 +2023,8 @@ def autoscale_real(doc: dict[str, Any]) -> str:
         f"{cal['compute_efficiency']:.3g}, bandwidth efficiency {cal['bandwidth_efficiency']:.3g},"
         f" worst probe error {doc['profile']['worst_error']:.0%}), then `hetero serve "
         "--autoscale` with the plan for the catalog's CPU and that profile; Poisson load "
-        "stepping through the rates the planner gives for 1, 2, 3, 2, 1 replicas. SLO TTFT "
-        f"{slo['ttft']} s, TPOT {slo['tpot'] * 1000:.0f} ms.\n\n"
+        f"stepping through rates that need 1, 2, 3, 2, 1 replicas ({_step_rule(doc)}). SLO "
+        f"TTFT {slo['ttft']} s, TPOT {slo['tpot'] * 1000:.0f} ms.\n\n"
         + _table(["replicas wanted", "requests/s", "seconds"], rows)
         + f"\n\n{doc['answered']:,} of {doc['requests']:,} requests answered; "
         f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
@@ -2112,13 +2112,21 @@ def _other_slo_run(path: Path) -> str:
     )
 
 
+def _step_rule(doc: dict[str, Any]) -> str:
+    """How an autoscaling run chose its steps' rates."""
+    if "rise" not in doc:  # the runs before --rise
+        return "a step up to n replicas midway between the plan's rates for n - 1 and n"
+    return f"a step up to n replicas at {doc['rise']:g}x the plan's highest rate for n - 1"
+
+
 def _other_real_run(path: Path) -> str:
     """One line for another run of the real-engine autoscaling benchmark (its plot is not kept)."""
     doc = json.loads(path.read_text())
     at = _revision_at(doc)
     steps = ", ".join(f"{s['rate']:.2f}" for s in doc["steps"])
     return (
-        f"Another run, `{path.name}` at {at}: steps of {steps} requests/s; "
+        f"Another run, `{path.name}` at {at}: steps of {steps} requests/s "
+        f"({_step_rule(doc)}); "
         f"{doc['answered']:,} of {doc['requests']:,} answered; "
         f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
         f"each step ({doc['attainment']:.1%} overall)."
