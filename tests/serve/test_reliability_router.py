@@ -102,6 +102,32 @@ async def test_gray_replica_returns_to_service_by_itself_once_it_recovers(serve:
     assert fleet.status_of("r2")["state"] == "up"
 
 
+async def test_under_strategy_slo_a_replica_slow_a_request_is_never_held_gray(
+    serve: Serve,
+) -> None:
+    """Per-request speeds compare replicas only at like loads, which strategy slo does not give
+    them (a replica just started takes the backlog); its engine fit judges each replica's
+    replies against the batch it runs. Here the router learns r2 as far slower a request than
+    its peers, as a replica running a batch eight times theirs is: under round_robin's rule
+    (the test above) that is gray; under slo it stays in service."""
+    fleet = await serve(
+        Spec(PACED),
+        Spec(PACED),
+        Spec(PACED),
+        options=RouterOptions(strategy="slo", slo_ttft=2.0, slo_tpot=0.2, gray_min_done=4),
+    )
+    router = fleet.router
+    slots = router.dispatcher.view.slots
+    for i, seconds in ((0, 1.0), (1, 1.0), *[(2, 8.0)] * 8):
+        router.perf.observe(i, "default", 1.0, seconds, concurrency=slots[i])
+    speeds = router.learned_speeds()
+    assert speeds[2] < 0.35 * min(speeds[0], speeds[1])  # gray by the per-request rule
+    for state in router.replicas:
+        state.judged_from = -100  # as if each had done enough to be judged
+    router._check_gray()  # as the router does every 16 replies of a replica
+    assert fleet.status_of("r2")["state"] == "up", router.status()
+
+
 async def test_last_replica_keeps_its_circuit_closed_however_its_requests_fail(
     serve: Serve,
 ) -> None:

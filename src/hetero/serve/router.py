@@ -623,6 +623,14 @@ class Router(Driver):
             self._release(state, Hold.CIRCUIT_OPEN)
 
     def _check_gray(self) -> None:
+        if self.slo_policy is not None:
+            # A per-request speed falls with the requests a replica runs at once, and under
+            # strategy slo replicas alike run very different batches (a replica just started
+            # takes the backlog): of three autoscaled vLLM replicas two in turn had nothing in
+            # flight for some 30 s (the cooldown) while the other two sank under their share.
+            # The engine fit judges a replica's replies against the load it carries instead
+            # (it is distrusted).
+            return
         speeds = self.learned_speeds().tolist()
         # Peers: replicas in service declared alike (the same GPU and speed). One known by its
         # URL alone has no class to fall short of, and one out of service (dead, drained) no
