@@ -4,10 +4,7 @@ load ramp and back to one as it falls.
 - Engine: vLLM's CPU build serving the "small" test model of ``tests/vllm_engine.py`` (made
   here, nothing downloaded), one OpenMP thread, each replica held to ``--share`` of a core by a
   cgroup CPU quota (``bench/_cgexec.py``), so three replicas fit this machine's two cores beside
-  the router and the load generator. At 0.5 the machine was the limit: two replicas at 12
-  requests/s each fell to 35 % within the SLO 15 s into the third step, where one at 12 had
-  held 100 % through the second (1.5 cores of engines, a third starting, the router and the
-  load of 24 requests/s on two cores); at 0.4 (the default) they take 1.2. Started to serve soon: ``--enforce-eager`` (no compile) and
+  the router and the load generator. Started to serve soon: ``--enforce-eager`` (no compile) and
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (no separate worker process to import vLLM again): 38 s
   from launch to answering in half a core, against 85 s as vLLM starts by default, which is
   longer than the minute after a step that the SLO is forgiven.
@@ -405,7 +402,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--share", type=float, default=0.4, help="of a core per replica")
+    parser.add_argument("--share", type=float, default=0.5, help="of a core per replica")
     parser.add_argument("--startup", type=float, default=45.0, help="expected start-up, s")
     parser.add_argument("--step", type=float, default=180.0, help="seconds per load step")
     parser.add_argument(
