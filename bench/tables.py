@@ -2124,9 +2124,10 @@ def _other_real_run(path: Path) -> str:
     doc = json.loads(path.read_text())
     at = _revision_at(doc)
     steps = ", ".join(f"{s['rate']:.2f}" for s in doc["steps"])
+    share = doc["engine"]["share"]
     return (
-        f"Another run, `{path.name}` at {at}: steps of {steps} requests/s "
-        f"({_step_rule(doc)}); "
+        f"Another run, `{path.name}` at {at}: replicas in {share:g} of a core, steps of {steps} "
+        f"requests/s ({_step_rule(doc)}); "
         f"{doc['answered']:,} of {doc['requests']:,} answered; "
         f"{doc['attainment_outside_step_minutes']:.1%} within the SLO outside the minute after "
         f"each step ({doc['attainment']:.1%} overall)."
