@@ -23,7 +23,7 @@ load ramp and back to one as it falls.
   (0.6) means it to. At the midpoint between the rates for n - 1 and n (the rule of the
   runs before, 1.5x and 1.25x) one replica was sent more than it serves at all: at 17.65
   and 18.7 requests/s its SLO attainment fell to nothing within 10 s of the step, and the
-  queue it built outlived the minute after the step by up to 85 s.
+  queue it built outlived the minute after the step by up to 90 s.
 - Reported: every request answered or not, SLO attainment outside the minute after each step
   and overall, the replica count over time, the decisions, and a plot
   (``docs/img/autoscale_real.png``).
