@@ -106,18 +106,16 @@ def test_profiling_the_mock_recovers_its_engine(mock_url: str, tmp_path: Path) -
     assert profile.emulator().spec(profile.calibration).kv_tokens == KV_TOKENS
 
 
-def prefix_counters(url: str) -> tuple[float, float]:
-    """The engine's prefix-cache (queries, hits) in tokens, from its /metrics."""
+def prefix_counters(url: str) -> tuple[int, int]:
+    """The engine's prefix-cache (queries, hits) in tokens, as the router reads its /metrics."""
     import urllib.request
 
+    from hetero.serve.engines.vllm import parse
+
     with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    values = {}
-    for name in ("queries", "hits"):
-        match = re.search(rf"^vllm:prefix_cache_{name}_total\S* (\S+)$", text, re.MULTILINE)
-        assert match, text
-        values[name] = float(match[1])
-    return values["queries"], values["hits"]
+        load = parse(reply.read())
+    assert load.prefix_queries is not None and load.prefix_hits is not None, load
+    return load.prefix_queries, load.prefix_hits
 
 
 @pytest.mark.slow
