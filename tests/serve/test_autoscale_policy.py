@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import hetero.serve.autoscale as autoscale
 from hetero.errors import ConfigError
 from hetero.serve.autoscale.policy import (
+    LONGEST_WAIT,
     Action,
     Member,
     PolicyOptions,
@@ -310,18 +311,14 @@ def test_a_need_right_after_a_drain_waits_out_the_cooldown() -> None:
     assert start.kind == "start"
 
 
-def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_one_halves_it() -> (
-    None
-):
-    """Near the boundary between two fleet sizes the target flickers: each drain that a start
-    undoes soon after makes the next drain wait twice as long, up to max_down_after."""
-    policy, sizer = one_type(
-        up_after=15, down_after=300, cooldown=120, max_down_after=1200, max_actions_per_hour=20
-    )
-    fleet = SimFleet(["a"])
-    fleet.add_warm("a", 2)
+def undone_drains(
+    policy: ScalePolicy, sizer: Target, fleet: SimFleet, rounds: int
+) -> tuple[list[float], float]:
+    """``rounds`` times: type a is quiet until it drains one of its two replicas, then the need
+    comes back past the cooldown and a start undoes the drain. Returns the wait before each
+    drain and the time after."""
     now, waits = 0.0, []
-    for _ in range(4):
+    for _ in range(rounds):
         sizer.wanted = {"a": 1}  # quiet until it drains one
         quiet_from = now
         while not (done := policy.decide(now, LOW, fleet.view())):
@@ -337,6 +334,20 @@ def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_
         now += 20 + TICK
         fleet.advance(now + 30)  # the start is warm
         now += 30
+    return waits, now
+
+
+def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_one_halves_it() -> (
+    None
+):
+    """Near the boundary between two fleet sizes the target flickers: each drain that a start
+    undoes soon after makes the next drain wait twice as long, up to max_down_after."""
+    policy, sizer = one_type(
+        up_after=15, down_after=300, cooldown=120, max_down_after=1200, max_actions_per_hour=20
+    )
+    fleet = SimFleet(["a"])
+    fleet.add_warm("a", 2)
+    waits, now = undone_drains(policy, sizer, fleet, 4)
     assert waits == [300, 600, 1200, 1200]
     assert policy.status(now)["a"]["down_after_s"] == 1200
     # A start long after the last drain undoes nothing: the wait halves back.
@@ -346,6 +357,17 @@ def test_a_drain_the_need_undoes_doubles_the_wait_before_the_next_and_a_lasting_
     later = now + 1200 + 3 * 1200
     assert [a.kind for a in run(policy, fleet, later, later + 20)] == ["start"]
     assert policy.status(later)["a"]["down_after_s"] == 600
+
+
+def test_by_default_the_wait_grows_to_forty_minutes_at_most() -> None:
+    """An hour's wait held replicas the day no longer needed; 40 minutes (LONGEST_WAIT) is the
+    default cap, or down_after where that is longer."""
+    policy, sizer = one_type(up_after=15, down_after=300, cooldown=120, max_actions_per_hour=20)
+    fleet = SimFleet(["a"])
+    fleet.add_warm("a", 2)
+    waits, _ = undone_drains(policy, sizer, fleet, 5)
+    assert waits == [300, 600, 1200, 2400, LONGEST_WAIT]
+    assert PolicyOptions(down_after=3000).longest_down_after == 3000
 
 
 def undo_two_drains(policy: ScalePolicy, sizer: Target, fleet: SimFleet) -> float:
