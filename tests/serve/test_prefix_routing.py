@@ -5,9 +5,11 @@ Placements are read from the router's decisions, never from timings.
 
 from __future__ import annotations
 
+import pytest
+
 from hetero.serve.engines import LoadSample
 from hetero.serve.router import RouterOptions
-from tests.serve.harness import Serve, Spec, chat
+from tests.serve.harness import Serve, Spec, chat, wait_for
 
 SYSTEM = "You answer questions about the fleet, briefly and exactly. " * 40
 
@@ -20,9 +22,18 @@ def conversation(*turns: str) -> dict[str, object]:
 
 
 async def test_requests_sharing_a_long_system_prompt_go_where_it_is_cached(
-    serve: Serve,
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fleet = await serve(Spec(), Spec(), Spec(), options=RouterOptions(strategy="prefix_affinity"))
+    # Only the cache decides here, so what the machine's timing teaches the router is held
+    # still: every replica's published load is read first (its slots go from the 4 declared
+    # to the 16 it publishes as each read comes, which between two reads makes replicas alike
+    # look unalike), and replies teach no speed (once, on a loaded machine, three requests went
+    # to the holder and three to another).
+    await wait_for(
+        lambda: all(s.load is not None for s in fleet.router.replicas), "every load read"
+    )
+    monkeypatch.setattr(fleet.router.dispatcher.perf, "observe", lambda *args: None)
     for k in range(6):
         status, _ = await fleet.post(conversation(f"question {k}"))
         assert status == 200
