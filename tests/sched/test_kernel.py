@@ -1,6 +1,7 @@
-"""The placement kernel (``hetero.sched._kernel``, C) against FleetView's numpy expressions:
-the same scores bit for bit, the same pick, the same size-class sums, and whole simulations
-that place every item alike."""
+"""The C kernel (``hetero.sched._kernel``) against what it replaces: FleetView's numpy
+expressions (the same scores bit for bit, the same pick, the same size-class sums, and whole
+simulations that place every item alike) and the engine fit's update in Python (the same
+coefficients bit for bit)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hetero.sched.engine_fit as engine_fit
 import hetero.sched.view as view_module
 from hetero.sched.clock import ManualClock
+from hetero.sched.engine_fit import MAX_SECONDS, LinearFit
 from hetero.sched.item import WorkItem
 from hetero.sched.perf import PerfModel
 from hetero.sched.registry import make_policy
@@ -191,3 +194,65 @@ def test_a_simulation_places_every_item_alike_with_and_without_the_kernel(
     with_kernel = _placements(monkeypatch, kernel, policy, order)
     assert any(what == "run" for _, what, _, _ in with_kernel)
     assert with_kernel == _placements(monkeypatch, None, policy, order)
+
+
+# --- the engine fit's update (engine_fit.LinearFit) -------------------------------------------
+
+replies = st.lists(
+    st.tuples(
+        st.lists(st.floats(0.0, 1e9), min_size=3, max_size=3),  # token_feature's range
+        st.floats(1e-6, MAX_SECONDS),  # what EngineFit lets through to an update
+    ),
+    min_size=1,
+    max_size=120,
+)
+
+
+def _fitted(step: Any, window: int, observed: list[Any], n: int) -> list[tuple[Any, ...]]:
+    """The fit's state after each reply, its update done by ``step``."""
+    fit = LinearFit((0.01, 0.002, 0.003, 0.001)[:n], (0.02, 0.004, 0.01, 0.002)[:n], window)
+    states = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_fit, "_STEP", step)
+        for features, measured in observed:
+            fit.update([1.0, *features][:n], measured)
+            states.append((fit.coef, fit._a, fit._b, fit._support, fit.updates))
+    return states
+
+
+@settings(max_examples=150, deadline=None)
+@given(observed=replies, window=st.integers(1, 12), n=st.sampled_from([3, 4]))
+def test_the_fit_updates_alike_bit_for_bit_with_and_without_the_kernel(
+    observed: list[Any], window: int, n: int
+) -> None:
+    """The C update and engine_fit._step: the same coefficients, sums and supports after every
+    reply, the window turning over many times, over the whole range of features and
+    measurements that EngineFit lets through (extreme ones lose the numbers: both refuse the
+    same updates)."""
+    with_kernel = _fitted(kernel.fit_step, window, observed, n)
+    without = _fitted(engine_fit._step, window, observed, n)
+    assert repr(with_kernel) == repr(without)  # repr: NaN equal to NaN, -0.0 apart from 0.0
+
+
+def test_the_fit_update_refuses_what_it_cannot_read() -> None:
+    a, b = [[1.0, 0.0], [0.0, 1.0]], [0.5, 0.5]
+    reply = ([1.0, 2.0], 0.1, 1.0)
+    assert kernel.fit_step(a, b, None, None, None)[2] == [0.5, 0.5]
+    with pytest.raises(ValueError, match="b: expected 1 to 4 values, got 5"):
+        kernel.fit_step(a, [0.0] * 5, None, None, None)
+    with pytest.raises(ValueError, match="a: expected 2 values, got 3"):
+        kernel.fit_step([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], b, None, None, None)
+    with pytest.raises(ValueError, match="add and drop: both a reply, or both None"):
+        kernel.fit_step(a, b, reply, None, None)
+    with pytest.raises(ValueError, match=r"drop: expected \(features, measured, weight\)"):
+        kernel.fit_step(a, b, reply, ([1.0, 2.0], 0.1), None)
+    with pytest.raises(ValueError, match="add: expected 2 values, got 1"):
+        kernel.fit_step(a, b, ([1.0], 0.1, 1.0), reply, None)
+    with pytest.raises(ValueError, match="first: expected increasing indices below 2, or None"):
+        kernel.fit_step(a, b, None, None, (1, 0))
+    with pytest.raises(ValueError, match="first: expected increasing indices below 2"):
+        kernel.fit_step(a, b, None, None, (0, 1, 2, 3, 4))
+    with pytest.raises(TypeError, match="must be real number, not str"):
+        kernel.fit_step(a, ["x", 0.5], None, None, None)
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        kernel.fit_step(a, b)  # type: ignore[call-arg]

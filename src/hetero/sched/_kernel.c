@@ -1,5 +1,6 @@
-/* The placement hot path in C: the expected-delay score of every device and the size-class
- * sums it reads (hetero/sched/view.py).
+/* The scheduler's hot paths in C: the expected-delay score of every device and the size-class
+ * sums it reads (hetero/sched/view.py); and the engine fit's update (hetero/sched/engine_fit.py,
+ * below).
  *
  * Every placement ranks every device, and every item that waits in a device queue updates that
  * device's sums by size class twice. In numpy each is a handful of vector operations, and at
@@ -346,16 +347,333 @@ delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(scores_lowest(s, &t, n));
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The engine fit's update (hetero/sched/engine_fit.py, LinearFit): the router learns from
+ * every reply by a windowed least-squares solve with no coefficient below zero, on three or
+ * four coefficients. In Python its loops over 4x4 sums and supports were most of the slo
+ * strategy's cost per request. The arithmetic is engine_fit.py's, operation for operation and
+ * in the same order, so the two agree bit for bit (tests/sched/test_kernel.py).
+ */
+
+#define FIT_MAX 4
+#define FIT_MAX_SECONDS 3600.0 /* engine_fit.MAX_SECONDS */
+
+/* The n floats of a list (or tuple) into out; -1 with an error naming it otherwise. */
+static int
+floats_of(PyObject *seq, Py_ssize_t n, double *out, const char *name)
+{
+    PyObject *fast = PySequence_Fast(seq, name);
+    if (fast == NULL)
+        return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd values, got %zd", name, n,
+                     PySequence_Fast_GET_SIZE(fast));
+        Py_DECREF(fast);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyFloat_AsDouble(items[i]);
+        if (out[i] == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *
+list_of(const double *values, Py_ssize_t n)
+{
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++) {
+        PyObject *x = PyFloat_FromDouble(values[i]);
+        if (x == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, x);
+    }
+    return list;
+}
+
+/* engine_fit._solve: m[idx, idx] theta = v[idx] by Cholesky; 0 when the block is not positive
+ * definite or the answer not finite. */
+static int
+fit_solve(double m[FIT_MAX][FIT_MAX], const double *v, const int *idx, int n, double *theta)
+{
+    double low[FIT_MAX][FIT_MAX] = {{0}}, z[FIT_MAX];
+    for (int r = 0; r < n; r++) {
+        const double *mr = m[idx[r]];
+        double *row = low[r];
+        for (int c = 0; c <= r; c++) {
+            double total = mr[idx[c]];
+            const double *other = c < r ? low[c] : row;
+            for (int k = 0; k < c; k++)
+                total -= row[k] * other[k];
+            if (r == c) {
+                if (!(total > 1e-300))
+                    return 0;
+                row[r] = sqrt(total);
+            }
+            else
+                row[c] = total / other[c];
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        double total = v[idx[r]];
+        for (int k = 0; k < r; k++)
+            total -= low[r][k] * z[k];
+        z[r] = total / low[r][r];
+    }
+    for (int r = n - 1; r >= 0; r--) {
+        double total = z[r];
+        for (int k = r + 1; k < n; k++)
+            total -= low[k][r] * theta[k];
+        theta[r] = total / low[r][r];
+    }
+    for (int r = 0; r < n; r++)
+        if (!isfinite(theta[r]))
+            return 0;
+    return 1;
+}
+
+/* The supports of n coefficients as engine_fit._SUPPORTS orders them: by size, largest
+ * first, each size in itertools.combinations' order. Returns how many. */
+static int
+fit_supports(int n, int sets[16][FIT_MAX], int sizes[16])
+{
+    int count = 0;
+    for (int size = n; size >= 1; size--) {
+        int idx[FIT_MAX];
+        for (int i = 0; i < size; i++)
+            idx[i] = i;
+        for (;;) {
+            memcpy(sets[count], idx, sizeof idx);
+            sizes[count++] = size;
+            int i = size - 1;
+            while (i >= 0 && idx[i] == i + n - size)
+                i--;
+            if (i < 0)
+                break;
+            idx[i]++;
+            for (int j = i + 1; j < size; j++)
+                idx[j] = idx[j - 1] + 1;
+        }
+    }
+    return count;
+}
+
+/* engine_fit._nonnegative, tried from the support `first` (size first_size; -1: none).
+ * Returns 1 with theta and the support found, 0 when the numbers are lost. */
+static int
+fit_nonnegative(double m[FIT_MAX][FIT_MAX], const double *v, int n, const int *first,
+                int first_size, double *theta, int *support, int *support_size)
+{
+    int sets[16][FIT_MAX], sizes[16];
+    int count = fit_supports(n, sets, sizes);
+    double top = fabs(v[0]);
+    for (int i = 1; i < n; i++)
+        if (fabs(v[i]) > top) /* Python's max: the first unless a later one is larger */
+            top = fabs(v[i]);
+    double tolerance = 1e-9 * (top + 1.0);
+    for (int t = -1; t < count; t++) {
+        const int *idx;
+        int size;
+        if (t < 0) { /* the last support first, then the others in their order */
+            if (first_size <= 0)
+                continue;
+            idx = first, size = first_size;
+        }
+        else {
+            if (first_size > 0 && sizes[t] == first_size
+                && memcmp(sets[t], first, sizeof(int) * (size_t)first_size) == 0)
+                continue;
+            idx = sets[t], size = sizes[t];
+        }
+        double part[FIT_MAX];
+        if (!fit_solve(m, v, idx, size, part))
+            continue;
+        int negative = 0;
+        for (int i = 0; i < size; i++)
+            negative |= part[i] < 0;
+        if (negative)
+            continue;
+        int in[FIT_MAX] = {0};
+        for (int i = 0; i < n; i++)
+            theta[i] = 0.0;
+        for (int i = 0; i < size; i++) {
+            theta[idx[i]] = part[i];
+            in[idx[i]] = 1;
+        }
+        int kkt = 1;
+        for (int k = 0; size < n && k < n && kkt; k++) {
+            if (in[k])
+                continue;
+            double total = 0.0;
+            for (int i = 0; i < size; i++)
+                total += m[k][idx[i]] * theta[idx[i]];
+            kkt = total - v[k] >= -tolerance;
+        }
+        if (!kkt)
+            continue;
+        double most = theta[0];
+        for (int i = 1; i < n; i++)
+            if (theta[i] > most)
+                most = theta[i];
+        if (most > FIT_MAX_SECONDS)
+            return 0;
+        memcpy(support, idx, sizeof(int) * (size_t)size);
+        *support_size = size;
+        return 1;
+    }
+    for (int r = 0; r < n; r++) {
+        if (!isfinite(v[r]))
+            return 0;
+        for (int c = 0; c < n; c++)
+            if (!isfinite(m[r][c]))
+                return 0;
+    }
+    for (int i = 0; i < n; i++)
+        theta[i] = 0.0;
+    *support_size = 0;
+    return 1;
+}
+
+/* A reply (x, y, w) or None into xs, *y, *w. */
+static int
+reply_of(PyObject *reply, Py_ssize_t n, double *xs, double *y, double *w, const char *name)
+{
+    if (!PyTuple_Check(reply) || PyTuple_GET_SIZE(reply) != 3) {
+        PyErr_Format(PyExc_ValueError, "%s: expected (features, measured, weight) or None",
+                     name);
+        return -1;
+    }
+    if (floats_of(PyTuple_GET_ITEM(reply, 0), n, xs, name) < 0)
+        return -1;
+    *y = PyFloat_AsDouble(PyTuple_GET_ITEM(reply, 1));
+    *w = PyFloat_AsDouble(PyTuple_GET_ITEM(reply, 2));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(fit_step_doc,
+"fit_step(a, b, add, drop, first)\n--\n\n"
+"One update of engine_fit.LinearFit: its normal equations a (n x n lists) and b (n), n from 1\n"
+"to 4, with the reply add = (x, y, w) in and drop = (x0, y0, w0) out (both or neither), each\n"
+"entry ((a - w0 x0 x0) + w x x), then the least-squares coefficients with none below zero,\n"
+"tried from the support first (a tuple of indices, or None). Returns (a, b, theta, support),\n"
+"or None when the numbers are lost (engine_fit._nonnegative, in the same arithmetic).");
+
+static PyObject *
+fit_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "fit_step() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Length(args[1]);
+    if (n < 0)
+        return NULL;
+    if (n < 1 || n > FIT_MAX) {
+        PyErr_Format(PyExc_ValueError, "b: expected 1 to %d values, got %zd", FIT_MAX, n);
+        return NULL;
+    }
+    double m[FIT_MAX][FIT_MAX], v[FIT_MAX];
+    PyObject *rows = PySequence_Fast(args[0], "a");
+    if (rows == NULL)
+        return NULL;
+    int bad = PySequence_Fast_GET_SIZE(rows) != n;
+    if (bad)
+        PyErr_Format(PyExc_ValueError, "a: expected %zd rows, got %zd", n,
+                     PySequence_Fast_GET_SIZE(rows));
+    for (Py_ssize_t r = 0; !bad && r < n; r++)
+        bad = floats_of(PySequence_Fast_GET_ITEM(rows, r), n, m[r], "a") < 0;
+    Py_DECREF(rows);
+    if (bad || floats_of(args[1], n, v, "b") < 0)
+        return NULL;
+    int changed = args[2] != Py_None;
+    if (changed != (args[3] != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "add and drop: both a reply, or both None");
+        return NULL;
+    }
+    if (changed) {
+        double x[FIT_MAX], x0[FIT_MAX], y, w, y0, w0;
+        if (reply_of(args[2], n, x, &y, &w, "add") < 0
+            || reply_of(args[3], n, x0, &y0, &w0, "drop") < 0)
+            return NULL;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            double c0 = w0 * x0[r], c = w * x[r];
+            for (Py_ssize_t k = 0; k < n; k++)
+                m[r][k] = m[r][k] - c0 * x0[k] + c * x[k];
+            v[r] = v[r] - w0 * y0 * x0[r] + w * y * x[r];
+        }
+    }
+    int first[FIT_MAX], first_size = -1;
+    if (args[4] != Py_None) {
+        PyObject *fast = PySequence_Fast(args[4], "first");
+        if (fast == NULL)
+            return NULL;
+        first_size = (int)PySequence_Fast_GET_SIZE(fast);
+        for (int i = 0; i < first_size && i < n; i++)
+            first[i] = (int)PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        Py_DECREF(fast);
+        if (PyErr_Occurred())
+            return NULL;
+        int bad_first = first_size > n;
+        for (int i = 0; !bad_first && i < first_size; i++)
+            bad_first = first[i] < 0 || first[i] >= n || (i && first[i] <= first[i - 1]);
+        if (bad_first) {
+            PyErr_Format(PyExc_ValueError, "first: expected increasing indices below %zd, or None",
+                         n);
+            return NULL;
+        }
+    }
+    double theta[FIT_MAX];
+    int support[FIT_MAX], size = 0;
+    if (!fit_nonnegative(m, v, (int)n, first, first_size, theta, support, &size))
+        Py_RETURN_NONE;
+    PyObject *a = PyList_New(n), *b = list_of(v, n), *coef = list_of(theta, n);
+    PyObject *chosen = PyTuple_New(size);
+    for (Py_ssize_t r = 0; a != NULL && r < n; r++) {
+        PyObject *row = list_of(m[r], n);
+        if (row == NULL) {
+            Py_CLEAR(a);
+            break;
+        }
+        PyList_SET_ITEM(a, r, row);
+    }
+    for (int i = 0; chosen != NULL && i < size; i++) {
+        PyObject *k = PyLong_FromLong(support[i]);
+        if (k == NULL) {
+            Py_CLEAR(chosen);
+            break;
+        }
+        PyTuple_SET_ITEM(chosen, i, k);
+    }
+    if (a == NULL || b == NULL || coef == NULL || chosen == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(coef);
+        Py_XDECREF(chosen);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNN)", a, b, coef, chosen);
+}
+
 static PyMethodDef methods[] = {
     {"note_queued", (PyCFunction)(void (*)(void))note_queued, METH_FASTCALL, note_queued_doc},
     {"delay", (PyCFunction)(void (*)(void))delay, METH_FASTCALL, delay_doc},
+    {"fit_step", (PyCFunction)(void (*)(void))fit_step, METH_FASTCALL, fit_step_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "hetero.sched._kernel",
-    "The placement hot path in C: delay scores and size-class sums (see view.py).",
+    "The scheduler's hot paths in C: delay scores and size-class sums (view.py), the engine "
+    "fit's update (engine_fit.py).",
     0,
     methods,
 };

@@ -1,4 +1,5 @@
-# The placement hot path in C (_kernel.c); FleetView calls it, numpy being its fallback.
+# The placement hot path in C (_kernel.c); FleetView calls it, numpy being its fallback; and
+# the engine fit's update (engine_fit.LinearFit), engine_fit._step being its fallback.
 
 import numpy as np
 import numpy.typing as npt
@@ -28,3 +29,11 @@ def delay(
     weight: float,
     /,
 ) -> int: ...
+def fit_step(
+    a: list[list[float]],
+    b: list[float],
+    add: tuple[list[float], float, float] | None,
+    drop: tuple[list[float], float, float] | None,
+    first: tuple[int, ...] | None,
+    /,
+) -> tuple[list[list[float]], list[float], list[float], tuple[int, ...]] | None: ...

@@ -60,9 +60,16 @@ import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
+
+KERNEL: ModuleType | None
+try:  # an update's arithmetic in C (_kernel.c); without it, _step does the same in Python
+    from hetero.sched import _kernel as KERNEL
+except ImportError:  # pragma: no cover - installed where no C compiler was found
+    KERNEL = None
 
 __all__ = ["EngineFit", "EngineLoad", "EnginePrior", "Flight", "LinearFit", "token_feature"]
 
@@ -151,8 +158,11 @@ class LinearFit:
     coefficients apart; this one solves the windowed problem exactly after each reply (with
     three or four coefficients, its bounded solution is found among the supports: at most 15
     solves of at most 4×4, and one where no coefficient falls below zero; tried from the last
-    reply's support, which rarely changes, usually one). In plain floats throughout: numpy's
-    call overhead on 4×4 sums and solves was most of an update's cost."""
+    reply's support, which rarely changes, usually one). In plain floats, not numpy (its call
+    overhead on 4×4 sums and solves was most of an update's cost), and in C where the kernel
+    is built (``_kernel.fit_step``, the same operations in the same order as ``_step``): in
+    Python the sums and the supports' solves were most of the ``slo`` strategy's cost a
+    request (``bench/bench_slo_cost.py``)."""
 
     __slots__ = (
         "_a",
@@ -202,14 +212,8 @@ class LinearFit:
         w = 1.0 / (self.noise * max(y, predicted, FLOOR)) ** 2
         replies = self._replies
         if len(replies) == replies.maxlen and self.updates % len(replies):
-            # The oldest reply out and this one in, in plain floats (numpy's call overhead on
-            # 4x4 sums was most of an update's cost)
-            v0, y0, w0 = replies[0]
-            a = []
-            for row, p0, p in zip(self._a, v0, v, strict=True):
-                c0, c = w0 * p0, w * p
-                a.append([m - c0 * q0 + c * q for m, q0, q in zip(row, v0, v, strict=True)])
-            b = [m - w0 * y0 * p0 + w * y * p for m, p0, p in zip(self._b, v0, v, strict=True)]
+            # The oldest reply out and this one in
+            stepped = _STEP(self._a, self._b, (v, y, w), replies[0], self._support)
         else:  # summed afresh: at the start and once a window
             xs = np.array([r[0] for r in replies] + [v])
             ws = np.array([r[2] for r in replies] + [w])
@@ -218,14 +222,39 @@ class LinearFit:
                 xs, ws, ys = xs[1:], ws[1:], ys[1:]
             a = ((xs.T * ws) @ xs + self._prior_a).tolist()
             b = ((xs.T * ws) @ ys + self._prior_b).tolist()
-        solved = _nonnegative(a, b, self._support)
-        if solved is None:
+            stepped = _STEP(a, b, None, None, self._support)
+        if stepped is None:
             return  # numerically lost (never seen): keep the last good state
-        theta, self._support = solved
+        self._a, self._b, theta, self._support = stepped
         replies.append((v, y, w))
-        self._a, self._b = a, b
         self.coef = tuple(theta)
         self.updates += 1
+
+
+Reply = tuple[list[float], float, float]
+
+
+def _step(
+    a: list[list[float]],
+    b: list[float],
+    add: Reply | None,
+    drop: Reply | None,
+    first: tuple[int, ...] | None,
+) -> tuple[list[list[float]], list[float], list[float], tuple[int, ...]] | None:
+    """``LinearFit``'s normal equations with the reply ``add`` in and ``drop`` out (both or
+    neither), and their least-squares coefficients with none below zero (``_nonnegative``,
+    tried from ``first``); None when the numbers are lost. The C kernel's ``fit_step`` does the
+    same arithmetic in the same order, where it is built."""
+    if add is not None and drop is not None:
+        (v, y, w), (v0, y0, w0) = add, drop
+        new_a = []
+        for row, p0, p in zip(a, v0, v, strict=True):
+            c0, c = w0 * p0, w * p
+            new_a.append([m - c0 * q0 + c * q for m, q0, q in zip(row, v0, v, strict=True)])
+        a = new_a
+        b = [m - w0 * y0 * p0 + w * y * p for m, p0, p in zip(b, v0, v, strict=True)]
+    solved = _nonnegative(a, b, first)
+    return None if solved is None else (a, b, *solved)
 
 
 def _nonnegative(
@@ -272,6 +301,12 @@ _AFTER = {
     n: {(): supports} | {first: [first, *(c for c in supports if c != first)] for first in supports}
     for n, supports in _SUPPORTS.items()
 }
+
+
+#: One update's arithmetic: the C kernel's where it is built (``_kernel.fit_step``; a kernel
+#: built before it has none), else ``_step``; the two agree bit for bit
+#: (tests/sched/test_kernel.py).
+_STEP = getattr(KERNEL, "fit_step", _step)
 
 
 def _solve(m: list[list[float]], v: list[float], idx: tuple[int, ...]) -> list[float] | None:
