@@ -568,7 +568,7 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             policy.set_kv_tokens(size % 3, size * 10)
             policy.dropped(sent.pop(), now)
         now = clock.now()
-        table = policy._table
+        table = policy._columns()
         for i, (fit, load) in enumerate(zip(policy.fits, policy.loads, strict=True)):
             ttft = max(1e-4, table.ttft_base[i] + table.per_token[i] * size)
             assert ttft == pytest.approx(fit.predict_ttft(load.prefill_queue + size, load.running))

@@ -138,6 +138,7 @@ class SloRouting(PrefixAffinity):
         self._priors: dict[int, EnginePrior] = {}
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
+        self._stale: set[int] = set()  # devices whose columns wait for a copy (_columns)
 
     # --- the fleet --------------------------------------------------------------------------
 
@@ -205,7 +206,7 @@ class SloRouting(PrefixAffinity):
         ttft, tpot = self.ttft_slo, self.tpot_slo
         if ttft is not None and tpot is not None:
             return ttft, tpot
-        t, k = self._table, len(self.fits)
+        t, k = self._columns(), len(self.fits)
         lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * token_feature(prompt)
         lone_step = t.lone_step[:k] + t.per_kv[:k] * token_feature(prompt + output / 2)
         best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
@@ -240,7 +241,7 @@ class SloRouting(PrefixAffinity):
             )
         # Every replica's predictions at once (see _Table): the fewest array operations, each
         # costing about a microsecond of numpy's call overhead at any fleet size up to hundreds.
-        t = self._table  # a column per replica of the view (bind, above)
+        t = self._columns()  # a column per replica of the view (bind, above)
         if isinstance(uncached, float):
             own = min(uncached, MAX_TOKENS) * t.per_token
         else:
@@ -416,9 +417,22 @@ class SloRouting(PrefixAffinity):
             self._mirror(flight.device)
 
     def _mirror(self, device: int) -> None:
-        """Copy device ``device``'s fit and load into the columns a pick reads."""
-        if device < len(self._table):
-            self._table.set(device, self.fits[device], self.loads[device])
+        """Device ``device``'s fit or load changed: its columns are copied before the next pick
+        reads them (``_columns``)."""
+        self._stale.add(device)
+
+    def _columns(self) -> _Table:
+        """The columns a pick reads, with the replicas whose fit or load changed since copied
+        in. Once a pick rather than at each change: between two picks a request is sent and
+        another's first token, pace and end come, mostly on other replicas, and a copy each
+        was a third of the learning's cost a request (``bench/bench_slo_cost.py``)."""
+        stale, table = self._stale, self._table
+        if stale:
+            for device in stale:
+                if device < len(table):
+                    table.set(device, self.fits[device], self.loads[device])
+            stale.clear()
+        return table
 
     def in_flight(self) -> int:
         """Requests the model counts as sent and not ended (0 once all have ended)."""
@@ -454,8 +468,9 @@ class _Table:
     array operations (a loop over the replicas was most of the router's cost per request with
     tens of them). The formulas are ``EngineFit.predict_ttft``, ``predict_tpot`` and
     ``predict_step`` with ``EngineLoad.prefill_rate``; the terms that depend on the replica
-    alone (its coefficients times its queue, batch and KV tokens) are summed when its fit or
-    load changes (``SloRouting._mirror``), so a pick adds only the request's own terms."""
+    alone (its coefficients times its queue, batch and KV tokens) are summed before the first
+    pick after its fit or load changed (``SloRouting._columns``), so a pick adds only the
+    request's own terms."""
 
     def __init__(self, n: int) -> None:
         self.ttft_base = np.zeros(n)  # c0 + c1·queued + c2·running
