@@ -13,11 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hetero.sched.engine_fit as engine_fit
+import hetero.sched.policies.slo as slo_module
 import hetero.sched.view as view_module
 from hetero.sched.clock import ManualClock
-from hetero.sched.engine_fit import MAX_SECONDS, LinearFit
-from hetero.sched.item import WorkItem
+from hetero.sched.engine_fit import MAX_SECONDS, EnginePrior, LinearFit
+from hetero.sched.item import Tokens, WorkItem
 from hetero.sched.perf import PerfModel
+from hetero.sched.policies.slo import SloRouting
+from hetero.sched.prefix import Prefix
 from hetero.sched.registry import make_policy
 from hetero.sched.view import SIZE_CLASSES, FleetView
 from hetero.sim.engine import Simulator
@@ -256,3 +259,81 @@ def test_the_fit_update_refuses_what_it_cannot_read() -> None:
         kernel.fit_step(a, ["x", 0.5], None, None, None)
     with pytest.raises(TypeError, match="takes 5 arguments"):
         kernel.fit_step(a, b)  # type: ignore[call-arg]
+
+
+# --- the slo strategy's pick (policies/slo.py) --------------------------------------------------
+
+
+def _slo_run(
+    pick: Any, events: list[tuple[int, int, float]], prefixes: bool
+) -> list[tuple[Any, ...]]:
+    """A random run of sends, first tokens, paces, ends and KV sizes on a fleet of mixed
+    speeds (some generic, some in their slow start), the pick made by ``pick`` (the kernel's,
+    or None: numpy's); what each pick chose and predicted."""
+    devices = make_devices([1.0] * 5)
+    view = FleetView(devices, PerfModel(devices), ManualClock())
+    policy = SloRouting(ttft=1.0, tpot=0.05)
+    policy.bind(view)
+    for i, speed in enumerate((4.0, 1.0, 0.3)):
+        policy.set_prior(i, EnginePrior.generic(speed))
+    log: list[tuple[Any, ...]] = []
+    sent: list[int | str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(slo_module, "_PICK", pick)
+        for k, (kind, size, dt) in enumerate(events):
+            view.clock.advance(dt)  # type: ignore[attr-defined]
+            now = view.clock.now()
+            if kind <= 2 or not sent:
+                blocks = tuple(range(size % 7)) if prefixes else ()
+                prefix = Prefix(blocks=blocks, block_work=1.0) if blocks else None
+                item = WorkItem(cost=1.0, id=k, tokens=Tokens(size, size / 8), prefix=prefix)
+                i = policy.pick(item, view, None)
+                flight = policy._flights.get(k)
+                log.append(
+                    (
+                        k,
+                        i,
+                        None if flight is None else flight.predicted_ttft,
+                        None if flight is None else flight.predicted_tpot,
+                    )
+                )
+                if i is not None:
+                    sent.append(k)
+            elif kind == 3:
+                policy.first_token(sent[0], now)
+            elif kind == 4:
+                policy.finished(sent.pop(0), now, max(2, size // 10))
+            else:
+                policy.set_kv_tokens(size % 5, size * 4)
+    return log
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(1, 6000), st.floats(0.0, 0.3)), max_size=150
+    ),
+    prefixes=st.booleans(),
+)
+def test_the_slo_pick_is_numpy_s_to_the_last_bit(
+    events: list[tuple[int, int, float]], prefixes: bool
+) -> None:
+    """The kernel's pick and numpy's: the same replica, the same predicted TTFT and TPOT, the
+    same requests held back, through fits that learn, KV caches that fill, prefixes matched."""
+    with_kernel = _slo_run(kernel.slo_pick, events, prefixes)
+    assert with_kernel == _slo_run(None, events, prefixes)
+
+
+def test_the_slo_pick_refuses_what_it_cannot_read() -> None:
+    n = 3
+    cols = [np.zeros(n) for _ in range(9)]
+    usable = np.ones(n, dtype=bool)
+    assert kernel.slo_pick(*cols, usable, 10.0, 1.0, 0.05, 0.0, 0.0) == (0, 1e-4, 1e-4)
+    with pytest.raises(ValueError, match="usable: expected a C-contiguous numpy bool array"):
+        kernel.slo_pick(*cols, usable.astype(np.int64), 10.0, 1.0, 0.05, 0.0, 0.0)
+    with pytest.raises(ValueError, match=r"kv_room: expected .* at least 3 values, got 2"):
+        kernel.slo_pick(*cols[:8], cols[8][:2], usable, 10.0, 1.0, 0.05, 0.0, 0.0)
+    with pytest.raises(ValueError, match=r"uncached: expected .* at least 3 values"):
+        kernel.slo_pick(*cols, usable, np.ones(1), 1.0, 0.05, 0.0, 0.0)
+    with pytest.raises(TypeError, match="takes 15 arguments"):
+        kernel.slo_pick(*cols)  # type: ignore[call-arg]

@@ -662,10 +662,126 @@ fit_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(NNNN)", a, b, coef, chosen);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The slo strategy's pick where some replica meets the SLO (hetero/sched/policies/slo.py,
+ * SloRouting.pick): every replica's predicted TTFT and TPOT from its columns and the request's
+ * own terms, and the one with the most headroom among those whose predictions meet both
+ * targets. In numpy that is some twenty operations, each costing its call overhead at any
+ * fleet size; here one pass. The arithmetic is the numpy expressions', in the same order, with
+ * numpy's NaN rules (maximum and minimum propagate a NaN, argmin picks the first NaN), so the
+ * pick is the same; the time decay of the prefill rate comes computed by numpy (its exp is not
+ * the C library's to the last bit).
+ */
+
+#define SLO_FLOOR 1e-4           /* engine_fit.FLOOR */
+#define SLO_MAX_TOKENS 1e9       /* engine_fit.MAX_TOKENS */
+
+static inline double
+np_maximum(double a, double b)
+{
+    return a != a ? a : b != b ? b : a >= b ? a : b;
+}
+
+static inline double
+np_minimum(double a, double b)
+{
+    return a != a ? a : b != b ? b : a <= b ? a : b;
+}
+
+PyDoc_STRVAR(slo_pick_doc,
+"slo_pick(ttft_base, per_token, step_base, per_kv, prefill, decay, ttft_gate, tpot_gate,\n"
+"         kv_room, usable, uncached, ttft_slo, tpot_slo, kv_feature, need)\n--\n\n"
+"Per replica j < len(usable) (float64 columns, usable bool; uncached a float or a float64\n"
+"array):\n"
+"  ttft_s = max(1e-4, ttft_base + min(uncached, 1e9) * per_token)\n"
+"  tpot_s = max(1e-4, step_base + per_kv * kv_feature) + min(3600, prefill * decay)\n"
+"  ttft = ttft_s / ttft_slo; tpot = tpot_s / tpot_slo, times 10 where kv_room < need (if the\n"
+"  least kv_room is)\n"
+"  meets = usable and max(ttft * ttft_gate, tpot * tpot_gate) <= 1\n"
+"Returns (j, ttft_s, tpot_s) for the first j of the least ttft + tpot among those that meet,\n"
+"or None when none does.");
+
+enum {
+    P_TTFT_BASE, P_PER_TOKEN, P_STEP_BASE, P_PER_KV, P_PREFILL, P_DECAY, P_TTFT_GATE,
+    P_TPOT_GATE, P_KV_ROOM, P_USABLE, P_UNCACHED, P_TTFT_SLO, P_TPOT_SLO, P_KV_FEATURE, P_NEED,
+    P_NARGS
+};
+
+static PyObject *
+slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != P_NARGS) {
+        PyErr_Format(PyExc_TypeError, "slo_pick() takes %d arguments (%zd given)", P_NARGS,
+                     nargs);
+        return NULL;
+    }
+    static const char *names[] = {"ttft_base", "per_token", "step_base", "per_kv", "prefill",
+                                  "decay", "ttft_gate", "tpot_gate", "kv_room"};
+    if (!PyArray_Check(args[P_USABLE]) || PyArray_TYPE((PyArrayObject *)args[P_USABLE]) != NPY_BOOL
+        || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)args[P_USABLE])) {
+        PyErr_SetString(PyExc_ValueError, "usable: expected a C-contiguous numpy bool array");
+        return NULL;
+    }
+    npy_intp n = PyArray_SIZE((PyArrayObject *)args[P_USABLE]);
+    const npy_bool *usable = PyArray_DATA((PyArrayObject *)args[P_USABLE]);
+    const double *col[P_USABLE];
+    for (int k = 0; k < P_USABLE; k++)
+        if (!(col[k] = data_of(args[k], n, NPY_FLOAT64, 0, names[k])))
+            return NULL;
+    const double *uncached_of = NULL;
+    double uncached = 0.0;
+    if (PyArray_Check(args[P_UNCACHED])) {
+        if (!(uncached_of = data_of(args[P_UNCACHED], n, NPY_FLOAT64, 0, "uncached")))
+            return NULL;
+    }
+    else
+        uncached = PyFloat_AsDouble(args[P_UNCACHED]);
+    double ttft_slo = PyFloat_AsDouble(args[P_TTFT_SLO]);
+    double tpot_slo = PyFloat_AsDouble(args[P_TPOT_SLO]);
+    double kv_feature = PyFloat_AsDouble(args[P_KV_FEATURE]);
+    double need = PyFloat_AsDouble(args[P_NEED]);
+    if (PyErr_Occurred())
+        return NULL;
+    /* Python's min(uncached, MAX_TOKENS) for the one number; numpy's minimum for an array. */
+    double own_tokens = SLO_MAX_TOKENS < uncached ? SLO_MAX_TOKENS : uncached;
+    /* numpy's kv_room.min(): the least, or the first NaN. */
+    double least = n ? col[P_KV_ROOM][0] : INFINITY;
+    for (npy_intp j = 1; j < n && least == least; j++)
+        least = np_minimum(least, col[P_KV_ROOM][j]);
+    int queues = n > 0 && least < need;
+    npy_intp best = -1;
+    double low = INFINITY, best_ttft = 0.0, best_tpot = 0.0;
+    for (npy_intp j = 0; j < n; j++) {
+        if (!usable[j])
+            continue;
+        double tokens = uncached_of ? np_minimum(uncached_of[j], SLO_MAX_TOKENS) : own_tokens;
+        double ttft_s = np_maximum(SLO_FLOOR, col[P_TTFT_BASE][j] + tokens * col[P_PER_TOKEN][j]);
+        double step = np_maximum(SLO_FLOOR, col[P_STEP_BASE][j] + col[P_PER_KV][j] * kv_feature);
+        double tpot_s = step + np_minimum(FIT_MAX_SECONDS, col[P_PREFILL][j] * col[P_DECAY][j]);
+        double ttft = ttft_s / ttft_slo, tpot = tpot_s / tpot_slo;
+        if (queues && col[P_KV_ROOM][j] < need)
+            tpot *= 10.0;
+        double worst = np_maximum(ttft * col[P_TTFT_GATE][j], tpot * col[P_TPOT_GATE][j]);
+        if (!(worst <= 1.0))
+            continue;
+        double headroom = ttft + tpot;
+        if (headroom != headroom || best < 0 || headroom < low) {
+            best = j, low = headroom, best_ttft = ttft_s, best_tpot = tpot_s;
+            if (headroom != headroom)
+                break; /* argmin's first NaN */
+        }
+    }
+    if (best < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(ndd)", (Py_ssize_t)best, best_ttft, best_tpot);
+}
+
 static PyMethodDef methods[] = {
     {"note_queued", (PyCFunction)(void (*)(void))note_queued, METH_FASTCALL, note_queued_doc},
     {"delay", (PyCFunction)(void (*)(void))delay, METH_FASTCALL, delay_doc},
     {"fit_step", (PyCFunction)(void (*)(void))fit_step, METH_FASTCALL, fit_step_doc},
+    {"slo_pick", (PyCFunction)(void (*)(void))slo_pick, METH_FASTCALL, slo_pick_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
 # The placement hot path in C (_kernel.c); FleetView calls it, numpy being its fallback; and
-# the engine fit's update (engine_fit.LinearFit), engine_fit._step being its fallback.
+# the engine fit's update (engine_fit.LinearFit), engine_fit._step being its fallback; and the
+# slo strategy's usual pick (policies/slo.py), its numpy path being the fallback.
 
 import numpy as np
 import numpy.typing as npt
@@ -37,3 +38,21 @@ def fit_step(
     first: tuple[int, ...] | None,
     /,
 ) -> tuple[list[list[float]], list[float], list[float], tuple[int, ...]] | None: ...
+def slo_pick(
+    ttft_base: _Floats,
+    per_token: _Floats,
+    step_base: _Floats,
+    per_kv: _Floats,
+    prefill: _Floats,
+    decay: _Floats,
+    ttft_gate: _Floats,
+    tpot_gate: _Floats,
+    kv_room: _Floats,
+    usable: npt.NDArray[np.bool_],
+    uncached: _Floats | float,
+    ttft_slo: float,
+    tpot_slo: float,
+    kv_feature: float,
+    need: float,
+    /,
+) -> tuple[int, float, float] | None: ...

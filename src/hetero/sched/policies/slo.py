@@ -37,6 +37,7 @@ the view's clock and the calls.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,6 +60,12 @@ from hetero.sched.policy import BoolArray
 from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
+
+_PICK: Callable[..., tuple[int, float, float] | None] | None
+try:  # the usual pick in C (_kernel.c); without it, numpy makes the same pick
+    from hetero.sched._kernel import slo_pick as _PICK
+except ImportError:  # pragma: no cover - no C compiler at install time, or a kernel built before
+    _PICK = None
 
 __all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
@@ -239,22 +246,74 @@ class SloRouting(PrefixAffinity):
             uncached = np.where(
                 held > 0, np.maximum(1.0, prompt - held * self.block_tokens), prompt
             )
+        t = self._columns()  # a column per replica of the view (bind, above)
+        decay = np.minimum(1.0, np.exp((t.at - now) / PREFILL_RATE_SECONDS))
+        need = kv_new + output / 2
+        # The usual case, some replica meeting the SLO, in one pass of the C kernel where it is
+        # built; the rest (and all of it without the kernel) in numpy, alike to the last bit.
+        picked = (
+            None
+            if _PICK is None
+            else _PICK(
+                t.ttft_base,
+                t.per_token,
+                t.step_base,
+                t.per_kv,
+                t.prefill,
+                decay,
+                t.ttft_gate,
+                t.tpot_gate,
+                t.kv_room,
+                usable,
+                uncached,
+                ttft_slo,
+                tpot_slo,
+                token_feature(kv_new),
+                need,
+            )
+        )
+        if picked is not None:
+            self._probe_wait[picked[0]] = PROBE_AFTER
+        else:
+            slo = (ttft_slo, tpot_slo)
+            picked = self._pick_numpy(t, usable, uncached, kv_new, need, decay, now, slo)
+            if picked is None:
+                return None
+        i, ttft_i, tpot_i = picked
+        if prefix is not None and prefix.blocks and matched is not None:
+            self._placed(i, prefix, matched)
+        own_tokens = uncached if isinstance(uncached, float) else float(uncached[i])
+        self._send(item.id, i, now, own_tokens, kv_new, ttft_i, tpot_i)
+        return i
+
+    def _pick_numpy(
+        self,
+        t: _Table,
+        usable: BoolArray,
+        uncached: FloatArray | float,
+        kv_new: float,
+        need: float,
+        decay: FloatArray,
+        now: float,
+        slo: tuple[float, float],
+    ) -> tuple[int, float, float] | None:
+        """``pick``'s choice in numpy: the replica, and its predicted TTFT and TPOT (seconds);
+        None to hold the request back."""
+        ttft_slo, tpot_slo = slo
+        n = len(usable)
         # Every replica's predictions at once (see _Table): the fewest array operations, each
         # costing about a microsecond of numpy's call overhead at any fleet size up to hundreds.
-        t = self._columns()  # a column per replica of the view (bind, above)
         if isinstance(uncached, float):
             own = min(uncached, MAX_TOKENS) * t.per_token
         else:
             own = np.minimum(uncached, MAX_TOKENS) * t.per_token
         ttft_s = np.maximum(FLOOR, t.ttft_base + own)  # the model's own, in seconds
         kv_own = t.per_kv * token_feature(kv_new)
-        decay = np.minimum(1.0, np.exp((t.at - now) / PREFILL_RATE_SECONDS))
         tpot_s = np.maximum(FLOOR, t.step_base + kv_own) + np.minimum(
             MAX_SECONDS, t.prefill * decay
         )
         ttft = ttft_s / ttft_slo
         tpot = tpot_s / tpot_slo
-        need = kv_new + output / 2
         if t.kv_room.min() < need:
             tpot[t.kv_room < need] *= 10.0  # past its KV cache: it queues
         # Ranked by the plain means, so that a busy replica's widening (which decides whether
@@ -296,11 +355,8 @@ class SloRouting(PrefixAffinity):
                 i = int(worst.argmin())
                 if not math.isfinite(worst[i]):
                     return None
-        if prefix is not None and prefix.blocks and matched is not None:
-            self._placed(i, prefix, matched)
-        own_tokens = uncached if isinstance(uncached, float) else float(uncached[i])
-        self._send(item.id, i, now, own_tokens, kv_new, float(ttft_s[i]), float(tpot_s[i]))
-        return i
+        return i, float(ttft_s[i]), float(tpot_s[i])
+
 
     def _send(
         self,
