@@ -1,6 +1,6 @@
 /* The scheduler's hot paths in C: the expected-delay score of every device and the size-class
- * sums it reads (hetero/sched/view.py); and the engine fit's update (hetero/sched/engine_fit.py,
- * below).
+ * sums it reads (hetero/sched/view.py); below them, the slo strategy's: the engine fit's update
+ * (hetero/sched/engine_fit.py) and the usual pick (hetero/sched/policies/slo.py).
  *
  * Every placement ranks every device, and every item that waits in a device queue updates that
  * device's sums by size class twice. In numpy each is a handful of vector operations, and at
@@ -789,7 +789,7 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "hetero.sched._kernel",
     "The scheduler's hot paths in C: delay scores and size-class sums (view.py), the engine "
-    "fit's update (engine_fit.py).",
+    "fit's update (engine_fit.py), the slo strategy's usual pick (policies/slo.py).",
     0,
     methods,
 };

@@ -357,7 +357,6 @@ class SloRouting(PrefixAffinity):
                     return None
         return i, float(ttft_s[i]), float(tpot_s[i])
 
-
     def _send(
         self,
         item_id: int | str,
