@@ -44,6 +44,7 @@ import numpy as np
 from hetero.errors import ConfigError
 from hetero.sched.engine_fit import (
     FLOOR,
+    KERNEL,
     MAX_SECONDS,
     MAX_TOKENS,
     PREFILL_RATE_SECONDS,
@@ -61,11 +62,9 @@ from hetero.sched.prefix import DEFAULT_CAPACITY_BLOCKS
 from hetero.sched.registry import register
 from hetero.sched.view import FleetView
 
-_PICK: Callable[..., tuple[int, float, float] | None] | None
-try:  # the usual pick in C (_kernel.c); without it, numpy makes the same pick
-    from hetero.sched._kernel import slo_pick as _PICK
-except ImportError:  # pragma: no cover - no C compiler at install time, or a kernel built before
-    _PICK = None
+#: The usual pick in C (``_kernel.slo_pick``); None where the kernel is not built (or was built
+#: before it): numpy makes the same pick.
+_PICK: Callable[..., tuple[int, float, float] | None] | None = getattr(KERNEL, "slo_pick", None)
 
 __all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
