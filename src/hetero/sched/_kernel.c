@@ -58,6 +58,16 @@ data_of(PyObject *obj, npy_intp count, int type, int writable, const char *name)
     return PyArray_DATA(array);
 }
 
+/* Whether a function that takes `want` arguments was given them; a TypeError saying so if not. */
+static int
+arity_ok(const char *name, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs == want)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, want, nargs);
+    return 0;
+}
+
 PyDoc_STRVAR(note_queued_doc,
 "note_queued(sums, rows, index, size_class, cost, sign)\n--\n\n"
 "An item of cost in size_class joined (sign 1) or left (-1) device index's queue. sums:\n"
@@ -69,10 +79,8 @@ static PyObject *
 note_queued(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "note_queued() takes 6 arguments (%zd given)", nargs);
+    if (!arity_ok("note_queued", nargs, 6))
         return NULL;
-    }
     Py_ssize_t index = PyLong_AsSsize_t(args[2]);
     Py_ssize_t k = PyLong_AsSsize_t(args[3]) + 1;
     double cost = PyFloat_AsDouble(args[4]);
@@ -311,10 +319,8 @@ static PyObject *
 delay(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != NARGS) {
-        PyErr_Format(PyExc_TypeError, "delay() takes %d arguments (%zd given)", NARGS, nargs);
+    if (!arity_ok("delay", nargs, NARGS))
         return NULL;
-    }
     struct terms t = {0};
     t.cost = PyFloat_AsDouble(args[COST]);
     double weight = PyFloat_AsDouble(args[WEIGHT]);
@@ -569,10 +575,8 @@ static PyObject *
 fit_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "fit_step() takes 5 arguments (%zd given)", nargs);
+    if (!arity_ok("fit_step", nargs, 5))
         return NULL;
-    }
     Py_ssize_t n = PySequence_Length(args[1]);
     if (n < 0)
         return NULL;
@@ -711,11 +715,8 @@ static PyObject *
 slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != P_NARGS) {
-        PyErr_Format(PyExc_TypeError, "slo_pick() takes %d arguments (%zd given)", P_NARGS,
-                     nargs);
+    if (!arity_ok("slo_pick", nargs, P_NARGS))
         return NULL;
-    }
     static const char *names[] = {"ttft_base", "per_token", "step_base", "per_kv", "prefill",
                                   "decay", "ttft_gate", "tpot_gate", "kv_room"};
     if (!PyArray_Check(args[P_USABLE]) || PyArray_TYPE((PyArrayObject *)args[P_USABLE]) != NPY_BOOL
