@@ -139,17 +139,19 @@ def profile_engine(
 ) -> None:
     """Profile a running inference engine: fit hetero's engine model to it.
 
-    Sends a few streamed completions of random prompt tokens (warm-up first): the time to first
-    token of single requests of 32, 512, 1024 and 1536 prompt tokens, and the time between
-    tokens while 1, 2 and 8 requests decode together. The emulator of --model-shape on
+    Sends streamed completions of random prompt tokens (warm-up first): the time to first
+    token of single requests of 32, 512, 1024 and 1536 prompt tokens, the time between tokens
+    while 1, 2 and 8 requests decode together, and both in closed loops of 16, 32 and 64
+    clients (two requests of 256 + 32 tokens each: the batches a replica runs near its
+    capacity, new prompts prefilled beside the decodes). The emulator of --model-shape on
     --device (with the engine's KV capacity, read from its /metrics where it publishes it) runs
     the same probes; its calibration (compute, attention and bandwidth efficiency, step and
     per-request overhead) is fitted to the measurements by least squares, plus a constant for
     the HTTP path. Prints each probe, measured and emulated, and the calibration; --out saves
     the profile.
 
-    Run it on an idle engine: other requests would be measured too. A few dozen requests, some
-    seconds on a GPU (minutes on a CPU engine).
+    Run it on an idle engine: other requests would be measured too. A few hundred requests,
+    some seconds on a GPU (a minute or more on a CPU engine).
     """
     from hetero.plan import engine_profile
 
@@ -208,12 +210,16 @@ def _show(profile: EngineProfile, out: Path | None) -> None:
     )
     for name in ("probe", "real", "emulated", "error"):
         table.add_column(name, justify="left" if name == "probe" else "right")
+    plan = profile.plan
+    loop = f"{plan.load_prompt:,}+{plan.load_output}-token requests"
+    names = {
+        "ttft": "first token, {:,}-token prompt",
+        "itl": "between tokens, {} decoding",
+        "load_ttft": "first token, {} clients looping " + loop,
+        "load_itl": "between tokens, {} clients looping " + loop,
+    }
     for p in profile.probes:
-        what = (
-            f"first token, {p.size:,}-token prompt"
-            if p.kind == "ttft"
-            else f"between tokens, {p.size} decoding"
-        )
+        what = names[p.kind].format(p.size)
         table.add_row(
             what, f"{p.real * 1000:.1f} ms", f"{p.emulated * 1000:.1f} ms", f"{p.error:+.1%}"
         )

@@ -2,7 +2,14 @@
 
 A **probe** is a few streamed ``/v1/completions`` of random prompt token ids (``ignore_eos``, so
 each runs to ``max_tokens``): the time to first token of single requests of several prompt
-lengths, and the time between tokens while 1, 2, 8 requests decode together (``ProbePlan``).
+lengths, the time between tokens while 1, 2, 8 requests decode together, and the mean time to
+first token and between tokens in closed loops of 16, 32, 64 clients (``ProbePlan``). The loops
+are the regime a replica serves near its capacity: many requests decoding while new prompts are
+prefilled in the same steps. Without them the fit is free to trade the step's fixed cost
+against its bandwidth term, which the small probes cannot tell apart but a full batch can: one
+profile of a half-core vLLM put its capacity at 1.8 times another's of the same engine. Both
+halves of a loop count: fitted to its latency alone, the fit traded the wait for a first token
+against the time between tokens, and two profiles still differed 1.7 times.
 The **emulator** (``EngineModel`` of the same model shape, device and limits, on a fake clock)
 replays the same probes; :func:`calibrate` fits the four knobs of its ``Calibration`` (compute and
 bandwidth efficiency, step and per-request overhead) to the measurements by least squares of the
@@ -23,7 +30,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -70,9 +77,10 @@ DEFAULT_MAX_NUM_SEQS = 256
 #: Seconds apart that requests sent together reach the engine: its HTTP front end parses and
 #: hands them on one at a time (vLLM's API server takes a fraction of a millisecond each).
 FRONT_END_S = 2.5e-4
-ProbeKind = Literal["ttft", "itl"]
+ProbeKind = Literal["ttft", "itl", "load_ttft", "load_itl"]
+_KINDS: tuple[ProbeKind, ...] = ("ttft", "itl", "load_ttft", "load_itl")
 #: Each probe's median in seconds, by (kind, size): prompt tokens for ``ttft``, requests
-#: decoding together for ``itl``.
+#: decoding together for ``itl``, clients in the loop for ``load_ttft`` and ``load_itl``.
 Probes = dict[tuple[ProbeKind, int], float]
 Progress = Callable[[int, int], None]
 _FORMAT = 1  # of the saved file
@@ -82,16 +90,31 @@ _FORMAT = 1  # of the saved file
 class ProbePlan:
     """Which probes: first tokens of single requests of ``ttft_prompts`` tokens; the time
     between tokens of ``itl_batches`` requests of ``itl_prompt`` + ``itl_output`` tokens sent
-    together."""
+    together; the mean time to first token and between tokens of ``load_clients`` closed-loop
+    clients sending ``load_rounds`` requests of ``load_prompt`` + ``load_output`` tokens each
+    (none: a profile saved before the loads were probed; ``profile_engine`` clips them to the
+    engine's ``max_num_seqs``)."""
 
     ttft_prompts: tuple[int, ...] = (32, 512, 1024, 1536)
     itl_batches: tuple[int, ...] = (1, 2, 8)
     itl_prompt: int = 128
     itl_output: int = 48
+    load_clients: tuple[int, ...] = (16, 32, 64)
+    load_prompt: int = 256
+    load_output: int = 32
+    load_rounds: int = 2
 
     def schedule(self) -> list[tuple[ProbeKind, int]]:
         ttft: list[tuple[ProbeKind, int]] = [("ttft", p) for p in self.ttft_prompts]
-        return ttft + [("itl", b) for b in self.itl_batches]
+        itl: list[tuple[ProbeKind, int]] = [("itl", b) for b in self.itl_batches]
+        loads: list[tuple[ProbeKind, int]] = []
+        for n in self.load_clients:
+            loads += [("load_ttft", n), ("load_itl", n)]
+        return ttft + itl + loads
+
+    def runs(self) -> list[tuple[ProbeKind, int]]:
+        """The schedule less the loops' second halves: one loop gives both."""
+        return [(kind, size) for kind, size in self.schedule() if kind != "load_itl"]
 
 
 # ------------------------------------------------------------------------------- the engine
@@ -197,22 +220,37 @@ async def warm_up(client: ProbeClient, plan: ProbePlan) -> None:
 async def probe(
     client: ProbeClient, plan: ProbePlan, repeats: int, progress: Progress | None = None
 ) -> Probes:
-    """The medians of ``repeats`` of each probe; ``progress(done, total)`` after each."""
-    total, done = len(plan.schedule()) * repeats, 0
+    """The medians of ``repeats`` of each probe; ``progress(done, total)`` after each run."""
+    total, done = len(plan.runs()) * repeats, 0
+
+    async def loop() -> list[Timing]:
+        rounds = range(plan.load_rounds)
+        return [await client.complete(plan.load_prompt, plan.load_output) for _ in rounds]
+
     out: Probes = {}
-    for kind, size in plan.schedule():
-        values = []
+    for kind, size in plan.runs():
+        values: list[tuple[float, ...]] = []
         for _ in range(repeats):
             if kind == "ttft":
-                values.append((await client.complete(size, 2)).first)
-            else:
+                values.append(((await client.complete(size, 2)).first,))
+            elif kind == "itl":
                 runs = (client.complete(plan.itl_prompt, plan.itl_output) for _ in range(size))
-                values.append(statistics.mean(t.itl for t in await asyncio.gather(*runs)))
+                values.append((statistics.mean(t.itl for t in await asyncio.gather(*runs)),))
+            else:
+                loops = await asyncio.gather(*(loop() for _ in range(size)))
+                values.append(_loop_means([t for one in loops for t in one]))
             done += 1
             if progress is not None:
                 progress(done, total)
-        out[kind, size] = statistics.median(values)
+        out[kind, size] = statistics.median(v[0] for v in values)
+        if kind == "load_ttft":
+            out["load_itl", size] = statistics.median(v[1] for v in values)
     return out
+
+
+def _loop_means(done: list[Timing]) -> tuple[float, float]:
+    """A loop's mean time to first token and between tokens."""
+    return statistics.mean(t.first for t in done), statistics.mean(t.itl for t in done)
 
 
 async def served_model(session: aiohttp.ClientSession, url: str, timeout: float) -> str:
@@ -347,13 +385,18 @@ class Emulator:
     def replay(self, calibration: Calibration, plan: ProbePlan, http_s: float = 0.0) -> Probes:
         """Each probe as the emulator runs it, through the HTTP path of ``http_s``."""
         out: Probes = {}
-        for kind, size in plan.schedule():
+        for kind, size in plan.runs():
             if kind == "ttft":
                 (single,) = self.clients(calibration, 1, 1, size, 2, http_s)
                 out[kind, size] = single.first
-            else:
+            elif kind == "itl":
                 done = self.clients(calibration, size, 1, plan.itl_prompt, plan.itl_output, http_s)
                 out[kind, size] = statistics.mean(t.itl for t in done)
+            else:
+                done = self.clients(
+                    calibration, size, plan.load_rounds, plan.load_prompt, plan.load_output, http_s
+                )
+                out[kind, size], out["load_itl", size] = _loop_means(done)
         return out
 
 
@@ -509,17 +552,26 @@ _CALIBRATION["attention_efficiency"] = _check(
     "null or a number", lambda v: v is None or is_number(v)
 )
 _PROBE = {
-    "kind": _check("'ttft' or 'itl'", lambda v: v in ("ttft", "itl")),
+    "kind": _check("one of " + ", ".join(map(repr, _KINDS)), lambda v: v in _KINDS),
     "size": _COUNT,
     "real": _SECONDS,
     "emulated": _SECONDS,
 }
+_OUTPUT = _check("an integer >= 2", lambda v: is_integer(v) and v >= 2)
 _PLAN = {
     "ttft_prompts": _SIZES,
     "itl_batches": _SIZES,
     "itl_prompt": _COUNT,
-    "itl_output": _check("an integer >= 2", lambda v: is_integer(v) and v >= 2),
+    "itl_output": _OUTPUT,
+    "load_clients": _check(
+        "a list of integers >= 1", lambda v: isinstance(v, list) and (not v or _sizes(v))
+    ),
+    "load_prompt": _COUNT,
+    "load_output": _OUTPUT,
+    "load_rounds": _COUNT,
 }
+#: A profile saved before the loads were probed: its plan had none.
+_NO_LOADS = {"load_clients": [], "load_prompt": 256, "load_output": 32, "load_rounds": 2}
 _OPTIONAL = ("format", "worst_error", "plan")  # worst_error: derived, not read
 
 
@@ -571,14 +623,23 @@ class _Reader:
         if isinstance(data.get("probes"), list):
             probes = [self.fields(p, f"probes[{i}]", _PROBE) for i, p in enumerate(data["probes"])]
             got["probes"] = tuple(ProbeResult(**p) for p in probes if p is not None)
-        plan = self.fields(data["plan"], "plan", _PLAN) if "plan" in data else None
+        plan_data = data.get("plan")
+        if isinstance(plan_data, dict) and "load_clients" not in plan_data:
+            plan_data = {**_NO_LOADS, **plan_data}
+        plan = self.fields(plan_data, "plan", _PLAN) if "plan" in data else None
         if plan is not None:
             got["plan"] = ProbePlan(
                 tuple(plan["ttft_prompts"]),
                 tuple(plan["itl_batches"]),
                 plan["itl_prompt"],
                 plan["itl_output"],
+                tuple(plan["load_clients"]),
+                plan["load_prompt"],
+                plan["load_output"],
+                plan["load_rounds"],
             )
+        elif "plan" not in data:
+            got["plan"] = ProbePlan(load_clients=())  # saved before the plan was
         if self.problems:
             raise ConfigError(self.problems)
         return EngineProfile(**got)
@@ -614,6 +675,10 @@ async def profile_engine(
     import aiohttp
 
     plan = plan or ProbePlan()
+    # A loop of more clients than the engine runs at once measures its queue, not its batch.
+    plan = replace(
+        plan, load_clients=tuple(sorted({min(n, max_num_seqs) for n in plan.load_clients}))
+    )
     if not is_integer(repeats) or repeats < 1:
         raise ConfigError([("repeats", f"must be an integer >= 1, got {show(repeats)}")])
     if not is_number(timeout) or timeout <= 0:
@@ -636,7 +701,11 @@ async def profile_engine(
         served = model or await served_model(session, url, timeout)
         engine, kv_tokens = await engine_facts(session, url, min(timeout, 10.0))
         fitter = emulator(kv_tokens)
-        longest = max(max(plan.ttft_prompts) + 2, plan.itl_prompt + plan.itl_output)
+        longest = max(
+            max(plan.ttft_prompts) + 2,
+            plan.itl_prompt + plan.itl_output,
+            plan.load_prompt + plan.load_output if plan.load_clients else 0,
+        )
         context = fitter.spec(Calibration()).max_context
         if context < longest:
             raise BackendError(
