@@ -209,3 +209,44 @@ def test_a_bad_autoscale_file_names_the_field(
         timeout=60,
     )
     assert done.returncode == 1 and field in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_started_replica_is_predicted_as_its_menu_entry_s_profile_measured_it(
+    tmp_path: Path,
+) -> None:
+    # The router's prior for a replica the autoscaler started: the plan's engine model with
+    # the calibration the entry's profile measured (the catalog's defaults only without one).
+    from hetero.plan.engine_profile import EngineProfile, ProbePlan, ProbeResult
+    from hetero.serve.autoscale.config import load_autoscale
+    from hetero.serve.autoscale.providers import ReplicaHandle
+    from hetero.serve.engine_model import Calibration, engine_spec
+
+    measured = Calibration(
+        compute_efficiency=0.05,
+        bandwidth_efficiency=0.1,
+        step_overhead=0.015,
+        request_overhead=7e-4,
+    )
+    EngineProfile(
+        model_shape="llama-3.1-8b",
+        device="L4",
+        calibration=measured,
+        http_s=0.002,
+        probes=(ProbeResult("itl", 1, 0.05, 0.05),),
+        model="m",
+        url="http://127.0.0.1:8000",
+        taken_at="2026-01-02T03:04:05+00:00",
+        plan=ProbePlan(ttft_prompts=(32,), itl_batches=(1,), load_clients=()),
+    ).save(tmp_path / "l4.json")
+    path = write_files(tmp_path)
+    handle = ReplicaHandle("l4-1", "l4", "http://127.0.0.1:9", "local")
+    unprofiled = load_autoscale(path).describe(handle).prior
+    assert unprofiled == engine_spec("llama-3.1-8b", "L4").prior()
+
+    plan = json.loads((tmp_path / "plan.yaml").read_text())
+    plan["devices"][0]["profile"] = "l4.json"
+    (tmp_path / "plan.yaml").write_text(json.dumps(plan))
+    prior = load_autoscale(path).describe(handle).prior
+    assert prior == engine_spec("llama-3.1-8b", "L4", calibration=measured).prior()
+    assert prior is not None and unprofiled is not None
+    assert prior.step_per_request > 10 * unprofiled.step_per_request

@@ -90,11 +90,21 @@ class AutoscaleSetup:
 
     def describe(self, handle: ReplicaHandle) -> Replica:
         """A started replica as the router first knows it: its URL, its GPU and the plan's
-        model (so the ``slo`` strategy starts from their engine model); what it serves is
-        asked at its /v1/models."""
+        model (so the ``slo`` strategy starts from their engine model, as the plan's menu
+        entry measured it where it has a profile); what it serves is asked at its
+        /v1/models. Without the profile the prior was the catalog's defaults: for vLLM in
+        half a core, a step's cost per request of 0.04 ms held by its prior where the replies
+        said 0.7, so the predictions barely rose with a replica's batch and the router sent
+        bursts of 40 to one replica while another stood idle."""
         t = self.config.types[handle.type_name]
         gpu = get_catalog().get(t.gpu)
-        engine = engine_spec(self.spec.shape, gpu, tensor_parallel=t.tensor_parallel)
+        entry = next(d for d in self.spec.devices if d.model == gpu.model)
+        engine = engine_spec(
+            self.spec.shape,
+            gpu,
+            tensor_parallel=t.tensor_parallel,
+            calibration=entry.calibration(),
+        )
         speed = gpu.memory_bandwidth_gbs * t.tensor_parallel / REFERENCE_BANDWIDTH_GBS
         return Replica(
             handle.name,
