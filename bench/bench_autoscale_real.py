@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ from _common import emit, revision
 from _serve_procs import URL, Children
 
 from hetero.commands.launch import free_port
-from hetero.plan.engine_profile import profile_engine
+from hetero.plan.engine_profile import EngineProfile, profile_engine
 from hetero.plan.serving import ServingPlanner
 from hetero.plan.serving_spec import parse_serving_plan
 
@@ -141,8 +143,9 @@ def rates_for(planner: ServingPlanner) -> dict[int, float]:
     return out
 
 
-async def profile_one(model: Path, share: float, folder: Path) -> tuple[Path, dict[str, Any]]:
-    """Start one replica in its quota, profile it, stop it."""
+@contextlib.asynccontextmanager
+async def one_replica(model: Path, share: float) -> AsyncIterator[str]:
+    """One replica in its quota, answering at the URL yielded; stopped on leaving."""
     with Children() as children:
         port = free_port()
         argv = [
@@ -161,17 +164,28 @@ async def profile_one(model: Path, share: float, folder: Path) -> tuple[Path, di
                     why = f"the profiled replica never answered: {child.tail()}"
                     raise RuntimeError(why) from None
                 await asyncio.sleep(1)
-        profile = await profile_engine(
-            url,
-            str(model / "config.json"),
-            "CPU",
-            max_num_batched_tokens=BATCHED,
-            max_num_seqs=SEQS,
-            repeats=2,
-        )
+        yield url
+
+
+async def profile(url: str, model: Path) -> EngineProfile:
+    """``hetero profile-engine``'s probes of the replica at ``url``, as the plan takes them."""
+    return await profile_engine(
+        url,
+        str(model / "config.json"),
+        "CPU",
+        max_num_batched_tokens=BATCHED,
+        max_num_seqs=SEQS,
+        repeats=2,
+    )
+
+
+async def profile_one(model: Path, share: float, folder: Path) -> tuple[Path, dict[str, Any]]:
+    """Start one replica in its quota, profile it, stop it."""
+    async with one_replica(model, share) as url:
+        measured = await profile(url, model)
     path = folder / "cpu_profile.json"
-    profile.save(path)
-    return path, profile.to_dict()
+    measured.save(path)
+    return path, measured.to_dict()
 
 
 class Load:

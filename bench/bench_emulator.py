@@ -5,10 +5,12 @@
   made here: nothing is downloaded) on one pinned core, with its own chunked prefill (2048
   tokens a step, 128 requests at most, set explicitly so the emulator is given the same) and
   prefix caching.
-- Calibration, from probes of the real engine (streamed; never the loads compared below), as
+- Calibration, from probes of the real engine (streamed; not the loads compared below, though
+  its loop of 16 clients is near the comparison's: other lengths and rounds), as
   ``hetero profile-engine`` takes them (``hetero.plan.engine_profile``): the time to first
-  token of single requests of 32, 512, 1024 and 1536 prompt tokens, and the time between
-  tokens while 1, 2 and 8 requests decode together (medians of ``--probe-repeats``, taken
+  token of single requests of 32, 512, 1024 and 1536 prompt tokens, the time between tokens
+  while 1, 2 and 8 requests decode together, and both in closed loops of 16, 32 and 64 clients
+  of two 256 + 32-token requests each (medians of ``--probe-repeats``, taken
   before and after the loads below and averaged: the machine's speed drifts). The emulator,
   given the same model shape (read from the model's config.json), the catalog's generic
   ``CPU`` and the engine's own KV capacity (from its ``/metrics``), runs the same probes on a

@@ -2037,6 +2037,55 @@ def autoscale_real(doc: dict[str, Any]) -> str:
     )
 
 
+def profile_real(doc: dict[str, Any]) -> str:
+    w = doc["workload"]
+    fits = [
+        [
+            i + 1,
+            f"{p['worst_error']:.1%}",
+            f"{p['with_loops']['capacity']:.2f}",
+            f"{p['without_loops']['capacity']:.2f}",
+        ]
+        for i, p in enumerate(doc["profiles"])
+    ]
+    rates = [
+        [
+            f"{r['rate']:g}",
+            r["requests"],
+            f"{r['within_slo']:.1%}",
+            f"{r['ttft_mean'] * 1000:.0f}",
+            f"{r['itl_mean'] * 1000:.1f}",
+            f"{r['itl_p90'] * 1000:.1f}",
+        ]
+        for r in doc["rates"]
+    ]
+    carried = doc["capacity_measured"]
+
+    def over(name: str) -> str:
+        ratios = doc[name]["over_measured"]
+        return f"{min(ratios):.2f}–{max(ratios):.2f}×" if ratios else "n/a"
+
+    return (
+        "## Profiles of a real vLLM replica against the rate it carries\n\n"
+        f"`{doc['command']}` at {_revision_at(doc)} — {doc['engine']['vllm']}, the small test "
+        f"model in {doc['engine']['share']} of a core; {len(doc['profiles'])} profiles of the "
+        "one replica, each fitted with every probe and with the single-request probes alone; "
+        f"then Poisson requests of {w['prompt']} + {w['output']} tokens at rising rates. "
+        f"Capacity: requests/s one replica serves within TTFT {w['ttft']} s and TPOT "
+        f"{w['tpot'] * 1000:.0f} ms, as the planner reads it from the fit (before its "
+        "utilisation cap).\n\n"
+        + _table(["profile", "worst probe error", "capacity, loops", "capacity, no loops"], fits)
+        + "\n\n"
+        + _table(
+            ["requests/s", "requests", "within SLO", "TTFT ms", "TPOT ms", "TPOT p90 ms"], rates
+        )
+        + f"\n\nMeasured capacity (99 % within the SLO at it and every rate below): "
+        f"{carried:g} requests/s. Spread of the fits' capacities (largest / smallest): with the "
+        f"loops {doc['with_loops']['spread']:.2f}×, without {doc['without_loops']['spread']:.2f}×;"
+        f" over the measured: {over('with_loops')} and {over('without_loops')}."
+    )
+
+
 def _revision_at(doc: dict[str, Any]) -> str:
     """The commit a run measured, and whether src/ differed from it."""
     rev = doc["revision"]
@@ -2667,6 +2716,7 @@ def main() -> int:
         ("plan_serving.json", plan_serving),
         ("autoscale_sim.json", autoscale_sim),
         ("autoscale_real.json", autoscale_real),
+        ("profile_real.json", profile_real),
         ("engine.json", engine),
         ("map.json", first_map),
         ("ray.json", ray_backend),
