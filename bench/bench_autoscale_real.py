@@ -281,6 +281,19 @@ async def watch(url: str, t0: float, out: list[dict[str, Any]], stop: asyncio.Ev
             await asyncio.sleep(2)
 
 
+def idle_beside_busy(fleet: list[dict[str, Any]]) -> float | None:
+    """The share of the router's status reads, with two replicas or more, in which one had
+    nothing in flight while another had 10 or more: the router herding (None: no such
+    reads)."""
+    reads = [
+        [flight for flight, _ in point["replicas"].values()]
+        for point in fleet
+        if len(point.get("replicas", {})) >= 2
+    ]
+    herded = sum(min(r) == 0 and max(r) >= 10 for r in reads)
+    return herded / len(reads) if reads else None
+
+
 def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -406,6 +419,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "answered": sum(r["ok"] for r in records),
         "attainment": sum(map(met, records)) / max(len(records), 1),
         "attainment_outside_step_minutes": sum(map(met, settled)) / max(len(settled), 1),
+        "idle_beside_busy": idle_beside_busy(fleet),
         "max_warm": max((p["warm"] for p in fleet), default=0),
         "final_warm": fleet[-1]["warm"] if fleet else None,
         "fleet_timeline": fleet,
