@@ -13,8 +13,9 @@
   another (each rate's requests all answered before the next starts); per rate the share of
   requests within the SLO, mean TTFT and time between tokens. The highest rate at which it and
   every rate below keep 99 % within the SLO is the capacity measured.
-- Reported: each fit's capacity, the spread of the fits (largest over smallest) with the loops
-  and without, and each fit's capacity over the measured one.
+- Reported: each profile's probes as measured, each fit's capacity, the spread of the fits
+  (largest over smallest) with the loops and without, and each fit's capacity over the
+  measured one.
 
 Bounded: about ten minutes. Skips (exit 0, a message) where vLLM cannot run. Prints JSON;
 ``--out`` saves it.
@@ -95,8 +96,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     async with one_replica(model, args.share) as url:
         for number in range(args.profiles):
             measured = await profile(url, model)
+            probes = {f"{p.kind}:{p.size}": p.real for p in measured.probes}
             profiles.append(
-                {"worst_error": measured.worst_error, **fits(measured, args.prompt, args.output)}
+                {
+                    "worst_error": measured.worst_error,
+                    "probes": probes,
+                    **fits(measured, args.prompt, args.output),
+                }
             )
             print(f"profile {number + 1}: {profiles[-1]}", file=sys.stderr, flush=True)
         timeout = aiohttp.ClientTimeout(total=600)
@@ -133,7 +139,7 @@ def main() -> int:
     parser.add_argument(
         "--rates",
         type=lambda text: [float(r) for r in text.split(",")],
-        default=[8.0, 10.0, 12.0, 13.0, 14.0, 15.0, 16.0],
+        default=[10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0],
         help="requests/s to measure, comma-separated, in rising order",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="at each rate")
