@@ -26,6 +26,7 @@ from hetero.plan.engine_profile import (
     EngineProfile,
     ProbePlan,
     ProbeResult,
+    Timing,
     calibrate,
 )
 from hetero.serve.engine_model import Calibration
@@ -203,6 +204,36 @@ def test_the_loops_pin_the_capacity_through_noisy_probes(seed: int) -> None:
     measured = {k: v * rng.uniform(0.94, 1.06) for k, v in emulator.replay(truth, plan).items()}
     calibration, _ = calibrate(emulator, measured, plan)
     assert capacity(calibration) == pytest.approx(capacity(truth), rel=0.03)
+
+
+class _Bursting:
+    """A client of an engine whose server sends its first ``bursts`` streamed replies in one
+    burst each (every token at once), then at 10 ms a token."""
+
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, bursts: int) -> None:
+        self.bursts = bursts
+
+    async def complete(self, prompt: int, output: int) -> Timing:
+        pace = 0.01
+        if output > 2 and self.bursts > 0:  # a decode; a first-token probe asks for 2
+            self.bursts -= 1
+            pace = 1e-5
+        return Timing(0.05, 0.05 + pace * (output - 1), output)
+
+
+def test_a_probe_streamed_in_a_burst_runs_again_and_one_that_keeps_bursting_is_refused() -> None:
+    import asyncio
+
+    from hetero.errors import BackendError
+    from hetero.plan.engine_profile import BURST_TRIES, probe
+
+    plan = ProbePlan(ttft_prompts=(32,), itl_batches=(1,), load_clients=())
+    measured = asyncio.run(probe(_Bursting(BURST_TRIES - 1), plan, 1))  # type: ignore[arg-type]
+    assert measured["itl", 1] == pytest.approx(0.01)
+    with pytest.raises(BackendError, match=f"in bursts {BURST_TRIES} times .* idle machine"):
+        asyncio.run(probe(_Bursting(BURST_TRIES), plan, 1))  # type: ignore[arg-type]
 
 
 # --- the saved file ----------------------------------------------------------------------------
