@@ -264,23 +264,11 @@ def test_verify_runs_the_plan_on_engine_replicas_until_it_meets_the_slo() -> Non
 
 
 def test_a_measured_profile_replaces_the_catalog_calibration(tmp_path: Path) -> None:
-    from hetero.plan.engine_profile import EngineProfile, ProbePlan, ProbeResult
     from hetero.serve.engine_model import Calibration
+    from tests.plan.profiles import save_profile
 
     def profile(device: str, calibration: Calibration) -> str:
-        path = tmp_path / f"{device}.json"
-        EngineProfile(
-            model_shape="llama-3-8b",
-            device=device,
-            calibration=calibration,
-            http_s=0.0,
-            probes=(ProbeResult("itl", 1, 0.05, 0.05),),
-            model="m",
-            url="http://127.0.0.1:8000",
-            taken_at="2026-01-02T03:04:05+00:00",
-            plan=ProbePlan(ttft_prompts=(32,), itl_batches=(1,)),
-        ).save(path)
-        return path.name
+        return save_profile(tmp_path / f"{device}.json", "llama-3-8b", device, calibration).name
 
     low = {"rate": 2, "prompt_tokens": 500, "output_tokens": 200}
     base = _spec(workload=low, slo={"ttft": 2, "tpot": 0.2}, devices=[{"model": "L4"}])

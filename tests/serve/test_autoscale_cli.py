@@ -216,10 +216,10 @@ def test_a_started_replica_is_predicted_as_its_menu_entry_s_profile_measured_it(
 ) -> None:
     # The router's prior for a replica the autoscaler started: the plan's engine model with
     # the calibration the entry's profile measured (the catalog's defaults only without one).
-    from hetero.plan.engine_profile import EngineProfile, ProbePlan, ProbeResult
     from hetero.serve.autoscale.config import load_autoscale
     from hetero.serve.autoscale.providers import ReplicaHandle
     from hetero.serve.engine_model import Calibration, engine_spec
+    from tests.plan.profiles import save_profile
 
     measured = Calibration(
         compute_efficiency=0.05,
@@ -227,17 +227,7 @@ def test_a_started_replica_is_predicted_as_its_menu_entry_s_profile_measured_it(
         step_overhead=0.015,
         request_overhead=7e-4,
     )
-    EngineProfile(
-        model_shape="llama-3.1-8b",
-        device="L4",
-        calibration=measured,
-        http_s=0.002,
-        probes=(ProbeResult("itl", 1, 0.05, 0.05),),
-        model="m",
-        url="http://127.0.0.1:8000",
-        taken_at="2026-01-02T03:04:05+00:00",
-        plan=ProbePlan(ttft_prompts=(32,), itl_batches=(1,), load_clients=()),
-    ).save(tmp_path / "l4.json")
+    save_profile(tmp_path / "l4.json", "llama-3.1-8b", "L4", measured)
     path = write_files(tmp_path)
     handle = ReplicaHandle("l4-1", "l4", "http://127.0.0.1:9", "local")
     unprofiled = load_autoscale(path).describe(handle).prior
