@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from hetero._checks import is_integer, is_number
 from hetero._errors_render import show
@@ -79,7 +79,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 #: hands them on one at a time (vLLM's API server takes a fraction of a millisecond each).
 FRONT_END_S = 2.5e-4
 ProbeKind = Literal["ttft", "itl", "load_ttft", "load_itl"]
-_KINDS: tuple[ProbeKind, ...] = ("ttft", "itl", "load_ttft", "load_itl")
+_KINDS: tuple[ProbeKind, ...] = get_args(ProbeKind)
 #: Each probe's median in seconds, by (kind, size): prompt tokens for ``ttft``, requests
 #: decoding together for ``itl``, clients in the loop for ``load_ttft`` and ``load_itl``.
 Probes = dict[tuple[ProbeKind, int], float]
