@@ -31,12 +31,13 @@ from hetero._data_files import read_data_file
 from hetero._errors_render import validation_problems
 from hetero.devices.catalog import get_catalog
 from hetero.errors import ConfigError
+from hetero.plan.serving import replica_options
 from hetero.plan.serving_spec import ServingPlanSpec, parse_serving_plan
 from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS
 from hetero.serve.autoscale.policy import PolicyOptions, ReplicaType
 from hetero.serve.autoscale.providers import ReplicaHandle
 from hetero.serve.autoscale.sizing import PlanSizer, TypeOption
-from hetero.serve.engine_model import engine_spec
+from hetero.serve.engine_model import EngineSpec
 from hetero.serve.replicas import Replica
 
 __all__ = ["AutoscaleConfig", "AutoscaleSetup", "TypeConfig", "load_autoscale"]
@@ -87,24 +88,21 @@ class AutoscaleSetup:
     types: tuple[ReplicaType, ...]
     sizer: PlanSizer
     options: PolicyOptions
+    engines: dict[str, EngineSpec | None]  # each type's, as the planner sizes it (None: unfit)
 
     def describe(self, handle: ReplicaHandle) -> Replica:
         """A started replica as the router first knows it: its URL, its GPU and the plan's
         model (so the ``slo`` strategy starts from their engine model, as the plan's menu
         entry measured it where it has a profile); what it serves is asked at its
         /v1/models. Without the profile the prior was the catalog's defaults: for vLLM in
-        half a core, a step's cost per request of 0.04 ms held by its prior where the replies
-        said 0.7, so the predictions barely rose with a replica's batch and the router sent
-        bursts of 40 to one replica while another stood idle."""
+        half a core, a step's cost per request held near the defaults' tiny one where the
+        replies said many times more, so the predictions barely rose with a replica's batch
+        and the router sent bursts of dozens to one replica while another stood idle. An
+        engine the plan found unfit (a type started only as ``initial``) starts from the
+        generic prior."""
         t = self.config.types[handle.type_name]
         gpu = get_catalog().get(t.gpu)
-        entry = next(d for d in self.spec.devices if d.model == gpu.model)
-        engine = engine_spec(
-            self.spec.shape,
-            gpu,
-            tensor_parallel=t.tensor_parallel,
-            calibration=entry.calibration(),
-        )
+        engine = self.engines[handle.type_name]
         speed = gpu.memory_bandwidth_gbs * t.tensor_parallel / REFERENCE_BANDWIDTH_GBS
         return Replica(
             handle.name,
@@ -114,7 +112,7 @@ class AutoscaleSetup:
             set(),
             False,
             device_model=gpu.model,
-            prior=engine.prior(),
+            prior=engine.prior() if engine is not None else None,
         )
 
 
@@ -146,7 +144,12 @@ def load_autoscale(path: str | Path) -> AutoscaleSetup:
         interval=config.interval,
         hold=options.down_after,
     )
-    return AutoscaleSetup(config, spec, types, sizer, options)
+    by_option = {(o.gpu, o.tensor_parallel): o.engine for o in replica_options(sizer.spec)}
+    engines = {
+        name: by_option[get_catalog().get(t.gpu).model, t.tensor_parallel]
+        for name, t in config.types.items()
+    }
+    return AutoscaleSetup(config, spec, types, sizer, options, engines)
 
 
 def _type_problems(config: AutoscaleConfig, spec: ServingPlanSpec) -> list[tuple[str, str]]:
