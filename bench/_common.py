@@ -53,6 +53,13 @@ def _git(root: Path, *args: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+def header(benchmark: str, out: str | None) -> dict[str, Any]:
+    """A result's first fields: the benchmark (``bench/bench_<benchmark>.py``), the commit
+    measured and the command that made it."""
+    command = f"python bench/bench_{benchmark}.py" + (f" --out {out}" if out else "")
+    return {"benchmark": benchmark, "revision": revision(), "command": command}
+
+
 def revision() -> dict[str, Any]:
     """The commit measured, and whether ``src/`` differed from it (others edit it meanwhile)."""
     root = Path(__file__).resolve().parents[1]

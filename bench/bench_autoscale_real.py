@@ -53,7 +53,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 from _cgexec import cleanup
-from _common import emit, revision
+from _common import emit, header
 from _serve_procs import URL, Children
 
 from hetero.commands.launch import free_port
@@ -451,10 +451,7 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     doc = {
-        "benchmark": "autoscale_real",
-        "revision": revision(),
-        "command": "python bench/bench_autoscale_real.py"
-        + (f" --out {args.out}" if args.out else ""),
+        **header("autoscale_real", args.out),
         **asyncio.run(main_async(args)),
         "slo": {"ttft": TTFT, "tpot": TPOT},
         "seconds": time.perf_counter() - started,

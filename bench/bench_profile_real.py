@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 from _cgexec import cleanup
-from _common import emit, revision
+from _common import emit, header
 from bench_autoscale_real import ROOT, TPOT, TTFT, one_replica, profile, vllm_version
 
 from hetero.plan.engine_profile import EngineProfile, ProbeClient, Timing, calibrate
@@ -156,10 +156,7 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     doc = {
-        "benchmark": "profile_real",
-        "revision": revision(),
-        "command": "python bench/bench_profile_real.py"
-        + (f" --out {args.out}" if args.out else ""),
+        **header("profile_real", args.out),
         "engine": {"vllm": vllm_version(), "model": "small", "share": args.share},
         "workload": {"prompt": args.prompt, "output": args.output, "ttft": TTFT, "tpot": TPOT},
         **asyncio.run(main_async(args)),
