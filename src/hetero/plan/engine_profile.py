@@ -590,7 +590,10 @@ _PLAN = {
     "load_rounds": _COUNT,
 }
 #: A profile saved before the loads were probed: its plan had none.
-_NO_LOADS = {"load_clients": [], "load_prompt": 256, "load_output": 32, "load_rounds": 2}
+_NO_LOADS = {
+    **{k: getattr(ProbePlan(), k) for k in ("load_prompt", "load_output", "load_rounds")},
+    "load_clients": [],
+}
 _OPTIONAL = ("format", "worst_error", "plan")  # worst_error: derived, not read
 
 
