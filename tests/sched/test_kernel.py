@@ -5,6 +5,7 @@ coefficients bit for bit)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -265,21 +266,23 @@ def test_the_fit_update_refuses_what_it_cannot_read() -> None:
 
 
 def _slo_run(
-    pick: Any, events: list[tuple[int, int, float]], prefixes: bool
+    kernel_on: bool, events: list[tuple[int, int, float]], prefixes: bool, derived: bool = False
 ) -> list[tuple[Any, ...]]:
     """A random run of sends, first tokens, paces, ends and KV sizes on a fleet of mixed
-    speeds (some generic, some in their slow start), the pick made by ``pick`` (the kernel's,
-    or None: numpy's); what each pick chose and predicted."""
+    speeds (some generic, some in their slow start), the pick and the targets derived from the
+    fleet (where ``derived``) made by the kernel or by numpy; what each pick chose and
+    predicted."""
     devices = make_devices([1.0] * 5)
     view = FleetView(devices, PerfModel(devices), ManualClock())
-    policy = SloRouting(ttft=1.0, tpot=0.05)
+    policy = SloRouting() if derived else SloRouting(ttft=1.0, tpot=0.05)
     policy.bind(view)
     for i, speed in enumerate((4.0, 1.0, 0.3)):
         policy.set_prior(i, EnginePrior.generic(speed))
     log: list[tuple[Any, ...]] = []
     sent: list[int | str] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(slo_module, "_PICK", pick)
+        patch.setattr(slo_module, "_PICK", kernel.slo_pick if kernel_on else None)
+        patch.setattr(slo_module, "_TARGETS", kernel.slo_targets if kernel_on else None)
         for k, (kind, size, dt) in enumerate(events):
             view.clock.advance(dt)  # type: ignore[attr-defined]
             now = view.clock.now()
@@ -314,14 +317,46 @@ def _slo_run(
         st.tuples(st.integers(0, 5), st.integers(1, 6000), st.floats(0.0, 0.3)), max_size=150
     ),
     prefixes=st.booleans(),
+    derived=st.booleans(),
 )
 def test_the_slo_pick_is_numpy_s_to_the_last_bit(
-    events: list[tuple[int, int, float]], prefixes: bool
+    events: list[tuple[int, int, float]], prefixes: bool, derived: bool
 ) -> None:
     """The kernel's pick and numpy's: the same replica, the same predicted TTFT and TPOT, the
-    same requests held back, through fits that learn, KV caches that fill, prefixes matched."""
-    with_kernel = _slo_run(kernel.slo_pick, events, prefixes)
-    assert with_kernel == _slo_run(None, events, prefixes)
+    same requests held back, through fits that learn, KV caches that fill, prefixes matched,
+    with the SLO given or derived from the fleet."""
+    with_kernel = _slo_run(True, events, prefixes, derived)
+    assert with_kernel == _slo_run(False, events, prefixes, derived)
+
+
+_ODD = st.sampled_from([0.0, -1.0, 1e-300, 1e300, math.inf, -math.inf, math.nan])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    columns=st.lists(
+        st.tuples(*(st.floats(0.0, 10.0) | _ODD for _ in range(4))), min_size=0, max_size=9
+    ),
+    size=st.tuples(st.floats(0.0, 1e12) | _ODD, st.floats(0.0, 1e12) | _ODD),
+)
+def test_the_slo_targets_are_numpy_s_to_the_last_bit(
+    columns: list[tuple[float, float, float, float]], size: tuple[float, float]
+) -> None:
+    """The targets derived from the fleet (``SloRouting.slo``) in C and in numpy, on any
+    columns and request sizes, hostile ones included: the same two numbers, within bounds."""
+    n = len(columns)
+    policy = SloRouting()
+    policy._table = slo_module._Table(n)
+    for k, name in enumerate(("lone_ttft", "per_token", "lone_step", "per_kv")):
+        setattr(policy._table, name, np.array([c[k] for c in columns], dtype=np.float64))
+    policy.fits = [None] * n  # type: ignore[list-item]  # only their count is read
+    with pytest.MonkeyPatch.context() as patch:
+        got = policy.slo(*size)
+        patch.setattr(slo_module, "_TARGETS", None)
+        with np.errstate(all="ignore"):  # inf × 0 among the hostile columns
+            assert policy.slo(*size) == got
+    ttft, tpot = got
+    assert 1.0 <= ttft <= 10 * MAX_SECONDS and 1e-4 * 5 <= tpot <= 5 * MAX_SECONDS
 
 
 def test_the_slo_pick_refuses_what_it_cannot_read() -> None:
@@ -337,3 +372,17 @@ def test_the_slo_pick_refuses_what_it_cannot_read() -> None:
         kernel.slo_pick(*cols, usable, np.ones(1), 1.0, 0.05, 0.0, 0.0)
     with pytest.raises(TypeError, match="takes 15 arguments"):
         kernel.slo_pick(*cols)  # type: ignore[call-arg]
+
+
+def test_the_slo_targets_refuse_what_they_cannot_read() -> None:
+    cols = [np.ones(3) for _ in range(4)]
+    assert kernel.slo_targets(*cols, 3, 2.0, 1.0) == (3.0, 2.0)
+    assert kernel.slo_targets(*cols, 0, 2.0, 1.0) == (MAX_SECONDS, MAX_SECONDS)
+    with pytest.raises(ValueError, match=r"per_kv: expected .* at least 3 values, got 2"):
+        kernel.slo_targets(*cols[:3], np.ones(2), 3, 2.0, 1.0)
+    with pytest.raises(ValueError, match="n: expected a count of replicas >= 0, got -1"):
+        kernel.slo_targets(*cols, -1, 2.0, 1.0)
+    with pytest.raises(TypeError, match="must be real number, not str"):
+        kernel.slo_targets(*cols, 3, "2", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        kernel.slo_targets(*cols)  # type: ignore[call-arg]

@@ -778,11 +778,54 @@ slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(ndd)", (Py_ssize_t)best, best_ttft, best_tpot);
 }
 
+PyDoc_STRVAR(slo_targets_doc,
+"slo_targets(lone_ttft, per_token, lone_step, per_kv, n, prompt_feature, kv_feature)\n--\n\n"
+"The best lone predictions the slo strategy derives its targets from where none are given\n"
+"(SloRouting.slo), over replicas j < n (float64 columns):\n"
+"  ttft = max(1e-4, min(3600, min(3600, min_j lone_ttft + per_token * prompt_feature)))\n"
+"  tpot = max(1e-4, min(3600, min(3600, min_j lone_step + per_kv * kv_feature)))\n"
+"with numpy's min (a NaN wins) and Python's min and max after it (a NaN loses to 3600).");
+
+/* numpy's min(initial=3600) of a + b * x over j < n, then Python's max(1e-4, min(3600, it)). */
+static double
+lone_best(const double *a, const double *b, npy_intp n, double x)
+{
+    double low = FIT_MAX_SECONDS;
+    for (npy_intp j = 0; j < n && low == low; j++)
+        low = np_minimum(low, a[j] + b[j] * x);
+    double capped = low < FIT_MAX_SECONDS ? low : FIT_MAX_SECONDS; /* min(3600, NaN) is 3600 */
+    return SLO_FLOOR < capped ? capped : SLO_FLOOR;
+}
+
+static PyObject *
+slo_targets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (!arity_ok("slo_targets", nargs, 7))
+        return NULL;
+    npy_intp n = PyLong_AsSsize_t(args[4]);
+    double prompt = PyFloat_AsDouble(args[5]), kv = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "n: expected a count of replicas >= 0, got %zd", n);
+        return NULL;
+    }
+    static const char *names[] = {"lone_ttft", "per_token", "lone_step", "per_kv"};
+    const double *col[4];
+    for (int k = 0; k < 4; k++)
+        if (!(col[k] = data_of(args[k], n, NPY_FLOAT64, 0, names[k])))
+            return NULL;
+    return Py_BuildValue("(dd)", lone_best(col[0], col[1], n, prompt),
+                         lone_best(col[2], col[3], n, kv));
+}
+
 static PyMethodDef methods[] = {
     {"note_queued", (PyCFunction)(void (*)(void))note_queued, METH_FASTCALL, note_queued_doc},
     {"delay", (PyCFunction)(void (*)(void))delay, METH_FASTCALL, delay_doc},
     {"fit_step", (PyCFunction)(void (*)(void))fit_step, METH_FASTCALL, fit_step_doc},
     {"slo_pick", (PyCFunction)(void (*)(void))slo_pick, METH_FASTCALL, slo_pick_doc},
+    {"slo_targets", (PyCFunction)(void (*)(void))slo_targets, METH_FASTCALL, slo_targets_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -790,7 +833,8 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "hetero.sched._kernel",
     "The scheduler's hot paths in C: delay scores and size-class sums (view.py), the engine "
-    "fit's update (engine_fit.py), the slo strategy's usual pick (policies/slo.py).",
+    "fit's update (engine_fit.py), the slo strategy's usual pick and derived targets "
+    "(policies/slo.py).",
     0,
     methods,
 };

@@ -1,6 +1,7 @@
 # The placement hot path in C (_kernel.c); FleetView calls it, numpy being its fallback; and
 # the engine fit's update (engine_fit.LinearFit), engine_fit._step being its fallback; and the
-# slo strategy's usual pick (policies/slo.py), its numpy path being the fallback.
+# slo strategy's usual pick and derived targets (policies/slo.py), its numpy path being the
+# fallback.
 
 import numpy as np
 import numpy.typing as npt
@@ -56,3 +57,13 @@ def slo_pick(
     need: float,
     /,
 ) -> tuple[int, float, float] | None: ...
+def slo_targets(
+    lone_ttft: _Floats,
+    per_token: _Floats,
+    lone_step: _Floats,
+    per_kv: _Floats,
+    n: int,
+    prompt_feature: float,
+    kv_feature: float,
+    /,
+) -> tuple[float, float]: ...

@@ -65,6 +65,9 @@ from hetero.sched.view import FleetView
 #: The usual pick in C (``_kernel.slo_pick``); None where the kernel is not built (or was built
 #: before it): numpy makes the same pick.
 _PICK: Callable[..., tuple[int, float, float] | None] | None = getattr(KERNEL, "slo_pick", None)
+#: The targets derived from the fleet (``SloRouting.slo``) in C likewise (``_kernel.slo_targets``):
+#: in numpy they were half the cost of a pick with one replica.
+_TARGETS: Callable[..., tuple[float, float]] | None = getattr(KERNEL, "slo_targets", None)
 
 __all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
@@ -213,10 +216,16 @@ class SloRouting(PrefixAffinity):
         if ttft is not None and tpot is not None:
             return ttft, tpot
         t, k = self._columns(), len(self.fits)
-        lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * token_feature(prompt)
-        lone_step = t.lone_step[:k] + t.per_kv[:k] * token_feature(prompt + output / 2)
-        best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
-        best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
+        features = (token_feature(prompt), token_feature(prompt + output / 2))
+        if _TARGETS is not None:
+            best_ttft, best_tpot = _TARGETS(
+                t.lone_ttft, t.per_token, t.lone_step, t.per_kv, k, *features
+            )
+        else:
+            lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * features[0]
+            lone_step = t.lone_step[:k] + t.per_kv[:k] * features[1]
+            best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
+            best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
