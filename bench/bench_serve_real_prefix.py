@@ -172,7 +172,8 @@ def measure(
             needed = int(max(s.loads) * 40 * s.duration) + 4000
             if single_turn:
                 texts, lengths = real.make_prompts(s, needed, tokenizer)
-                bodies = [real.chat_body(t, s.max_tokens) for t in texts]
+                outputs = real.output_lengths(s, len(texts))
+                bodies = [real.chat_body(t, m) for t, m in zip(texts, outputs, strict=True)]
             else:
                 bodies, lengths = chat_bodies(s, chat, needed, tokenizer)
             real.warm(children, s, bodies, replicas)
