@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hetero.errors import ConfigError
 from hetero.sched import FleetView, ManualClock, PerfModel, Tokens, WorkItem
-from hetero.sched.engine_fit import MAX_SECONDS, EngineFit, EngineLoad, EnginePrior
+from hetero.sched.engine_fit import FLOOR, MAX_SECONDS, EngineFit, EngineLoad, EnginePrior
 from hetero.sched.policies.slo import PROBE_AFTER, SloRouting
 from hetero.sched.prefix import Prefix
 from hetero.serve.engine_model import EngineModel, EngineRequest, engine_spec
@@ -290,10 +290,9 @@ def test_an_absurd_measurement_leaves_the_guess_or_the_step(ttft: float, tpot: f
 
 def test_unstreamed_answers_open_a_guessed_replica_s_slow_start() -> None:
     """A replica known by its URL alone runs 1, 2, 4... requests at once as it answers. An
-    unstreamed reply teaches no TTFT, and one that comes faster than any engine decodes
-    teaches no step either: it still is an answer (counted by the fit's updates, such a
-    replica ran one request at a time for good: 840 requests/s behind an instant mock where
-    the default strategy served 2,300)."""
+    unstreamed reply teaches no TTFT: it still is an answer (counted by the fit's TTFT
+    updates, such a replica ran one request at a time for good: 840 requests/s behind an
+    instant mock where the default strategy served 2,300)."""
     policy, view = make_policy([EnginePrior.generic()])
     clock = view.clock
     assert isinstance(clock, ManualClock)
@@ -305,7 +304,28 @@ def test_unstreamed_answers_open_a_guessed_replica_s_slow_start() -> None:
         clock.advance(0.001)
         policy.finished(running.pop(0).id, clock.now(), 64)  # whole, in a millisecond
     fit = policy.fits[0]
-    assert fit.answers == 4 and not fit.taught
+    assert fit.answers == 4 and fit.ttft.updates == 0
+
+
+def test_every_unstreamed_reply_teaches_the_step_not_only_the_slow_ones() -> None:
+    """Unstreamed replies of 64 tokens, four in five back whole in 2 ms, one in 40 ms. Such a
+    reply has no chunks to come in a burst: read as bursts, the fast ones were dropped, the
+    slow ones alone taught the fit, and it predicted every reply at their pace (behind an
+    instant replica the fit then missed fourfold, was distrusted, and the router ran one
+    request at a time while 63 waited)."""
+    policy, view = make_policy([EnginePrior.generic()], ttft=1, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    for k in range(200):
+        item = request(16, 64)
+        assert policy.pick(item, view, None) == 0
+        clock.advance(0.04 if k % 5 == 0 else 0.002)
+        policy.finished(item.id, clock.now(), 64)
+    fit = policy.fits[0]
+    assert fit.tpot.updates == 200
+    # A decode's share of a 2 ms reply (half of it, the fit's TTFT being far off) over 63
+    # tokens: 16 µs a token; the slow ones' is 20 times that.
+    assert fit.predict_step(1, 48) < 2 * FLOOR
 
 
 def test_a_measurement_after_replies_changes_nothing() -> None:
@@ -355,6 +375,8 @@ def test_a_derived_slo_follows_the_fleet() -> None:
     ttft, tpot = policy.slo(200, 50)
     assert ttft == 1.0
     assert tpot == pytest.approx(5 * (0.005 + 0.001), rel=0.2)
+    fast, _ = make_policy([prior(0.001, 0.0001), prior(0.05, 0.01)])
+    assert fast.slo(200, 50) == (1.0, 0.02)  # the floors: a person reads no faster
 
 
 @settings(max_examples=60, deadline=None)

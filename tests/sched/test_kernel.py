@@ -356,7 +356,7 @@ def test_the_slo_targets_are_numpy_s_to_the_last_bit(
         with np.errstate(all="ignore"):  # inf × 0 among the hostile columns
             assert policy.slo(*size) == got
     ttft, tpot = got
-    assert 1.0 <= ttft <= 10 * MAX_SECONDS and 1e-4 * 5 <= tpot <= 5 * MAX_SECONDS
+    assert 1.0 <= ttft <= 10 * MAX_SECONDS and 0.02 <= tpot <= 5 * MAX_SECONDS
 
 
 def test_the_slo_pick_refuses_what_it_cannot_read() -> None:

@@ -96,7 +96,8 @@ def serve(
         typer.Option(
             help="The time per output token (seconds) each request should meet; routes by "
             "strategy slo unless --strategy or the config names another. Default (strategy "
-            "slo): five times the fleet's best predicted step time of a lone request.",
+            "slo): 20 ms, or five times the fleet's best predicted step time of a lone request "
+            "if more.",
             show_default=False,
         ),
     ] = None,

@@ -25,8 +25,8 @@ The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
   slot count decides.
 
 Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best
-predicted lone TTFT of the request, whichever is more; TPOT five times the best predicted lone
-step time.
+predicted lone TTFT of the request, whichever is more; TPOT 20 ms or five times the best
+predicted lone step time, whichever is more.
 
 Items that carry no ``tokens`` (work that is not an LLM request) are placed as
 ``prefix_affinity`` places them. The executor reports each request's first token and end
@@ -71,8 +71,12 @@ _TARGETS: Callable[..., tuple[float, float]] | None = getattr(KERNEL, "slo_targe
 
 __all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
-# TTFT at least this (seconds) when derived from the fleet, and its multiple of the best lone one.
+# TTFT and TPOT at least these (seconds) when derived from the fleet, and their multiples of the
+# best lone ones. TPOT's floor, 50 tokens a second, is faster than anyone reads: below it, five
+# lone steps of a replica that answers in a millisecond are the router's own jitter, and a
+# target that tight had it distrust the replica and run one request at a time.
 _DEFAULT_TTFT = 1.0
+_DEFAULT_TPOT = 0.02
 _TTFT_MULTIPLE = 10.0
 _TPOT_MULTIPLE = 5.0
 #: Content chunks at which an executor first reports a stream's pace (``progress``), then at
@@ -229,7 +233,7 @@ class SloRouting(PrefixAffinity):
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
-            tpot = _TPOT_MULTIPLE * best_tpot
+            tpot = max(_DEFAULT_TPOT, _TPOT_MULTIPLE * best_tpot)
         return ttft, tpot
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
@@ -455,9 +459,14 @@ class SloRouting(PrefixAffinity):
         since the last report: a server that falls behind sends chunks in bursts, and a burst
         alone would read as a step time of nothing. A decode whose chunks came faster than
         ``BURST_PACE`` a token came in one such burst from its start (its first token held
-        back with the rest) and teaches nothing of the step. True if it taught the fit."""
+        back with the rest) and teaches nothing of the step. A reply that was not streamed has
+        no chunks to come in a burst (its decode's start is a guess, ``finished``): dropping
+        the fast ones left only the slowest to teach the fit (behind an instant replica it then
+        under-predicted fourfold, was distrusted, and the router ran one request at a time while
+        62 waited). True if it taught the fit."""
         n, span, window = tokens - 1, now - start, now - flight.read_at
-        if n < 1 or span < n * BURST_PACE or window <= 0:
+        burst = flight.first is not None and span < n * BURST_PACE
+        if n < 1 or burst or window <= 0:
             return False
         load = self.loads[flight.device]
         load.advance(now)
