@@ -813,12 +813,13 @@ def overhead_configs(o: Overhead) -> list[Config]:
         ),
         *(
             Config(
-                f"hetero serve at {_common.short_commit(Path(tree))}, {DEFAULT_STRATEGY} (--tree)",
+                f"hetero serve at {_common.short_commit(Path(tree))}, {strategy} (--tree)",
                 "hetero",
-                DEFAULT_STRATEGY,
+                strategy,
                 tree=tree,
             )
             for tree in o.trees
+            for strategy in (DEFAULT_STRATEGY, "slo")
         ),
         *(
             Config(
