@@ -6,6 +6,7 @@ python bench/tables.py            # rewrites docs/benchmarks.md
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -2157,9 +2158,12 @@ def _other_slo_run(path: Path) -> str:
         for block in doc["loads"]
     )
     rate, streams = doc["capacity"]["requests_per_second"], doc["capacity"]["concurrency"]
+    drawn = re.search(r"mean drawn ([0-9.]+)", doc["workload"]["output_tokens"])
+    # Single-turn runs before 9d5bc60 said lognormal outputs and drew max_tokens for every one.
+    outputs = f", {drawn[1]} output tokens a request on average" if drawn else ""
     return (
         f"Another run, `{path.name}` at {at} (the fleet's capacity {rate}/s, measured with "
-        f"{streams} streams a replica): {loads}."
+        f"{streams} streams a replica{outputs}): {loads}."
     )
 
 
