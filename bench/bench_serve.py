@@ -113,6 +113,7 @@ RECORD_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "ttft",
+    "chunks",
 )
 WARM_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1}
@@ -162,6 +163,8 @@ class Overhead:
     slots: int = 1024
     output_mean: float = 16
     prompt_chars: int = 64
+    stream_tokens: int = 64  # each streamed reply's chunks (ignore_eos) in the streamed loop
+    stream_decode_time: float = 0.001  # s a token of the streamed loop's mock
     grace: float = 10.0
     sglang_policies: tuple[str, ...] = ("round_robin", SGLANG_DEFAULT)
     repeats: int = 3
@@ -798,6 +801,12 @@ def _brief(row: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- overhead
 
 
+#: The issue's targets for the router's cost under strategy slo (#33): added p50 latency in the
+#: open loop and router CPU per request in the closed loop.
+OVERHEAD_ADDED_P50_MS = 0.7
+OVERHEAD_CPU_US = 250.0
+
+
 def overhead_configs(o: Overhead) -> list[Config]:
     return [
         Config("direct (no router)", "client", "direct"),
@@ -849,6 +858,24 @@ def _open_summary(records: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _streamed_summary(records: dict[str, Any]) -> dict[str, Any]:
+    """The streamed closed loop: what the router's CPU comes to a streamed request and a chunk
+    passed through (the content chunks the clients read)."""
+    ok = [c for s, c in zip(records["status"], records["chunks"], strict=True) if s == 200]
+    chunks = sum(ok)
+    router = records["cpu_seconds"].get("router")
+    return {
+        "requests": len(records["status"]),
+        "ok": len(ok),
+        "errors": records["errors"],
+        "chunks": chunks,
+        "cpu_us_per_request": _cpu_us(records["cpu_seconds"], len(ok)),
+        "router_cpu_us_per_chunk": None
+        if router is None or not chunks
+        else round(router / chunks * 1e6, 2),
+    }
+
+
 def _closed_summary(records: dict[str, Any], o: Overhead) -> dict[str, Any]:
     window = o.closed_duration - o.closed_warmup
     done = [
@@ -875,11 +902,14 @@ def run_overhead_config(
     o: Overhead,
     config: Config,
     mocks: Child,
-    url: str,
+    urls: tuple[str, str],
     open_spec: dict[str, Any],
     closed_spec: dict[str, Any],
+    streamed_spec: dict[str, Any],
 ) -> dict[str, Any]:
-    router, targets = start_router(children, config, [url])
+    """The open and closed loops behind ``config`` in front of the instant mock (``urls[0]``),
+    then the streamed loop behind a fresh one in front of the paced mock (``urls[1]``)."""
+    router, targets = start_router(children, config, [urls[0]])
     try:
         warm_up(targets[0], WARM_BODY, 50)
         watch = {"mock": mocks} | ({"router": router} if router else {})
@@ -890,7 +920,21 @@ def run_overhead_config(
     finally:
         if router is not None:
             children.stop(router)
-    return {"open": _open_summary(opened), "closed": _closed_summary(closed, o)}
+    router, targets = start_router(children, config, [urls[1]])
+    try:
+        warm_up(targets[0], WARM_BODY, 50)
+        watch = {"mock": mocks} | ({"router": router} if router else {})
+        streamed = run_load(
+            children, {**streamed_spec, "targets": targets}, o.generators, watch, "streamed"
+        )
+    finally:
+        if router is not None:
+            children.stop(router)
+    return {
+        "open": _open_summary(opened),
+        "closed": _closed_summary(closed, o),
+        "streamed": _streamed_summary(streamed),
+    }
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -920,10 +964,18 @@ def overhead(
         "concurrency": o.concurrency,
         "duration": o.closed_duration,
     }
+    streamed_body = json.dumps(
+        json.loads(chat_body("x" * o.prompt_chars, o.stream_tokens))
+        | {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    streamed_spec = closed_spec | {"bodies": [streamed_body], "stream": True}
     configs = overhead_configs(o)
     runs: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
     skipped: dict[str, str] = {}
-    mocks, (url,) = start_mocks(children, [mock])
+    # Streamed replies come from a mock of their own: the instant one sends a whole reply in
+    # one chunk (a chunk is what one of its wake-ups brings), this one a token a chunk.
+    paced = mock | {"decode_time": o.stream_decode_time}
+    mocks, (url, paced_url) = start_mocks(children, [mock, paced])
     try:
         for _ in range(o.repeats):  # in turns, so the machine's drift hits each alike
             for config in configs:
@@ -935,7 +987,14 @@ def overhead(
                     continue
                 try:
                     run = run_overhead_config(
-                        children, o, config, mocks, url, open_spec, closed_spec
+                        children,
+                        o,
+                        config,
+                        mocks,
+                        (url, paced_url),
+                        open_spec,
+                        closed_spec,
+                        streamed_spec,
                     )
                 except StartError as exc:
                     skipped[config.label] = f"failed: {exc}"[:3000]
@@ -964,6 +1023,9 @@ def overhead(
                 "p50_ms": _median([r["open"]["latency_ms"]["p50"] for r in got]),
                 "p99_ms": _median([r["open"]["latency_ms"]["p99"] for r in got]),
                 "throughput_rps": _median([r["closed"]["throughput_rps"] for r in got]),
+                "router_cpu_us_per_chunk": _median(
+                    [r["streamed"]["router_cpu_us_per_chunk"] for r in got]
+                ),
                 "runs": got,
             }
         )
@@ -978,6 +1040,15 @@ def overhead(
         "request": {
             "body": body,
             "note": "one user message of prompt_chars characters, not streamed",
+        },
+        "streamed_loop": {
+            "body": streamed_body,
+            "concurrency": o.concurrency,
+            "duration_s": o.closed_duration,
+            "mock_decode_time_s": o.stream_decode_time,
+            "note": "the closed loop again with streamed replies of stream_tokens chunks each "
+            "(ignore_eos) from a mock of its own that takes mock_decode_time_s a token, behind "
+            "a fresh router; the router's CPU over the content chunks its clients read",
         },
         "open_loop": {
             "arrivals": "poisson",
@@ -1001,27 +1072,45 @@ def overhead(
 
 
 def overhead_ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    ours = _row_of(rows, "hetero", DEFAULT_STRATEGY)
-    if ours is None:
-        return {"note": "hetero serve was not measured"}
-    out: dict[str, Any] = {}
+    """Each anchor against hetero serve's default strategy, and each other checkout's hetero
+    serve against this one's with the same strategy; and the slo strategy against the issue's
+    targets for the router's cost (#33)."""
+
+    def cpu(row: dict[str, Any]) -> float | None:
+        values = [run["closed"]["cpu_us_per_request"].get("router") for run in row["runs"]]
+        return _median(values)
+
+    vs: dict[str, Any] = {}
     for r in rows:
-        other = r["kind"] == "sglang" or "tree" in r
-        if not other or "skipped" in r:
+        if "skipped" in r or not (r["kind"] == "sglang" or "tree" in r):
             continue
-
-        def cpu(row: dict[str, Any]) -> float | None:
-            values = [run["closed"]["cpu_us_per_request"].get("router") for run in row["runs"]]
-            return _median(values)
-
-        out[r["config"]] = {
+        ours = _row_of(rows, "hetero", r["name"] if "tree" in r else DEFAULT_STRATEGY)
+        if ours is None:
+            continue
+        vs[r["config"]] = {
+            "hetero": ours["config"],
             "added_p50_ratio": _ratio(ours.get("added_p50_ms"), r.get("added_p50_ms")),
             "added_p99_ratio": _ratio(ours.get("added_p99_ms"), r.get("added_p99_ms")),
             "throughput_ratio": _ratio(ours["throughput_rps"], r["throughput_rps"]),
             "router_cpu_per_request_ratio": _ratio(cpu(ours), cpu(r)),
         }
-    note = "hetero serve's figure / sglang-router's (or another checkout's hetero serve's)"
-    return {"hetero_default_vs": out, "note": note}
+    slo = _row_of(rows, "hetero", "slo")
+    targets = None
+    if slo is not None:
+        added, used = slo.get("added_p50_ms"), cpu(slo)
+        targets = {
+            "config": slo["config"],
+            "added_p50_ms": added,
+            "added_p50_target_ms": OVERHEAD_ADDED_P50_MS,
+            "router_cpu_us": used,
+            "router_cpu_target_us": OVERHEAD_CPU_US,
+            "met": added is not None
+            and used is not None
+            and added <= OVERHEAD_ADDED_P50_MS
+            and used <= OVERHEAD_CPU_US,
+        }
+    note = "hetero serve's figure / the row's (an anchor, or another checkout's hetero serve)"
+    return {"hetero_vs": vs, "slo_targets": targets, "note": note}
 
 
 # ------------------------------------------------------------------------------- printing

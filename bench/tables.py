@@ -762,7 +762,8 @@ def _figures(
     for name, render in renderers:
         if name in figures:
             fig = figures[name]
-            rerun = f" Rerun alone: `{fig['command']}`." if fig["command"] != doc["command"] else ""
+            command = re.sub(r"--tree \S+", "--tree <a checkout to compare>", fig["command"])
+            rerun = f" Rerun alone: `{command}`." if fig["command"] != doc["command"] else ""
             commit = (fig.get("revision") or {}).get("commit")
             at = (
                 f" Measured at commit `{commit[:7]}`."
@@ -1214,14 +1215,24 @@ def _serve_overhead(fig: dict[str, Any]) -> str:
                 r.get("added_p99_ms", "-"),
                 f"{r['throughput_rps']:,}",
                 cpu[(len(cpu) - 1) // 2] if cpu else "-",
+                r.get("router_cpu_us_per_chunk") or "-",
             ]
         )
+    ratios = fig["ratios"]
     lines = [
-        f"- against {name}: added p50 × {v['added_p50_ratio']}, added p99 × "
+        f"- {v['hetero']} against {name}: added p50 × {v['added_p50_ratio']}, added p99 × "
         f"{v['added_p99_ratio']}, throughput × {v['throughput_ratio']}, router CPU per request "
         f"× {v['router_cpu_per_request_ratio']}"
-        for name, v in fig["ratios"].get("hetero_default_vs", {}).items()
+        for name, v in ratios.get("hetero_vs", {}).items()
     ]
+    target = ratios.get("slo_targets")
+    if target:
+        lines.append(
+            f"- {target['config']} against the targets (added p50 ≤ "
+            f"{target['added_p50_target_ms']:g} ms, router CPU ≤ "
+            f"{target['router_cpu_target_us']:g} µs a request): {target['added_p50_ms']} ms, "
+            f"{target['router_cpu_us']} µs: {_met(target['met'])}"
+        )
     opened, closed = fig["open_loop"], fig["closed_loop"]
     return (
         "### Router overhead\n\n"
@@ -1235,8 +1246,15 @@ def _serve_overhead(fig: dict[str, Any]) -> str:
         f"the first {closed['warmup_s']:g} s; router CPU is the router process's µs of CPU per "
         "request in the closed loop. Everything shares this machine's 2 cores, so the closed "
         "loop measures the generator, the router and the mock together: the router's CPU per "
-        f"request is the figure to compare. Medians of {fig['repeats']} repeats, the "
-        "configurations in turns.\n\n"
+        "request is the figure to compare"
+        + (
+            f"; streamed: the closed loop again with streamed replies of "
+            f"{json.loads(fig['streamed_loop']['body'])['max_tokens']} chunks each, the router's "
+            "CPU over the chunks its clients read (its CPU a request spread over them too)"
+            if "streamed_loop" in fig
+            else ""
+        )
+        + f". Medians of {fig['repeats']} repeats, the configurations in turns.\n\n"
         + _table(
             [
                 "configuration",
@@ -1246,10 +1264,16 @@ def _serve_overhead(fig: dict[str, Any]) -> str:
                 "added p99 ms",
                 "closed-loop req/s",
                 "router CPU µs/request",
+                "streamed: router CPU µs/chunk",
             ],
             rows,
         )
-        + ("\n\n`hetero serve` (default strategy):\n\n" + "\n".join(lines) if lines else "")
+        + (
+            "\n\nRatios (hetero serve's figure over the other's) and targets:\n\n"
+            + "\n".join(lines)
+            if lines
+            else ""
+        )
     )
 
 
