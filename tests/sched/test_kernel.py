@@ -351,6 +351,7 @@ def test_the_slo_targets_are_numpy_s_to_the_last_bit(
         setattr(policy._table, name, np.array([c[k] for c in columns], dtype=np.float64))
     policy.fits = [None] * n  # type: ignore[list-item]  # only their count is read
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(slo_module, "_TARGETS", kernel.slo_targets)
         got = policy.slo(*size)
         patch.setattr(slo_module, "_TARGETS", None)
         with np.errstate(all="ignore"):  # inf × 0 among the hostile columns
