@@ -897,6 +897,28 @@ def _closed_summary(records: dict[str, Any], o: Overhead) -> dict[str, Any]:
     }
 
 
+def _loads_behind(
+    children: Children,
+    config: Config,
+    url: str,
+    mocks: Child,
+    loads: Sequence[tuple[str, dict[str, Any], int]],
+) -> list[dict[str, Any]]:
+    """Each of ``loads`` (a name, a spec, generator processes) in turn behind a fresh router of
+    ``config`` in front of ``url`` (straight to it for the client configuration)."""
+    router, targets = start_router(children, config, [url])
+    try:
+        warm_up(targets[0], WARM_BODY, 50)
+        watch = {"mock": mocks} | ({"router": router} if router else {})
+        return [
+            run_load(children, {**spec, "targets": targets}, parts, watch, name)
+            for name, spec, parts in loads
+        ]
+    finally:
+        if router is not None:
+            children.stop(router)
+
+
 def run_overhead_config(
     children: Children,
     o: Overhead,
@@ -909,27 +931,16 @@ def run_overhead_config(
 ) -> dict[str, Any]:
     """The open and closed loops behind ``config`` in front of the instant mock (``urls[0]``),
     then the streamed loop behind a fresh one in front of the paced mock (``urls[1]``)."""
-    router, targets = start_router(children, config, [urls[0]])
-    try:
-        warm_up(targets[0], WARM_BODY, 50)
-        watch = {"mock": mocks} | ({"router": router} if router else {})
-        opened = run_load(children, {**open_spec, "targets": targets}, 1, watch, "open")
-        closed = run_load(
-            children, {**closed_spec, "targets": targets}, o.generators, watch, "closed"
-        )
-    finally:
-        if router is not None:
-            children.stop(router)
-    router, targets = start_router(children, config, [urls[1]])
-    try:
-        warm_up(targets[0], WARM_BODY, 50)
-        watch = {"mock": mocks} | ({"router": router} if router else {})
-        streamed = run_load(
-            children, {**streamed_spec, "targets": targets}, o.generators, watch, "streamed"
-        )
-    finally:
-        if router is not None:
-            children.stop(router)
+    opened, closed = _loads_behind(
+        children,
+        config,
+        urls[0],
+        mocks,
+        [("open", open_spec, 1), ("closed", closed_spec, o.generators)],
+    )
+    (streamed,) = _loads_behind(
+        children, config, urls[1], mocks, [("streamed", streamed_spec, o.generators)]
+    )
     return {
         "open": _open_summary(opened),
         "closed": _closed_summary(closed, o),
