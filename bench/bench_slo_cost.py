@@ -80,7 +80,7 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
             flying.append((k, int(outputs[k]), clock.now()))
         if len(flying) > 2 * n or picked is None:
             # Its first token 5 ms after it was sent, its decode paced over the rest of its
-            # flight (a decode faster than the policy's BURST_PACE would teach nothing).
+            # flight (a decode faster than engine_fit's BURST_PACE would teach nothing).
             done, output, sent = flying.popleft()
             now = clock.now()
             first = sent + 0.005

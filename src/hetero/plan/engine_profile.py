@@ -40,7 +40,7 @@ from hetero._errors_render import show
 from hetero.devices.spec import DeviceSpec
 from hetero.errors import BackendError, ConfigError
 from hetero.plan.models import ModelShape
-from hetero.sched.policies.slo import BURST_PACE
+from hetero.sched.engine_fit import BURST_PACE
 from hetero.serve.engine_model import (
     BLOCK_SIZE,
     DEFAULT_MAX_BATCHED_TOKENS,

@@ -81,6 +81,12 @@ MAX_SECONDS = 3600.0
 MAX_TOKENS = 1e9
 #: The least a prediction can be (seconds).
 FLOOR = 1e-4
+#: Seconds a token below which a decode's chunks came in a burst, not at the engine's pace (no
+#: engine decodes a request at 5,000 tokens a second). On real vLLM with the machine's cores
+#: all busy, a streaming server falls behind and sends a whole reply at once; read as a pace,
+#: such replies (0.03 to 0.2 ms a token) fitted the fast replica's step at nothing, its
+#: predictions then missed its replies threefold and it was distrusted.
+BURST_PACE = 2e-4
 # Seconds over which the prompt tokens sent to a replica are averaged into a rate.
 PREFILL_RATE_SECONDS = 10.0
 # Replies whose error is remembered, per replica and measure.

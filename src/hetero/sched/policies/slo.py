@@ -43,6 +43,7 @@ import numpy as np
 
 from hetero.errors import ConfigError
 from hetero.sched.engine_fit import (
+    BURST_PACE,
     FLOOR,
     KERNEL,
     MAX_SECONDS,
@@ -89,12 +90,6 @@ FIRST_PACE_REPORT = 8
 #: proving too slow costs a request every few minutes, not every few seconds.
 PROBE_AFTER = 30.0
 PROBE_MAX = 480.0
-#: Seconds a token below which a decode's chunks came in a burst, not at the engine's pace (no
-#: engine decodes a request at 5,000 tokens a second). On real vLLM with the machine's cores
-#: all busy, a streaming server falls behind and sends a whole reply at once; read as a pace,
-#: such replies (0.03 to 0.2 ms a token) fitted the fast replica's step at nothing, its
-#: predictions then missed its replies threefold and it was distrusted.
-BURST_PACE = 2e-4
 #: A replica that would meet a request's TPOT but not its TTFT takes it at once only while its
 #: predicted TTFT is within this multiple of the target; further off, the request waits for a
 #: replica to finish something. On real vLLM at the fleet's capacity, a replica predicted at
