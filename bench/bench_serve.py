@@ -193,7 +193,8 @@ def poisson_times(rate: float, duration: float, seed: int) -> list[float]:
     return [round(float(t), 6) for t in times[times < duration]]
 
 
-def chat_body(content: str, max_tokens: int, seed: int | None = None) -> str:
+def chat_body(content: str, max_tokens: int, seed: int | None = None, stream: bool = False) -> str:
+    """A chat request; ``stream``: streamed, with its usage, every one of ``max_tokens``."""
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": content}],
@@ -201,6 +202,8 @@ def chat_body(content: str, max_tokens: int, seed: int | None = None) -> str:
     }
     if seed is not None:
         body["seed"] = seed  # the mock draws this request's output length from it
+    if stream:
+        body |= {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     return json.dumps(body)
 
 
@@ -975,10 +978,7 @@ def overhead(
         "concurrency": o.concurrency,
         "duration": o.closed_duration,
     }
-    streamed_body = json.dumps(
-        json.loads(chat_body("x" * o.prompt_chars, o.stream_tokens))
-        | {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    )
+    streamed_body = chat_body("x" * o.prompt_chars, o.stream_tokens, stream=True)
     streamed_spec = closed_spec | {"bodies": [streamed_body], "stream": True}
     configs = overhead_configs(o)
     runs: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
