@@ -94,6 +94,32 @@ def test_a_replica_that_contradicts_the_model_is_distrusted_and_widened() -> Non
     assert math.isfinite(fit.ttft.predict(x) * fit.ttft_errors.factor)
 
 
+def test_a_distrusted_replica_is_widened_only_while_its_replies_miss_the_slo() -> None:
+    """Its replies far from the fit (14x), yet each within the SLO: it keeps taking requests
+    while busy. Widened then, it ran one request at a time on real vLLM while the router held
+    28 (a replica slowed threefold for some seconds by the CPU it shared). Once a reply misses
+    its SLO, a busy moment's predictions are widened again and the request waits."""
+    policy, view = make_policy([prior(0.005, 0.002)], ttft=1.0, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    fit = policy.fits[0]
+    for _ in range(16):
+        fit.tpot_errors.add(0.01, 0.14)
+    policy._mirror(0)
+    assert fit.distrusted and fit.tpot_errors.factor > 10
+    first, second = request(), request()
+    assert policy.pick(first, view, None) == 0
+    assert policy.pick(second, view, None) == 0  # busy and distrusted, yet meeting the SLO
+    assert policy.explain(0, view)["widened"] is False
+    clock.advance(0.1)
+    policy.first_token(first.id, clock.now())
+    clock.advance(1.0)
+    policy.finished(first.id, clock.now(), 11)  # 0.1 s a token against 0.05: a miss
+    assert policy.explain(0, view)["recent_misses"] == 1
+    assert policy.pick(request(), view, None) is None  # widened: it waits
+    assert policy.explain(0, view)["widened"] is True
+
+
 def make_policy(priors: list[EnginePrior], **options: float) -> tuple[SloRouting, FleetView]:
     devices = make_devices([1.0] * len(priors))
     view = FleetView(devices, PerfModel(devices), ManualClock())
@@ -601,9 +627,13 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             rate = load.prefill_rate(now)
             assert tpot == pytest.approx(fit.predict_tpot(load.running + 1, kv, rate))
             busy = load.running > 0
+            widen = busy and policy.missed[i] != 0
             ramped = fit.prior.guess and load.running >= 2 ** min(fit.answers, 6)
             assert table.ramped[i] == ramped
-            gate = math.inf if ramped else fit.ttft_errors.factor if busy else 1.0
+            gate = math.inf if ramped else fit.ttft_errors.factor if widen else 1.0
             assert table.ttft_gate[i] == gate
+            assert table.tpot_gate[i] == (
+                math.inf if ramped else fit.tpot_errors.factor if widen else 1.0
+            )
             cap = fit.kv_tokens
             assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

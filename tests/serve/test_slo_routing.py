@@ -53,6 +53,8 @@ async def test_streamed_replies_teach_each_replica_s_engine_model(serve: Serve) 
         assert model["slo"] == {"ttft_s": 2.0, "tpot_s": 0.2}
         assert model["predicted_ttft_s"] > 0 and model["predicted_tpot_s"] > 0
         assert model["running"] == 0 and model["kv_tokens_held"] == 0
+        assert model["recent_misses"] == 0  # replies within a lax SLO
+        assert model["widened"] is False and model["slow_start_full"] is False  # idle now
         assert r["slots"] >= 256  # no slot count of the router's own stands in front
     # hetero top --serve shows the same, one row per replica.
     text = render(serve_view(fleet.router.status(), fleet.url), 220)

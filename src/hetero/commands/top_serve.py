@@ -163,10 +163,19 @@ def _engine_table(replicas: list[dict[str, Any]]) -> FitTable | None:
         m = r["engine_model"]
         slo = m["slo"]
         prefill = m["prefill_tokens_per_s"]
+        tags = [
+            tag
+            for tag, on in (
+                ("distrusted", m["distrusted"]),
+                ("widened", m.get("widened")),
+                ("slow start full", m.get("slow_start_full")),
+            )
+            if on
+        ]
         table.add_row(
             Text(
-                r["name"] + (" (distrusted)" if m["distrusted"] else ""),
-                style="red" if m["distrusted"] else "",
+                r["name"] + (f" ({', '.join(tags)})" if tags else ""),
+                style="red" if m.get("widened") else "yellow" if tags else "",
             ),
             "—" if prefill is None else f"{prefill:,.0f}",
             f"{1000 * m['step_base_s']:.1f} + {1000 * m['step_per_request_s']:.2f}",

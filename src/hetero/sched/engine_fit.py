@@ -363,6 +363,7 @@ class Flight:
     predicted_ttft: float
     predicted_tpot: float
     fitted: tuple[int, int]  # the replies the TTFT and TPOT fits had learned from at its send
+    targets: tuple[float, float]  # its TTFT and TPOT targets (seconds), to judge its reply by
     first: float | None = None  # when its first token came
     # EngineLoad's integrals of the running count and the KV tokens, and when they were read
     # (at its first token; until then at its send): the mean batch its decode met is their
