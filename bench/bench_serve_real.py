@@ -20,7 +20,9 @@ this machine, every router told the replicas' URLs and nothing else.
   and prompts for every configuration. Per request: status, TTFT (to the first content chunk,
   from the scheduled send time), TPOT ((latency - TTFT) / (output tokens - 1), tokens from
   ``usage``) and latency. Each replica's share comes from its own counters
-  (``vllm:request_success_total``, ``vllm:generation_tokens_total``) before and after the run.
+  (``vllm:request_success_total``, ``vllm:generation_tokens_total``) before and after the run;
+  the cores each replica's processes (its API server, engine core and worker) and the router
+  used, from their CPU times before the first send and after the last answer.
 - SLO: TTFT ≤ ``--ttft-slo`` and TPOT ≤ ``--tpot-slo``. At each of ``--loads`` × capacity:
   attainment, goodput (requests within the SLO per second), TTFT/TPOT/latency percentiles,
   failures and shares. Then the highest rate at which ``--target`` of requests meet the SLO
@@ -63,6 +65,7 @@ from typing import Any
 
 import _common
 import numpy as np
+import psutil
 from _common import calibration_seconds, emit
 from _serve_procs import (
     Child,
@@ -306,6 +309,38 @@ def engine_counters(url: str) -> dict[str, float]:
         if key is not None:
             out[key] = out.get(key, 0.0) + float(value)
     return out
+
+
+def cpu_seconds(roots: dict[str, int]) -> dict[str, float | None]:
+    """CPU seconds (user and system) each named process and its descendants have used so far
+    (None for one gone): a vLLM server's are its API server, engine core and worker."""
+    out: dict[str, float | None] = {}
+    for name, pid in roots.items():
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            out[name] = None
+            continue
+        total = 0.0
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        out[name] = total
+    return out
+
+
+def cores_used(
+    before: dict[str, float | None], after: dict[str, float | None], seconds: float
+) -> dict[str, float | None]:
+    """Each process tree's mean cores over ``seconds``, from two ``cpu_seconds`` readings."""
+    return {
+        name: None
+        if (b := before.get(name)) is None or (a := after[name]) is None or seconds <= 0
+        else round((a - b) / seconds, 3)
+        for name in after
+    }
 
 
 def wait_idle(urls: Sequence[str], timeout: float = 120.0) -> float:
@@ -748,6 +783,10 @@ def run_config(
                 warm_up(t, WARM_BODY, 2 * len(urls) if router else 2)
             wait_idle(urls)
             before = [engine_counters(u) for u in urls]
+            roots = {r.name: r.proc.pid for r in replicas if r.proc is not None}
+            if router is not None:
+                roots["router"] = router.pid
+            cpu_before = cpu_seconds(roots)
             gens, outs, t0 = start_loads(children, [{**run.spec, "targets": targets}], "open")
 
             def sample() -> None:
@@ -762,6 +801,7 @@ def run_config(
                 sample,
                 s.status_interval,
             )
+            cpu = cores_used(cpu_before, cpu_seconds(roots), time.monotonic() - t0)
         finally:
             if router is not None:
                 children.stop(router)
@@ -770,6 +810,9 @@ def run_config(
     row: dict[str, Any] = {"config": config.label, "kind": config.kind, "name": config.name}
     row |= summarize(s, records)
     row["replicas"] = shares(replicas, before, after)
+    # Cores each replica's processes and the router used from the first send to the last
+    # answer: on two cores an engine's own server and engine core float beside the router.
+    row["cpu_cores"] = cpu
     if samples:
         row["hetero_status"] = samples
     row["drain_after_s"] = drain

@@ -19,7 +19,9 @@ router told the replicas' URLs and nothing else.
 - Per configuration and load: SLO attainment (TTFT ≤ ``--ttft-slo`` and TPOT ≤
   ``--tpot-slo``), goodput, latency percentiles, each replica's share, and the prefix-cache hit
   rate from vLLM's own counters (``vllm:prefix_cache_hits_total`` over
-  ``vllm:prefix_cache_queries_total``, tokens, summed over both replicas).
+  ``vllm:prefix_cache_queries_total``, tokens, summed over both replicas), and the cores each
+  replica's processes (its API server, engine core and worker) and the router used while the
+  load ran.
 - ``--single-turn``: the same runs with single-turn prompts that share nothing (those of
   ``bench_serve_real.py``): affinity must cost nothing there.
 
