@@ -289,12 +289,16 @@ SAMPLE = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+(\S+)$", re.M)
 REASON = re.compile(r'finished_reason="(\w+)"')
 
 
-def engine_counters(url: str) -> dict[str, float]:
+#: Seconds a replica's /metrics may take while a closed loop saturates it.
+_BUSY_READ_S = 30.0
+
+
+def engine_counters(url: str, timeout: float = 5.0) -> dict[str, float]:
     """What the engine's ``/metrics`` counts: requests finished per reason, prompt and
     generated tokens, prefix-cache queries and hits (tokens), and the running and waiting
     gauges."""
     out: dict[str, float] = {}
-    for name, labels, value in SAMPLE.findall(_get(url + "/metrics").decode()):
+    for name, labels, value in SAMPLE.findall(_get(url + "/metrics", timeout).decode()):
         key = {
             "vllm:generation_tokens_total": "generation_tokens",
             "vllm:prompt_tokens_total": "prompt_tokens",
@@ -614,10 +618,12 @@ def capacity(
     specs = [closed_spec(bodies, r.url, s.capacity_concurrency, length, 1.0) for r in replicas]
     gens, outs, start = start_loads(children, specs, "capacity")
     time.sleep(max(0.0, start + s.capacity_settle - time.monotonic()))
-    before = [engine_counters(r.url) for r in replicas]
+    # A replica in a fifth of a core under its closed loop can take seconds to render its
+    # /metrics (a run stopped here on the 5 s of the other reads).
+    before = [engine_counters(r.url, _BUSY_READ_S) for r in replicas]
     t0 = time.monotonic()
     time.sleep(max(0.0, start + length - time.monotonic()))
-    after = [engine_counters(r.url) for r in replicas]
+    after = [engine_counters(r.url, _BUSY_READ_S) for r in replicas]
     window = time.monotonic() - t0
     records = finish_loads(children, gens, outs, length + 120)
     rows: list[dict[str, Any]] = []
