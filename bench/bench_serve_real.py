@@ -789,7 +789,7 @@ def run_config(
                 warm_up(t, WARM_BODY, 2 * len(urls) if router else 2)
             wait_idle(urls)
             before = [engine_counters(u) for u in urls]
-            roots = {r.name: r.proc.pid for r in replicas if r.proc is not None}
+            roots = {r.label: r.proc.pid for r in replicas if r.proc is not None}
             if router is not None:
                 roots["router"] = router.pid
             cpu_before = cpu_seconds(roots)
