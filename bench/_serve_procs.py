@@ -60,6 +60,21 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process ``pid`` and its living descendants; None if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in tree:
+        with contextlib.suppress(psutil.Error):  # one that ended meanwhile
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 @dataclass
 class Child:
     """One started process: its logs, what it printed, how much CPU its tree used."""
@@ -102,14 +117,7 @@ class Child:
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the process and its living descendants."""
-        total = 0.0
-        with contextlib.suppress(psutil.NoSuchProcess):
-            root = psutil.Process(self.pid)
-            for p in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    t = p.cpu_times()
-                    total += t.user + t.system
-        return total
+        return tree_cpu_seconds(self.pid) or 0.0
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM to the child's whole session, SIGKILL to what is left after ``timeout``."""

@@ -65,7 +65,6 @@ from typing import Any
 
 import _common
 import numpy as np
-import psutil
 from _common import calibration_seconds, emit
 from _serve_procs import (
     Child,
@@ -78,6 +77,7 @@ from _serve_procs import (
     start_hetero_serve,
     start_sglang_router,
     start_vllm_router,
+    tree_cpu_seconds,
     vllm_router_command,
     vllm_router_version,
     warm_up,
@@ -98,9 +98,10 @@ FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
 #: The fleets a run may use: (size, core, share of that core or None for all of it) per
 #: replica. ``two-models``: two models some ten times apart, a core each. ``one-model``: one
 #: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
-#: and 20% of core 0. The router and the load generator run where the system places them: on
-#: two cores there is none to spare, and pinned to core 0 the Python router fell behind the
-#: fast replica's token stream (see docs/serve.md).
+#: and 20% of core 0. Every process of a replica is held to its core (``Replica.throttle``).
+#: The router and the load generator run where the system places them: on two cores there is
+#: none to spare, and pinned to core 0 the Python router fell behind the fast replica's token
+#: stream (see docs/serve.md).
 FLEETS: dict[str, tuple[tuple[Size, int, float | None], ...]] = {
     "two-models": tuple((size, core, None) for size, core in FLEET),
     "one-model": (("small", 1, None), ("small", 0, 0.4), ("small", 0, 0.2)),
@@ -226,10 +227,18 @@ class Replica(VllmReplica):
         return CGROUP_CPU / f"hetero-bench-{self.label}"
 
     def throttle(self) -> None:
-        """Hold the running server, its engine and their workers to ``cpu_share`` of a core (a
-        cgroup CPU quota). Done once it answers: its start-up (model load, compilation) at a
-        fifth of a core would outlast any sane wait."""
-        if self.cpu_share is None or self.proc is None:
+        """Hold the running server, its engine and their workers to its core (every thread of
+        every process) and to ``cpu_share`` of it (a cgroup CPU quota). Done once it answers:
+        its start-up (model load, compilation) at a fifth of a core would outlast any sane
+        wait. Only the worker's compute threads are bound by vLLM itself: the server and the
+        engine core otherwise float, and the replica given core 1 used 1.8 of the machine's 2
+        cores at half the fleet's capacity, leaving the router, the load generator and the
+        slow replicas to share the rest."""
+        if self.proc is None:
+            return
+        if self.core is not None:
+            pin(_group_pids(self.proc.pid), self.core)
+        if self.cpu_share is None:
             return
         self.cgroup.mkdir(exist_ok=True)
         (self.cgroup / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
@@ -249,6 +258,15 @@ class Replica(VllmReplica):
                     os.kill(int(pid), signal.SIGKILL)
             with contextlib.suppress(OSError):  # busy while a process lingers: left behind
                 self.cgroup.rmdir()
+
+
+def pin(pids: Sequence[int], core: int) -> None:
+    """Bind every thread of ``pids`` to ``core`` (threads they start later inherit it)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):  # one that ended meanwhile
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(task.name), {core})
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -318,21 +336,7 @@ def engine_counters(url: str, timeout: float = 5.0) -> dict[str, float]:
 def cpu_seconds(roots: dict[str, int]) -> dict[str, float | None]:
     """CPU seconds (user and system) each named process and its descendants have used so far
     (None for one gone): a vLLM server's are its API server, engine core and worker."""
-    out: dict[str, float | None] = {}
-    for name, pid in roots.items():
-        try:
-            root = psutil.Process(pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            out[name] = None
-            continue
-        total = 0.0
-        for proc in tree:
-            with contextlib.suppress(psutil.Error):
-                times = proc.cpu_times()
-                total += times.user + times.system
-        out[name] = total
-    return out
+    return {name: tree_cpu_seconds(pid) for name, pid in roots.items()}
 
 
 def cores_used(
