@@ -2135,7 +2135,28 @@ def _slo_run(doc: dict[str, Any], heading: str, others: str) -> str:
     other run kept of the same fleet and workload (the files matching ``others``)."""
     lines = "".join(f"\n\n{_other_slo_run(path)}" for path in sorted(RESULTS.glob(others)))
     text = serve_real_prefix(doc, heading)
-    return f"{text}\n\nThe run above is at {_revision_at(doc)}.{_slo_misses(doc)}{lines}"
+    at = _revision_at(doc)
+    return f"{text}\n\nThe run above is at {at}.{_slo_misses(doc)}{_slo_cores(doc)}{lines}"
+
+
+def _slo_cores(doc: dict[str, Any]) -> str:
+    """The cores each replica's processes and the router used in the run above (runs since
+    3d30404 record them): on two cores the router's come out of what the engines leave."""
+    lines = []
+    for block in doc["loads"]:
+        for r in block["configs"]:
+            if "cpu_cores" not in r:
+                continue
+            used = ", ".join(
+                f"{name} {cores:.2f}" for name, cores in r["cpu_cores"].items() if cores is not None
+            )
+            lines.append(f"- {block['load']:.0%}, {r['config']}: {used}")
+    if not lines:
+        return ""
+    return (
+        "\n\nCores used while the load ran (each replica's API server, engine core and worker "
+        "together; the router; of the machine's 2):\n\n" + "\n".join(lines)
+    )
 
 
 def _slo_misses(doc: dict[str, Any]) -> str:
