@@ -98,7 +98,7 @@ FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
 #: The fleets a run may use: (size, core, share of that core or None for all of it) per
 #: replica. ``two-models``: two models some ten times apart, a core each. ``one-model``: one
 #: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
-#: and 20% of core 0. Every process of a replica is held to its core (``Replica.throttle``).
+#: and 20% of core 0. Every process of a replica is held to its core (``Replica.confine``).
 #: The router and the load generator run where the system places them: on two cores there is
 #: none to spare, and pinned to core 0 the Python router fell behind the fast replica's token
 #: stream (see docs/serve.md).
@@ -226,7 +226,7 @@ class Replica(VllmReplica):
     def cgroup(self) -> Path:
         return CGROUP_CPU / f"hetero-bench-{self.label}"
 
-    def throttle(self) -> None:
+    def confine(self) -> None:
         """Hold the running server, its engine and their workers to its core (every thread of
         every process) and to ``cpu_share`` of it (a cgroup CPU quota). Done once it answers:
         its start-up (model load, compilation) at a fifth of a core would outlast any sane
@@ -1196,7 +1196,7 @@ def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
     """Start the replicas and wait for them; what the JSON says of the fleet."""
     vllm_engine.start_replicas(replicas)
     for r in replicas:
-        r.throttle()
+        r.confine()
     print(f"replicas up: {[(r.label, r.url) for r in replicas]}", file=sys.stderr)
     return {
         "model": MODEL,
