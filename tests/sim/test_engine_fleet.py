@@ -99,6 +99,22 @@ def test_the_faster_replica_takes_more_requests() -> None:
     assert np.bincount(result.replica, minlength=2).tolist() == [l4.served, h100.served]
 
 
+def test_without_a_router_cap_every_request_goes_to_its_engine_as_it_arrives() -> None:
+    """``capacity="none"``: as sglang-router and vllm-router, the router holds nothing back;
+    the engine queues what it cannot run. With the engine's cap the router holds the rest."""
+    small = engine_spec("llama-3-8b", "L4", max_num_seqs=4)
+    burst = [(0.001 * k, 200, 50) for k in range(40)]
+    options = RouterOptions(strategy="round_robin")
+    free = EngineFleetSimulator([("a", small), ("b", small)], options=options, capacity="none")
+    result = free.run(burst)
+    assert result.done.all()
+    assert result.started.tolist() == result.arrival.tolist()
+    assert result.replica.tolist() == [k % 2 for k in range(40)]
+    capped = EngineFleetSimulator([("a", small), ("b", small)], options=options, capacity="engine")
+    held = capped.run(burst)
+    assert held.done.all() and (held.started > held.arrival).sum() > 20
+
+
 def test_a_replica_added_takes_requests_once_warm_and_is_billed_from_the_ask() -> None:
     sim = EngineFleetSimulator([("l4", L4)])
     sim.add(10.0, "h100", H100, warm_after=30.0)

@@ -8,9 +8,11 @@ engine's. Routing is the router's (``serve.router``), mirrored call for call: th
 prompt and the expected output (``OutputLengths``), each replica a device of its declared
 speed (its GPU's memory bandwidth) and its capacity as slots, completions reported with their
 real work, and under ``slo`` the first token, the stream's progress and the end told to the
-policy. Capacity is either ``"learned"``, as the router learns it from a vLLM replica
+policy. Capacity is ``"learned"``, as the router learns it from a vLLM replica
 (``ConcurrencyLimit`` fed by each reply and by a read of the engine's queue every
-``load_interval``), or ``"engine"``: fixed at the engine's ``max_num_seqs``.
+``load_interval``), ``"engine"``: fixed at the engine's ``max_num_seqs``, or ``"none"``: the
+router holds nothing back and the engine queues what it cannot run, as sglang-router and
+vllm-router do (up to ``CapacityOptions.maximum`` requests a replica).
 
 The fleet may change while it runs (an autoscaled day): a replica asked for at ``t`` joins
 the dispatcher at ``t + warm_after``; a drained one takes nothing new, finishes what it holds,
@@ -68,7 +70,7 @@ __all__ = [
     "replica_kind",
 ]
 
-Capacity = Literal["learned", "engine"]
+Capacity = Literal["learned", "engine", "none"]
 Priors = Literal["generic", "engine"]
 _MODEL = "model"  # the one model the fleet serves (OutputLengths keys its estimates by model)
 _STEP, _EXPIRE, _ASK, _WARM, _DRAIN, _LOAD, _TICK = range(7)
@@ -368,8 +370,9 @@ class EngineFleetSimulator(Driver):
         options: the router's options (strategy, queue size, timeout, retries, cost weights,
             capacity learning, SLO); default ``RouterOptions()``, as ``hetero serve``.
         capacity: ``"learned"`` (the router's ``ConcurrencyLimit``: from one request at a time,
-            grown by replies that keep up, cut when the engine queues) or ``"engine"`` (fixed
-            at the engine's ``max_num_seqs``).
+            grown by replies that keep up, cut when the engine queues), ``"engine"`` (fixed
+            at the engine's ``max_num_seqs``) or ``"none"`` (every request forwarded as it
+            comes, up to ``options.capacity.maximum`` a replica: a router without a cap).
         load_interval: seconds between reads of a busy replica's engine queue (the poller's
             ``load_interval``); ``None``: capacity is learned from replies alone.
         priors: where the ``slo`` strategy's fit of each replica starts: ``"generic"`` (a
@@ -391,8 +394,10 @@ class EngineFleetSimulator(Driver):
         problems = []
         if not replicas:
             problems.append(("replicas", "one replica at least to start with (add more later)"))
-        if capacity not in ("learned", "engine"):
-            problems.append(("capacity", f"must be 'learned' or 'engine', got {capacity!r}"))
+        if capacity not in ("learned", "engine", "none"):
+            problems.append(
+                ("capacity", f"must be 'learned', 'engine' or 'none', got {capacity!r}")
+            )
         if priors not in ("generic", "engine"):
             problems.append(("priors", f"must be 'generic' or 'engine', got {priors!r}"))
         if load_interval is not None and not 0 < load_interval < math.inf:
@@ -523,6 +528,8 @@ class EngineFleetSimulator(Driver):
         capacity = ConcurrencyLimit(self.options.capacity, r.replica.slots)
         if self.capacity_mode == "engine":
             capacity.set_cap(r.spec.max_num_seqs)  # it publishes its cap, as SGLang does
+        elif self.capacity_mode == "none":
+            capacity.set_cap(self.options.capacity.maximum)
         r.capacity = capacity
         return self._slots_of(r)
 
