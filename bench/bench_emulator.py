@@ -2,9 +2,11 @@
 
 - Real engine: vLLM's CPU build serving a test model of ``tests/vllm_engine.py`` (``--model``:
   "small", a Llama of 2.6M parameters, or "large", 91M; fp32, random weights and a tokenizer
-  made here: nothing is downloaded) on one pinned core, with its own chunked prefill (2048
-  tokens a step, 128 requests at most, set explicitly so the emulator is given the same) and
-  prefix caching.
+  made here: nothing is downloaded) on one core, every process and thread of it as the
+  real-engine fleet's replicas since f9b6cdf (the results before bound vLLM's worker threads
+  alone, its server and engine core floating), with its own chunked prefill (2048 tokens a
+  step, 128 requests at most, set explicitly so the emulator is given the same) and prefix
+  caching.
 - Calibration, from probes of the real engine (streamed; not the loads compared below, though
   its loop of 16 clients is near the comparison's: other lengths and rounds), as
   ``hetero profile-engine`` takes them (``hetero.plan.engine_profile``): the time to first
@@ -65,6 +67,8 @@ from hetero.serve.engine_model import Calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's tests package: the real engine's helpers
+from bench_serve_real import group_pids, pin  # noqa: E402
+
 from tests import vllm_engine  # noqa: E402
 
 DEVICE = "CPU"  # the catalog's generic CPU: the efficiencies say how much of it one core gets
@@ -209,6 +213,10 @@ def main(argv: Sequence[str]) -> int:
         ),
     )
     with replica:
+        if replica.proc is not None:
+            # vLLM binds its worker's compute threads alone; the server and the engine core
+            # would float to the other core.
+            pin(group_pids(replica.proc.pid), args.core)
         real = asyncio.run(measure_real(replica.url, replica.name, shape.vocab, args))
     emulator = Emulator(
         shape,
@@ -244,6 +252,7 @@ def main(argv: Sequence[str]) -> int:
             },
             "shape": vllm_engine.SHAPES[args.model],
             "core": args.core,
+            "bound": "every process and thread of the engine",
             "kv_tokens": real["kv_tokens"],
             "max_num_batched_tokens": BATCHED_TOKENS,
             "max_num_seqs": MAX_SEQS,

@@ -237,14 +237,14 @@ class Replica(VllmReplica):
         if self.proc is None:
             return
         if self.core is not None:
-            pin(_group_pids(self.proc.pid), self.core)
+            pin(group_pids(self.proc.pid), self.core)
         if self.cpu_share is None:
             return
         self.cgroup.mkdir(exist_ok=True)
         (self.cgroup / "cpu.cfs_period_us").write_text(str(CGROUP_PERIOD_US))
         quota = max(1000, round(self.cpu_share * CGROUP_PERIOD_US))
         (self.cgroup / "cpu.cfs_quota_us").write_text(str(quota))
-        for pid in _group_pids(self.proc.pid):
+        for pid in group_pids(self.proc.pid):
             with contextlib.suppress(OSError):  # one that ended meanwhile
                 (self.cgroup / "cgroup.procs").write_text(str(pid))
 
@@ -269,7 +269,7 @@ def pin(pids: Sequence[int], core: int) -> None:
                     os.sched_setaffinity(int(task.name), {core})
 
 
-def _group_pids(pgid: int) -> list[int]:
+def group_pids(pgid: int) -> list[int]:
     """The processes of process group ``pgid`` (a server started in its own session)."""
     out = []
     for entry in Path("/proc").iterdir():
@@ -387,13 +387,21 @@ def make_prompts(s: Settings, n: int, tokenizer: Path) -> tuple[list[str], list[
     tok = Tokenizer.from_file(str(tokenizer))
     words = np.array(" ".join(corpus(s.seed + 1000, 2000)).split())
     rng = np.random.default_rng(s.seed + 1)
-    mu = math.log(s.prompt_mean) - s.prompt_sigma**2 / 2
-    lengths = [max(4, round(x)) for x in rng.lognormal(mu, s.prompt_sigma, n).tolist()]
+    lengths = prompt_lengths(s, n, rng)
     texts = []
     for length in lengths:
         ids = tok.encode(" ".join(rng.choice(words, size=length).tolist())).ids[:length]
         texts.append(tok.decode(ids))
     return texts, lengths
+
+
+def prompt_lengths(s: Settings, n: int, rng: np.random.Generator | None = None) -> list[int]:
+    """The words of each of ``make_prompts``' ``n`` prompts: lognormal of mean ``prompt_mean``.
+    ``rng`` is the one ``make_prompts`` goes on drawing the words from; without it, a fresh
+    one seeded as that one is (the same lengths)."""
+    rng = np.random.default_rng(s.seed + 1) if rng is None else rng
+    mu = math.log(s.prompt_mean) - s.prompt_sigma**2 / 2
+    return [max(4, round(x)) for x in rng.lognormal(mu, s.prompt_sigma, n).tolist()]
 
 
 def output_lengths(s: Settings, n: int) -> list[int]:

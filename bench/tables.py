@@ -263,7 +263,9 @@ def emulator(doc: dict[str, Any]) -> str:
     size = engine["model"].get("size", "large")
     measured = "latency, TTFT and TPOT" if "tpot_ratio" in doc["rows"][0] else "latency"
     return (
-        f"## The engine-faithful emulator against vLLM ({size} model)\n\n"
+        f"## The engine-faithful emulator against vLLM ({size} model"
+        + (", the engine bound whole to its core" if "bound" in engine else "")
+        + ")\n\n"
         f"`{doc['command']}` at `{doc['revision']['commit'][:7]}` — {engine['vllm']} on one core"
         f" of this machine, a model made locally ({engine['model']['parameters']:,} parameters,"
         f" {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']},"
@@ -2634,6 +2636,66 @@ def slo_sim(doc: dict[str, Any]) -> str:
     )
 
 
+def sim_to_real(doc: dict[str, Any]) -> str:
+    parts = []
+    for run in doc["runs"]:
+        if "skipped" in run:
+            parts.append(f"`{run['real_run']}`: not simulated ({run['skipped']}).")
+            continue
+        paces = ", ".join(
+            f"{p['replica']} {p['pace']:g} ({p['simulated']['requests_per_s']:g} requests/s "
+            f"against {p['real']['requests_per_s']:g}; TPOT p50 "
+            f"{p['simulated']['tpot_p50_s'] * 1000:.1f} against "
+            f"{p['real']['tpot_p50_s'] * 1000:.1f} ms)"
+            for p in run["paces"]
+        )
+        rows = [
+            [
+                f"{load['load']:.0%} ({load['rate_rps']:g}/s)",
+                c["config"],
+                f"{c['real']:.1%}",
+                f"{c['simulated']:.1%}",
+                f"{c['difference']:+.3f}",
+                "yes" if c["within_target"] else "**no**",
+                "/".join(f"{v:.0%}" for v in c["shares_real"].values()),
+                "/".join(f"{v:.0%}" for v in c["shares_simulated"].values()),
+            ]
+            for load in run["loads"]
+            for c in load["configs"]
+        ]
+        parts.append(
+            f"`{run['real_run']}` (real run at {run['real_revision']}); paces: {paces}.\n\n"
+            + _table(
+                [
+                    "load",
+                    "router",
+                    "real SLO",
+                    "simulated SLO",
+                    "difference",
+                    f"within {doc['target']:g}",
+                    "shares real",
+                    "simulated",
+                ],
+                rows,
+            )
+        )
+    cal = doc["calibration"]
+    return (
+        "## Sim-to-real: the simulator beside the real-engine SLO runs\n\n"
+        f"`{doc['command']}`"
+        + _at_commit(doc)
+        + " — each single-turn real run's own requests and send times rebuilt from its "
+        "command line, its three replicas the emulator's engine model calibrated to vLLM's "
+        f"CPU build (`{cal['from']}`, at {cal['at']}), each at a pace fitted to the real "
+        "replica's capacity in that run; the routers simulated: hetero's (the router's own "
+        "code, its replicas known by URL alone), sglang-router's and vllm-router's "
+        "`cache_aware` (`bench/_router_anchors.py`), the fast replica alone. Shares are of "
+        f"completed requests (fast/40%/20%). Within {doc['target']:g}: "
+        f"{doc['within_target']} of {doc['cells']} cells; the largest difference "
+        f"{doc['largest_difference']:.3f}.\n\n" + "\n\n".join(parts)
+    )
+
+
 def compression(doc: dict[str, Any]) -> str:
     setup, bounds = doc["setup"], doc["bounds"]
     labels = {
@@ -2777,6 +2839,7 @@ def main() -> int:
         ("serve_prefix.json", serve_prefix),
         ("serve_slo.json", serve_slo),
         ("slo_sim.json", slo_sim),
+        ("sim_to_real.json", sim_to_real),
         ("slo_cost.json", slo_cost),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
@@ -2785,6 +2848,7 @@ def main() -> int:
         ("serve_real_single_turn_slo.json", serve_real_slo_more),
         ("emulator.json", emulator),
         ("emulator_small.json", emulator),
+        ("emulator_small_bound.json", emulator),
         ("train.json", train),
         ("pipeline.json", pipeline),
         ("train_dp_pp.json", train_dp_pp),
