@@ -222,7 +222,8 @@ def measure(
         vllm_engine.stop_replicas(replicas)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``bench_sim_to_real.py`` reads a run's own back with it)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -265,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         help="hetero serve flags to run beside its default (repeatable; default: "
         "'--strategy prefix_affinity')",
     )
-    args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    for name in ("systems", "system_tokens", "sessions", "turns", "turn_tokens", "max_tokens"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return parser
+
+
+def settings_of(args: argparse.Namespace) -> tuple[Settings, Chat]:
+    """The run's settings and chats from its parsed command line."""
     s = dataclasses.replace(
         Settings(),
         seed=args.seed,
@@ -290,6 +291,17 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     chat = Chat(args.systems, args.system_tokens, args.sessions, args.turns, args.turn_tokens)
+    return s, chat
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    for name in ("systems", "system_tokens", "sessions", "turns", "turn_tokens", "max_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    s, chat = settings_of(args)
     signal.signal(signal.SIGTERM, real._interrupt)
     started = time.perf_counter()
     vllm_reason, reasons, versions = real.what_runs()

@@ -2689,10 +2689,18 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         f"CPU build (`{cal['from']}`, at {cal['at']}), each at a pace fitted to the real "
         "replica's capacity in that run; the routers simulated: hetero's (the router's own "
         "code, its replicas known by URL alone), sglang-router's and vllm-router's "
-        "`cache_aware` (`bench/_router_anchors.py`), the fast replica alone. Shares are of "
+        "`cache_aware` (what it does with prompts that share nothing: each to the worker with "
+        "the fewest requests in flight, nothing held in the router), the fast replica alone. "
+        "Shares are of "
         f"completed requests (fast/40%/20%). Within {doc['target']:g}: "
         f"{doc['within_target']} of {doc['cells']} cells; the largest difference "
-        f"{doc['largest_difference']:.3f}.\n\n" + "\n\n".join(parts)
+        f"{doc['largest_difference']:.3f}. By router (cells within, mean |difference|): "
+        + "; ".join(
+            f"{k} {v['within_target']}/{v['cells']}, {v['mean_abs_difference']:.3f}"
+            for k, v in doc["by_router"].items()
+        )
+        + ".\n\n"
+        + "\n\n".join(parts)
     )
 
 
