@@ -115,6 +115,39 @@ def test_without_a_router_cap_every_request_goes_to_its_engine_as_it_arrives() -
     assert held.done.all() and (held.started > held.arrival).sum() > 20
 
 
+def test_prompts_give_the_policy_their_prefixes_and_the_engines_their_cached_blocks() -> None:
+    """Four conversations, each turn its history again plus a new message: with their
+    prompts a prefix-aware router keeps each conversation where its prefix is cached and the
+    engines find it there; without them nothing is shared."""
+    from hetero.sched.prefix import prefix_blocks
+    from hetero.sim.engine_fleet import Prompt
+
+    rng = random.Random(3)
+    history = {c: "".join(rng.choice("abcdefgh ") for _ in range(3000)) for c in range(4)}
+    arrivals, prompts = [], []
+    for k in range(80):
+        c = k % 4
+        history[c] += "".join(rng.choice("abcdefgh ") for _ in range(200))
+        text = history[c]
+        tokens = len(text) // 4
+        arrivals.append((0.5 * k, tokens, 20))
+        prompts.append(Prompt(text, f"chat{c}", prefix_blocks(text, 64, limit=tokens // 16)))
+    options = RouterOptions(strategy="prefix_affinity")
+    fleet = [("a", L4), ("b", L4)]
+    sim = EngineFleetSimulator(fleet, options=options)
+    result = sim.run(arrivals, prompts=prompts)
+    assert result.done.all()
+    for c in range(4):  # each conversation stays where its prefix is cached
+        turns = result.replica[c::4].tolist()
+        assert max(turns.count(0), turns.count(1)) >= 0.8 * len(turns)
+    hits = sum(r.model.prefix_hits for r in sim._replicas)
+    queries = sum(r.model.prefix_queries for r in sim._replicas)
+    assert hits / queries > 0.7
+    bare = EngineFleetSimulator(fleet, options=options)
+    bare.run(arrivals)
+    assert sum(r.model.prefix_hits for r in bare._replicas) == 0
+
+
 def test_a_replica_added_takes_requests_once_warm_and_is_billed_from_the_ask() -> None:
     sim = EngineFleetSimulator([("l4", L4)])
     sim.add(10.0, "h100", H100, warm_after=30.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hetero.sched.item import CostModel
+from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -57,6 +58,22 @@ def prompt_tokens(payload: dict[str, Any]) -> int:
                 chars += _chars(message.get("content"))
     chars += _chars(payload.get("prompt")) + _chars(payload.get("input"))
     return max(1, -(-chars // CHARS_PER_TOKEN))
+
+
+def block_work(prefill_weight: float) -> float:
+    """The work units one cached prompt block (``BLOCK_CHARS`` characters) spares."""
+    return BLOCK_CHARS / CHARS_PER_TOKEN * prefill_weight
+
+
+def prompt_prefix(text: str, session: str | None, work: float) -> Prefix:
+    """What a prompt shares with others, as the router indexes it: its ``BLOCK_CHARS`` blocks
+    of ``text``, each sparing ``work`` (``block_work``), and its conversation."""
+    return Prefix(prefix_blocks(text), work, session, len(text) / BLOCK_CHARS)
+
+
+def cache_blocks(kv_tokens: int) -> int:
+    """An engine's KV capacity in prompt blocks of ``BLOCK_CHARS`` characters (at least one)."""
+    return max(1, round(kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
 
 
 def prompt_text(payload: dict[str, Any], limit: int) -> str:

@@ -39,9 +39,9 @@ from hetero.sched.driver import Driver
 from hetero.sched.health import Breaker, Hold
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.slo import SloRouting
-from hetero.sched.prefix import BLOCK_CHARS, Prefix, prefix_blocks
+from hetero.sched.prefix import Prefix
 from hetero.serve.autoscale.traffic import TrafficLog
-from hetero.serve.cost import CHARS_PER_TOKEN, OutputLengths, brief
+from hetero.serve.cost import OutputLengths, block_work, brief, cache_blocks, prompt_prefix
 from hetero.serve.engine_probe import EngineSample
 from hetero.serve.engines import LoadSample
 from hetero.serve.health import gray_replicas
@@ -132,7 +132,7 @@ class Router(Driver):
         )
         self.prefix_aware = self.prefix_policy is not None
         # Work units one cached block saves: its tokens' prefill.
-        self._block_work = BLOCK_CHARS / CHARS_PER_TOKEN * options.prefill_weight
+        self._block_work = block_work(options.prefill_weight)
         self.dispatcher = Dispatcher(
             devices,
             self.policy,
@@ -256,7 +256,7 @@ class Router(Driver):
         prefix = None
         if self.prefix_aware and (text or session):
             text = text or ""
-            prefix = Prefix(prefix_blocks(text), self._block_work, session, len(text) / BLOCK_CHARS)
+            prefix = prompt_prefix(text, session, self._block_work)
         tokens = None
         if self.slo_policy is not None:
             tokens = Tokens(prompt, self.outputs.expected(model, max_tokens))
@@ -417,7 +417,7 @@ class Router(Driver):
             # what the index predicted it really found: the index follows both.
             blocks = None
             if sample.kv_tokens:
-                blocks = max(1, round(sample.kv_tokens * CHARS_PER_TOKEN / BLOCK_CHARS))
+                blocks = cache_blocks(sample.kv_tokens)
             self.prefix_policy.engine_cache(
                 state.index, blocks=blocks, queries=sample.prefix_queries, hits=sample.prefix_hits
             )

@@ -20,6 +20,12 @@ then leaves. ``on_tick`` is called every ``interval`` of virtual time with what 
 (``FleetSnapshot``) and returns ``Add``/``Drain`` actions. Every request ends exactly once:
 done, or failed with a reason (rejected, timed out, no replica able to hold it, none left).
 
+Requests may carry their prompts (``Prompt``: the text the router reads and the blocks the
+engine caches): the policy then sees each prompt's prefix blocks and conversation, as
+``hetero serve``'s router gives them to a policy that weighs prefix caches, the engines share
+cached blocks, and a ``PrefixAffinity`` policy is told each engine's cache size and prefix-cache
+counters at every load read, as the router tells it from vLLM's ``/metrics``.
+
 Events are ``(time, seq, kind, payload)`` in a heap (ties resolve in scheduling order, so a
 run is deterministic for its input); arrivals are pulled one at a time and never enter it, and
 only a replica with work has a step in it. Requests that have arrived by the time a step ends
@@ -50,7 +56,7 @@ from hetero.sched.perf import REFERENCE_BANDWIDTH_GBS, PerfModel
 from hetero.sched.policies.prefix import PrefixAffinity
 from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
 from hetero.sched.registry import make_policy
-from hetero.serve.cost import OutputLengths
+from hetero.serve.cost import OutputLengths, block_work, cache_blocks, prompt_prefix
 from hetero.serve.engine_model import EngineModel, EngineRequest, EngineSpec, Step
 from hetero.serve.records import RouterOptions
 from hetero.serve.replicas import Replica
@@ -65,6 +71,7 @@ __all__ = [
     "FleetResult",
     "FleetSeries",
     "FleetSnapshot",
+    "Prompt",
     "ReplicaLoad",
     "ReplicaReport",
     "replica_kind",
@@ -77,6 +84,18 @@ _STEP, _EXPIRE, _ASK, _WARM, _DRAIN, _LOAD, _TICK = range(7)
 _OPEN, _DONE, _FAILED = 0, 1, 2
 _WARMING, _SERVING, _DRAINING, _GONE = "warming", "serving", "draining", "gone"
 _STALL_TICKS = 1000  # ticks in a row without progress, traffic over, before giving up
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A request's prompt beyond its length: ``text`` as the router reads it (``hetero.serve.
+    cost.prompt_text``: the policy sees its prefix blocks), the ``session`` it belongs to (a
+    conversation), and ``blocks``, the chained hashes of its full ``BLOCK_SIZE``-token blocks
+    as its engine caches them (``EngineRequest.blocks``)."""
+
+    text: str = ""
+    session: str | None = None
+    blocks: tuple[int, ...] = ()
 
 
 def replica_kind(spec: EngineSpec) -> str:
@@ -420,6 +439,8 @@ class EngineFleetSimulator(Driver):
         self.outputs = OutputLengths(
             CostModel(prefill=options.prefill_weight, decode=1.0), options.default_max_tokens
         )
+        self._block_work = block_work(options.prefill_weight)
+        self._prompts: Sequence[Prompt] = ()  # run's, by request id
         self._replicas: list[_Replica] = []  # every replica asked for, in order
         self._by_name: dict[str, _Replica] = {}
         self._scheduled: dict[str, float] = {}  # asked for by add(), not yet come: when
@@ -614,7 +635,8 @@ class EngineFleetSimulator(Driver):
         assert isinstance(rid, int)
         r = self._at[ins.device]
         try:
-            request = r.model.submit(EngineRequest(self._prompt[rid], self._output[rid]))
+            blocks = self._prompts[rid].blocks if rid < len(self._prompts) else ()
+            request = r.model.submit(EngineRequest(self._prompt[rid], self._output[rid], blocks))
         except ValueError as exc:  # longer than its engine holds: the replica refuses it
             return self.dispatcher.fail(rid, f"{r.name}: {exc}", retryable=True)
         r.items[request] = rid
@@ -706,7 +728,14 @@ class EngineFleetSimulator(Driver):
                 return
         outputs = self.outputs
         tokens = Tokens(prompt, outputs.expected(_MODEL, None)) if self.slo is not None else None
-        item = WorkItem(cost=outputs.cost(_MODEL, prompt, None), id=rid, tokens=tokens)
+        prefix = None
+        if rid < len(self._prompts):
+            p = self._prompts[rid]
+            if p.text or p.session:
+                prefix = prompt_prefix(p.text, p.session, self._block_work)
+        item = WorkItem(
+            cost=outputs.cost(_MODEL, prompt, None), id=rid, tokens=tokens, prefix=prefix
+        )
         try:
             out = self.dispatcher.submit(item, only=only)
         except QueueFull:
@@ -807,6 +836,14 @@ class EngineFleetSimulator(Driver):
             return
         in_flight = int(self.dispatcher.view.running[r.index])
         capacity.on_load(self.clock.now(), in_flight, len(r.model.waiting))
+        if self._prompts and isinstance(self.policy, PrefixAffinity):
+            model = r.model
+            self.policy.engine_cache(
+                r.index,
+                blocks=cache_blocks(r.spec.kv_tokens),
+                queries=model.prefix_queries,
+                hits=model.prefix_hits,
+            )
         self._sync(r)
         if r.items:
             self._push(self.clock.now() + self.load_interval, _LOAD, r)
@@ -863,16 +900,19 @@ class EngineFleetSimulator(Driver):
         interval: float = 60.0,
         on_tick: Controller | None = None,
         slo: tuple[float, float] | None = None,
+        prompts: Sequence[Prompt] = (),
     ) -> FleetResult:
         """Serve ``arrivals`` (``(time, prompt tokens, output tokens)`` in time order) until
         every request has ended and, with ``until``, at least to that time. ``on_tick`` is
-        called every ``interval``; ``slo`` ``(ttft, tpot)`` only feeds its ``met`` counts."""
+        called every ``interval``; ``slo`` ``(ttft, tpot)`` only feeds its ``met`` counts.
+        ``prompts[i]`` is the ``i``-th arrival's prompt (none past its end)."""
         if self._ran:
             raise RuntimeError("an EngineFleetSimulator runs once; build a new one")
         self._ran = True
         if not 0 < interval < math.inf:
             raise ConfigError([("interval", f"must be seconds > 0, got {interval!r}")])
         self._slo_target = slo
+        self._prompts = prompts
         horizon = -math.inf if until is None else float(until)
         it: Iterator[tuple[float, int, int]] = iter(arrivals)
         heap = self._heap
