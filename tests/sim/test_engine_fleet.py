@@ -140,12 +140,10 @@ def test_prompts_give_the_policy_their_prefixes_and_the_engines_their_cached_blo
     for c in range(4):  # each conversation stays where its prefix is cached
         turns = result.replica[c::4].tolist()
         assert max(turns.count(0), turns.count(1)) >= 0.8 * len(turns)
-    hits = sum(r.model.prefix_hits for r in sim._replicas)
-    queries = sum(r.model.prefix_queries for r in sim._replicas)
-    assert hits / queries > 0.7
-    bare = EngineFleetSimulator(fleet, options=options)
-    bare.run(arrivals)
-    assert sum(r.model.prefix_hits for r in bare._replicas) == 0
+    hits = sum(r.prefix_hits for r in result.replicas)
+    assert hits / sum(r.prefix_queries for r in result.replicas) > 0.7
+    bare = EngineFleetSimulator(fleet, options=options).run(arrivals)
+    assert sum(r.prefix_hits for r in bare.replicas) == 0
 
 
 def test_a_replica_added_takes_requests_once_warm_and_is_billed_from_the_ask() -> None:
@@ -281,6 +279,23 @@ def test_the_slo_strategy_is_told_what_the_router_tells_it() -> None:
     assert result.done.all()
     assert sim.slo is not None and sim.slo.in_flight() == 0
     assert sim.slo.fits[1].ttft.updates > 0
+
+
+def test_under_slo_a_replica_known_by_its_url_alone_is_probed_as_it_joins() -> None:
+    """As the router (``engine_probe``): one short request alone, whose times the fit starts
+    from; a replica declared with its engine starts from that instead."""
+    from hetero.serve.engine_probe import OUTPUT_TOKENS, PROMPT_TOKENS
+
+    (probe,) = engine_alone(L4, [(0.0, PROMPT_TOKENS, OUTPUT_TOKENS)])
+    assert probe.first_token_at is not None
+    ttft = probe.first_token_at - probe.arrival
+    options = RouterOptions(strategy="slo", slo_ttft=1.0, slo_tpot=0.1)
+    probed = EngineFleetSimulator([("l4", L4)], options=options)
+    assert probed.slo is not None
+    assert probed.slo.fits[0].predict_ttft(PROMPT_TOKENS, 0) == pytest.approx(ttft, rel=1e-9)
+    declared = EngineFleetSimulator([("l4", L4)], options=options, priors="engine")
+    assert declared.slo is not None
+    assert declared.slo.fits[0].predict_ttft(PROMPT_TOKENS, 0) != pytest.approx(ttft, rel=0.01)
 
 
 def test_bad_arguments_are_config_errors() -> None:

@@ -21,13 +21,20 @@ from dataclasses import dataclass
 from hetero.serve.proxy import event_problem
 from hetero.serve.upstream import Upstream, UpstreamError
 
-__all__ = ["OUTPUT_TOKENS", "PROMPT_WORDS", "TIMEOUT_S", "EngineSample", "measure_engine"]
+__all__ = [
+    "OUTPUT_TOKENS",
+    "PROMPT_TOKENS",
+    "PROMPT_WORDS",
+    "TIMEOUT_S",
+    "EngineSample",
+    "measure_engine",
+]
 
 PROMPT_WORDS = 200
 OUTPUT_TOKENS = 16
 TIMEOUT_S = 20.0
-# Tokens a word of the probe's prompt is taken to be where the replica reports no usage.
-_TOKENS_PER_WORD = 1.3
+# The probe's prompt in tokens where the replica reports no usage: 1.3 tokens a word.
+PROMPT_TOKENS = round(PROMPT_WORDS * 1.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,6 @@ async def measure_engine(
         return None
     if not counts[0]:
         return None
-    prompt = counts[2] if counts[2] > 0 else round(PROMPT_WORDS * _TOKENS_PER_WORD)
+    prompt = counts[2] if counts[2] > 0 else PROMPT_TOKENS
     tpot = (last - first) / (counts[0] - 1) if counts[0] >= 3 else None
     return EngineSample(prompt, first - started, tpot)

@@ -20,6 +20,11 @@ then leaves. ``on_tick`` is called every ``interval`` of virtual time with what 
 (``FleetSnapshot``) and returns ``Add``/``Drain`` actions. Every request ends exactly once:
 done, or failed with a reason (rejected, timed out, no replica able to hold it, none left).
 
+Under ``slo`` a replica known by its URL alone (``priors="generic"``) is measured as it joins,
+as the router measures it (``hetero.serve.engine_probe``): one probe request alone on its
+engine (a copy of it: the probe's prompt stays out of its cache), whose time to first token
+and per token bring the generic guess to it.
+
 Requests may carry their prompts (``Prompt``: the text the router reads and the blocks the
 engine caches): the policy then sees each prompt's prefix blocks and conversation, as
 ``hetero serve``'s router gives them to a policy that weighs prefix caches, the engines share
@@ -58,6 +63,8 @@ from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
 from hetero.sched.registry import make_policy
 from hetero.serve.cost import OutputLengths, block_work, cache_blocks, prompt_prefix
 from hetero.serve.engine_model import EngineModel, EngineRequest, EngineSpec, Step
+from hetero.serve.engine_probe import OUTPUT_TOKENS as PROBE_OUTPUT
+from hetero.serve.engine_probe import PROMPT_TOKENS as PROBE_PROMPT
 from hetero.serve.records import RouterOptions
 from hetero.serve.replicas import Replica
 
@@ -173,6 +180,8 @@ class ReplicaReport:
     steps: int
     busy_seconds: float  # virtual seconds it ran steps
     preemptions: int
+    prefix_queries: int = 0  # prompt tokens its engine looked up in its prefix cache
+    prefix_hits: int = 0  # ... and found there
 
     @property
     def billed_seconds(self) -> float:
@@ -377,6 +386,8 @@ class _Replica:
             self.model.steps,
             self.busy,
             self.model.preemptions,
+            self.model.prefix_queries,
+            self.model.prefix_hits,
         )
 
 
@@ -571,6 +582,21 @@ class EngineFleetSimulator(Driver):
         if self.slo is not None:
             self.slo.set_prior(r.index, r.replica.engine_prior())
             self.slo.set_kv_tokens(r.index, r.spec.kv_tokens)  # its first load read
+            if self.priors == "generic":
+                self._probe(r)
+
+    def _probe(self, r: _Replica) -> None:
+        """The router's probe of ``r`` (``hetero.serve.engine_probe``), on a copy of its
+        engine: one short request alone."""
+        clock = ManualClock(self.clock.now())
+        model = EngineModel(r.spec, clock.now)
+        probe = model.submit(EngineRequest(PROBE_PROMPT, PROBE_OUTPUT))
+        while (step := model.step()) is not None:
+            clock.set(step.end)
+        first, end = probe.first_token_at, probe.finished_at
+        assert self.slo is not None and first is not None and end is not None
+        tpot = (end - first) / (PROBE_OUTPUT - 1)
+        self.slo.measured(r.index, PROBE_PROMPT, first - probe.arrival, tpot, self.clock.now())
 
     def _ask(self, add: Add) -> None:
         now = self.clock.now()
