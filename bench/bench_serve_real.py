@@ -120,7 +120,7 @@ SGLANG_POLICIES = ("cache_aware", "power_of_two", "round_robin")
 
 @dataclass(frozen=True)
 class Settings:
-    prompt_mean: float = 160.0  # tokens of generated words (the chat template adds 4)
+    prompt_mean: float = 160.0  # tokens of generated words (the chat template adds 7)
     prompt_sigma: float = 0.5
     max_tokens: int = 64
     # Output lengths: lognormal of this mean (sigma 1: a few tokens to several hundred), capped
@@ -1111,7 +1111,7 @@ def measure(
                 "mean": s.prompt_mean,
                 "sigma": s.prompt_sigma,
                 "sample_mean": round(float(np.mean(lengths)), 1),
-                "note": "tokens of the user message; the chat template adds 4",
+                "note": "tokens of the user message; the chat template adds 7",
             },
             "max_tokens": s.max_tokens,
             "grace_s": s.grace,

@@ -1,9 +1,9 @@
 """Sim-to-real: the simulator set the real-engine benchmark's fleet and workload, its SLO
 attainment beside the real runs', for each router and load.
 
-- Real runs: ``bench_serve_real_prefix.py --single-turn --fleet one-model`` JSONs (``--real``,
-  repeatable): three vLLM CPU replicas of the 2.6M test model, the whole of one core, 40% and
-  20% of the other.
+- Real runs: ``bench_serve_real_prefix.py --fleet one-model`` JSONs, single-turn and
+  multi-turn (``--real``, repeatable): three vLLM CPU replicas of the 2.6M test model, the
+  whole of one core, 40% and 20% of the other.
 - Fleet, simulated: each replica the emulator's engine model (``hetero.serve.engine_model``)
   of that model on the catalog's generic CPU, calibrated to vLLM's CPU build on one core
   (``bench/results/emulator_small_bound.json``: ``bench_emulator.py --model small``, the
@@ -15,21 +15,23 @@ attainment beside the real runs', for each router and load.
   are told none of it: hetero knows its replicas by URL alone (the generic prior), as the real
   ``hetero serve`` did.
 - Workload: the real run's own requests, rebuilt from its command line (the same seeds and
-  draws, ``bench_serve_real``'s functions): Poisson send times at each load's rate, prompt
-  lengths (the chat template's 4 tokens added) and output lengths.
+  draws, the real benchmark's functions): Poisson send times at each load's rate, output
+  lengths, prompts in the engine's tokens (the chat template's 4 a message and 3 more
+  added). Multi-turn, each request also carries its prompt (``hetero.sim.engine_fleet.
+  Prompt``): the text the router reads, its conversation, and its blocks of 16 tokens as the
+  engine caches them (the prompt tokenized as vLLM does, with the model's own tokenizer,
+  made locally as for the real run), so the engines share prefixes and the routers see them.
 - Routers, simulated: hetero serve's default (``shortest_expected_delay``) and ``--strategy
   slo``, each ``hetero.sim.engine_fleet``'s mirror of the router; sglang-router's and
-  vllm-router's ``cache_aware``: a prompt that matches under 30% of what a worker's prefix
-  tree holds goes to the worker with the fewest requests in flight, as any request does while
-  the fleet is imbalanced, and no single-turn prompt matches that much, so ``least_connections``
-  with every request forwarded at once, the engine queueing what it cannot run; the fast
-  replica alone (every request to its engine).
+  vllm-router's ``cache_aware`` and sglang-router's ``power_of_two`` (``_anchor_policies``:
+  their rules, every request forwarded at once, the engine queueing what it cannot run);
+  client-side round robin; the fast replica alone (every request to its engine).
 - Reported, per load and router: the real and simulated SLO attainment and their difference
-  (the target: within ``--target``, 0.05), each replica's share of the requests both ways;
-  the fitted paces and the capacity loop's TTFT and TPOT medians beside the real ones.
+  (the target: within ``--target``, 0.05), each replica's share of the requests and the
+  engines' prefix-cache hit rate both ways; the fitted paces and the capacity loop's TTFT and
+  TPOT medians beside the real ones.
 
-Not simulated: the multi-turn runs (the simulator's requests carry no prefix), the HTTP path,
-the router's and the load generator's own time.
+Not simulated: the HTTP path, the router's and the load generator's own time.
 
 Prints JSON; ``--out`` saves it.
 
@@ -39,12 +41,12 @@ Prints JSON; ``--out`` saves it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +57,19 @@ from _common import command, emit, revision
 
 from hetero.plan.models import ModelShape
 from hetero.sched.clock import ManualClock
+from hetero.sched.prefix import BLOCK_CHARS, MAX_BLOCKS, prefix_blocks
+from hetero.serve.cost import prompt_text
 from hetero.serve.emulator.tiny_llama import MAX_MODEL_LEN, SHAPES, VOCAB
-from hetero.serve.engine_model import Calibration, EngineModel, EngineRequest, EngineSpec
+from hetero.serve.engine_model import (
+    BLOCK_SIZE,
+    Calibration,
+    EngineModel,
+    EngineRequest,
+    EngineSpec,
+)
 from hetero.serve.engine_model import engine_spec as make_spec
 from hetero.serve.records import RouterOptions
-from hetero.sim.engine_fleet import EngineFleetSimulator, FleetResult
+from hetero.sim.engine_fleet import EngineFleetSimulator, FleetResult, Prompt
 
 RESULTS = Path(__file__).resolve().with_name("results")
 REAL_RUNS = (
@@ -67,35 +77,82 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_80_120.json",
     RESULTS / "serve_real_single_turn_slo_loads_90_110.json",
     RESULTS / "serve_real_slo.json",
+    RESULTS / "serve_real_slo_loads_80.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
-TEMPLATE_TOKENS = 4  # the chat template's, around the user's words
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
 MAX_BATCHED_TOKENS = 2048
 PACE_ROUNDS = 6
 
 
-def read_run(path: Path) -> tuple[dict[str, Any], real.Settings, str | None]:
-    """The real run, its settings from its own command line, and why it cannot be simulated
-    (``None``: it can)."""
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A real run as the simulator needs it."""
+
+    doc: dict[str, Any]
+    s: real.Settings
+    chat: prefix.Chat | None  # None: single-turn
+    skipped: str | None  # why it cannot be simulated
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A run's requests, in the order sent: (prompt tokens, output tokens), and multi-turn
+    their prompts (empty: single-turn prompts share nothing)."""
+
+    jobs: list[tuple[int, int]]
+    prompts: list[Prompt]
+
+
+def read_run(path: Path) -> Run:
+    """The real run, its settings from its own command line, and why it cannot be simulated."""
     doc = json.loads(path.read_text())
     args = prefix.build_parser().parse_args(shlex.split(doc["command"])[2:])
-    s, _ = prefix.settings_of(args)
+    s, chat = prefix.settings_of(args)
     why = None
-    if not args.single_turn:
-        why = "multi-turn: the simulator's requests carry no prefix"
-    elif s.fleet != "one-model":
+    if s.fleet != "one-model":
         why = f"fleet {s.fleet!r}: only the one-model fleet is calibrated"
     elif "capacity" not in doc or not doc.get("loads"):
         why = "the run measured nothing (skipped)"
-    return doc, s, why
+    return Run(doc, s, None if args.single_turn else chat, why)
 
 
-def requests_of(s: real.Settings, n: int) -> list[tuple[int, int]]:
-    """The run's first ``n`` requests: (prompt tokens, output tokens)."""
-    prompts = real.prompt_lengths(s, n)
-    outputs = real.output_lengths(s, n)
-    return [(p + TEMPLATE_TOKENS, o) for p, o in zip(prompts, outputs, strict=True)]
+def template_tokens(messages: int) -> int:
+    """The tokens the test model's chat template adds: ``<s>``, each message's role, line
+    ends and ``</s>``, the assistant's role to come."""
+    return 4 * messages + 3
+
+
+def workload(run: Run, n: int) -> Workload:
+    """The run's first ``n`` requests."""
+    s = run.s
+    if run.chat is None:
+        prompts = real.prompt_lengths(s, n)
+        outputs = real.output_lengths(s, n)
+        jobs = [(p + template_tokens(1), o) for p, o in zip(prompts, outputs, strict=True)]
+        return Workload(jobs, [])
+    from tokenizers import Tokenizer
+
+    model = real.vllm_engine.make_model(real.vllm_engine.models_dir() / "small", size="small")
+    bodies, _ = prefix.chat_bodies(s, run.chat, n, model / "tokenizer.json")
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    special = {t: tok.token_to_id(t) for t in ("<s>", "</s>")}
+    roles = {r: tok.token_to_id(f"<|{r}|>") for r in ("system", "user", "assistant")}
+    (newline,) = tok.encode("\n").ids
+    jobs, out = [], []
+    for body in bodies:
+        payload = json.loads(body)
+        ids = [special["<s>"]]
+        for m in payload["messages"]:
+            ids += [roles[m["role"]], newline, *tok.encode(m["content"]).ids]
+            ids += [special["</s>"], newline]
+        ids += [roles["assistant"], newline]
+        engine_text = "".join(f"{i % 0x10000:04x}" for i in ids)  # 4 characters a token
+        blocks = prefix_blocks(engine_text, 4 * BLOCK_SIZE, limit=len(ids) // BLOCK_SIZE)
+        text = prompt_text(payload, MAX_BLOCKS * BLOCK_CHARS)
+        jobs.append((len(ids), int(payload["max_tokens"])))
+        out.append(Prompt(text, payload.get("user"), blocks))
+    return Workload(jobs, out)
 
 
 def shape(size: str) -> ModelShape:
@@ -139,7 +196,7 @@ def spec(size: str, base: Calibration, pace: float, kv_tokens: int) -> EngineSpe
 
 def closed_loop(
     engine: EngineSpec,
-    jobs: Sequence[tuple[int, int]],
+    work: Workload,
     concurrency: int,
     settle: float,
     window: float,
@@ -157,9 +214,14 @@ def closed_loop(
 
     def send() -> None:
         nonlocal sent
-        prompt, output = jobs[sent % len(jobs)]
-        model.submit(EngineRequest(prompt, output))
-        sent += 1
+        while True:
+            k = sent % len(work.jobs)
+            sent += 1
+            prompt, output = work.jobs[k]
+            blocks = work.prompts[k].blocks if work.prompts else ()
+            if prompt + output <= engine.max_context:  # else vLLM refuses it at once
+                model.submit(EngineRequest(prompt, output, blocks))
+                return
 
     for _ in range(concurrency):
         send()
@@ -180,22 +242,19 @@ def closed_loop(
     }
 
 
-def fit_paces(
-    doc: dict[str, Any], s: real.Settings, base: Calibration, kv_tokens: int
-) -> list[dict[str, Any]]:
+def fit_paces(run: Run, work: Workload, base: Calibration, kv_tokens: int) -> list[dict[str, Any]]:
     """Each replica's pace, from its capacity in the run (secant steps on the loop's rate,
-    which falls as about 1 / pace)."""
-    cap = doc["capacity"]
-    jobs = requests_of(s, int(max(s.loads) * 40 * s.duration) + 4000)
-    mean_output = float(np.mean([o for _, o in jobs]))
+    which falls as about 1 / pace). ``work``: every request the run made (the loop's)."""
+    cap = run.doc["capacity"]
+    mean_output = float(np.mean([o for _, o in work.jobs]))
     out = []
-    for replica, measured in zip(doc["fleet"]["replicas"], cap["replicas"], strict=True):
+    for replica, measured in zip(run.doc["fleet"]["replicas"], cap["replicas"], strict=True):
         target = measured["requests_per_s"]
         pace = 1.0 / replica["cpu_share"]
         for _ in range(PACE_ROUNDS):
             got = closed_loop(
                 spec("small", base, pace, kv_tokens),
-                jobs,
+                work,
                 cap["concurrency"],
                 cap["settle_s"],
                 cap["window_s"],
@@ -224,26 +283,28 @@ def simulate(
     row: dict[str, Any],
     fleet: list[tuple[str, EngineSpec]],
     arrived: list[tuple[float, int, int]],
+    prompts: list[Prompt],
     slo: tuple[float, float],
 ) -> FleetResult:
     """The real configuration ``row``, simulated."""
     kind, name = row["kind"], row["name"]
+    anchors = {
+        ("sglang", "cache_aware"): "_anchor_policies:CacheAware",
+        ("vllm-router", "cache_aware"): "_anchor_policies:CacheAware",
+        ("sglang", "power_of_two"): "_anchor_policies:PowerOfTwo",
+        ("client", "round_robin"): "round_robin",
+    }
     if kind == "alone":
-        sim = EngineFleetSimulator(fleet[:1], capacity="engine")
+        sim = EngineFleetSimulator(fleet[:1], capacity="none")
     elif kind == "hetero":
         flags = shlex.split(name) if name.startswith("--") else ["--strategy", name]
-        options = RouterOptions(**hetero_options(flags))
-        sim = EngineFleetSimulator(fleet, options=options)
-    elif kind in ("sglang", "vllm-router") and name == "cache_aware":
-        # Their cache_aware sends a prompt that matches under 30% of any worker's prefix tree
-        # to the worker with the fewest requests in flight (the first on ties), and so does
-        # its rule for an imbalanced fleet (sglang-router's src/policies/cache_aware.rs;
-        # vllm-router is a fork of it). No single-turn prompt matches that much.
-        options = RouterOptions(strategy="least_connections")
+        sim = EngineFleetSimulator(fleet, options=RouterOptions(**hetero_options(flags)))
+    elif (kind, name) in anchors:
+        options = RouterOptions(strategy=anchors[kind, name])
         sim = EngineFleetSimulator(fleet, options=options, capacity="none")
     else:
         raise ValueError(f"{kind} {name}: not modelled")
-    return sim.run(arrived, slo=slo)
+    return sim.run(arrived, slo=slo, prompts=prompts)
 
 
 def hetero_options(flags: list[str]) -> dict[str, Any]:
@@ -262,13 +323,22 @@ def shares(result: FleetResult, names: list[str]) -> dict[str, float]:
     return {n: round(float(c), 4) for n, c in zip(names, counts, strict=False)}
 
 
+def hit_rate(result: FleetResult) -> float | None:
+    queries = sum(r.prefix_queries for r in result.replicas)
+    return round(sum(r.prefix_hits for r in result.replicas) / queries, 4) if queries else None
+
+
 def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dict[str, Any]:
-    doc, s, why = read_run(path)
+    run = read_run(path)
+    doc, s = run.doc, run.s
     head: dict[str, Any] = {"real_run": str(path.relative_to(RESULTS.parent.parent))}
-    if why is not None:
-        return {**head, "skipped": why}
+    if run.skipped is not None:
+        return {**head, "skipped": run.skipped}
     head["real_revision"] = doc["revision"]["commit"][:7]
-    paces = fit_paces(doc, s, base, kv_tokens)
+    head["workload"] = "single-turn" if run.chat is None else "multi-turn"
+    # As many requests as the real run made (its capacity loop cycles through them all).
+    work = workload(run, int(max(s.loads) * 40 * s.duration) + 4000)
+    paces = fit_paces(run, work, base, kv_tokens)
     names = [r["name"] for r in doc["fleet"]["replicas"]]
     fleet = [
         (n, spec("small", base, p["pace"], kv_tokens)) for n, p in zip(names, paces, strict=True)
@@ -277,13 +347,13 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
     rows = []
     for block in doc["loads"]:
         times = real.poisson_times(block["rate_rps"], s.duration, s.seed)
-        jobs = requests_of(s, len(times))
-        arrived = [(t, p, o) for t, (p, o) in zip(times, jobs, strict=True)]
+        arrived = [(t, p, o) for t, (p, o) in zip(times, work.jobs, strict=False)]
+        prompts = work.prompts[: len(arrived)]
         configs = []
         for row in block["configs"]:
             if "skipped" in row:
                 continue
-            result = simulate(row, fleet, arrived, slo)
+            result = simulate(row, fleet, arrived, prompts, slo)
             simulated = round(result.attainment(*slo), 4)
             configs.append(
                 {
@@ -294,6 +364,8 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
                     "within_target": abs(simulated - row["slo_attainment"]) <= target,
                     "shares_real": {r["replica"]: r["share_of_completed"] for r in row["replicas"]},
                     "shares_simulated": shares(result, names),
+                    "hit_rate_real": row.get("hit_rate"),
+                    "hit_rate_simulated": hit_rate(result),
                 }
             )
             print(
@@ -313,8 +385,12 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
     return {
         **head,
         "prompt_tokens_mean": {
-            "real": doc["workload"]["prompt_tokens_mean"],
-            "simulated": round(float(np.mean([p for _, p, _ in arrived])), 1),
+            "real (vLLM's prefix-cache queries a request, the first load's first router)": round(
+                sum(r["prefix_queries"] for r in doc["loads"][0]["configs"][0]["replicas"])
+                / doc["loads"][0]["requests"],
+                1,
+            ),
+            "simulated": round(float(np.mean([p for p, _ in work.jobs[: len(arrived)]])), 1),
         },
         "paces": paces,
         "loads": rows,
@@ -329,7 +405,8 @@ def main(argv: list[str]) -> int:
         "--real",
         action="append",
         type=Path,
-        help="a real run's JSON (repeatable; default: the committed single-turn SLO runs)",
+        help="a real run's JSON (repeatable; default: the committed SLO runs on the one-model "
+        "fleet, single-turn and multi-turn)",
     )
     parser.add_argument("--calibration", type=Path, default=CALIBRATION)
     parser.add_argument("--target", type=float, default=0.05, help="largest |difference|")

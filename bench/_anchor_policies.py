@@ -1,0 +1,98 @@
+"""The anchors' routing as ``hetero.sched`` policies, for the simulator: what sglang-router
+(0.3, its ``src/policies/*.rs``) decides, so that ``bench_sim_to_real.py`` can set it beside
+hetero's own in virtual time. vllm-router is a fork of it with the same defaults. Models of
+other products, kept to what the benchmark's workloads exercise: loads are the requests each
+worker has in flight through the router, and nothing is held in the router (the simulator's
+``capacity="none"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetero.errors import ConfigError
+from hetero.sched.item import WorkItem
+from hetero.sched.policy import BoolArray, Policy, masked_argmin
+from hetero.sched.view import FleetView
+
+
+class CacheAware(Policy):
+    """``cache_aware``. While the fleet is imbalanced (the most loaded worker holds more than
+    ``balance_abs_threshold`` requests beyond the least loaded, and more than
+    ``balance_rel_threshold`` times as many) the least loaded worker takes the request; else
+    the worker whose prefix tree matches the most of the prompt's text, where that is more
+    than ``cache_threshold`` of it, else the least loaded. The prompt joins the tree of the
+    worker it goes to, either way.
+
+    The tree is kept at the simulator's block granularity: a prompt matches as many of its
+    leading blocks (``item.prefix``) as some worker was sent before, the worker last sent the
+    deepest of them being the match (the tree's most recent tenant of its node). A prompt
+    without blocks matches nothing."""
+
+    name = "anchor_cache_aware"
+
+    def __init__(
+        self,
+        *,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+    ) -> None:
+        if not 0 <= cache_threshold <= 1:
+            raise ConfigError([("cache_threshold", f"must be in [0, 1], got {cache_threshold!r}")])
+        if balance_abs_threshold < 0 or not balance_rel_threshold >= 1:
+            problem = (
+                f"got {balance_abs_threshold!r}, {balance_rel_threshold!r}; allowed: >= 0, >= 1"
+            )
+            raise ConfigError([("balance thresholds", problem)])
+        self._threshold = cache_threshold
+        self._abs = balance_abs_threshold
+        self._rel = balance_rel_threshold
+        self._last: dict[int, int] = {}  # block -> the worker last sent a prompt holding it
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        if not mask.any():
+            return None
+        load = view.in_flight[: view.n].astype(np.float64)
+        most, least = load[mask].max(), load[mask].min()
+        prefix = item.prefix
+        blocks = prefix.blocks if prefix is not None else ()
+        i: int | None = None
+        if not (most - least > self._abs and most > least * self._rel) and blocks:
+            depth = 0
+            for block in blocks:
+                if block not in self._last:
+                    break
+                depth += 1
+            span = prefix.span if prefix is not None and prefix.span else len(blocks)
+            if depth and depth / span > self._threshold:
+                tenant = self._last[blocks[depth - 1]]
+                i = tenant if tenant < view.n and mask[tenant] else None
+        if i is None:
+            i = masked_argmin(load, mask)
+            if i is None:
+                return None
+        for block in blocks:
+            self._last[block] = i
+        return i
+
+
+class PowerOfTwo(Policy):
+    """``power_of_two``: two different workers drawn at random, the less loaded of them (the
+    first drawn on a tie)."""
+
+    name = "anchor_power_of_two"
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        mask = view.usable if allowed is None else allowed
+        candidates = np.flatnonzero(mask)
+        if candidates.size == 0:
+            return None
+        if candidates.size == 1:
+            return int(candidates[0])
+        a, b = (int(x) for x in self._rng.choice(candidates, size=2, replace=False))
+        return a if view.in_flight[a] <= view.in_flight[b] else b
