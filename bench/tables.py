@@ -2642,6 +2642,7 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         if "skipped" in run:
             parts.append(f"`{run['real_run']}`: not simulated ({run['skipped']}).")
             continue
+        multi = run.get("workload") == "multi-turn"
         paces = ", ".join(
             f"{p['replica']} {p['pace']:g} ({p['simulated']['requests_per_s']:g} requests/s "
             f"against {p['real']['requests_per_s']:g}; TPOT p50 "
@@ -2659,12 +2660,14 @@ def sim_to_real(doc: dict[str, Any]) -> str:
                 "yes" if c["within_target"] else "**no**",
                 "/".join(f"{v:.0%}" for v in c["shares_real"].values()),
                 "/".join(f"{v:.0%}" for v in c["shares_simulated"].values()),
+                *([f"{c['hit_rate_real']:.3f}", f"{c['hit_rate_simulated']:.3f}"] if multi else []),
             ]
             for load in run["loads"]
             for c in load["configs"]
         ]
         parts.append(
-            f"`{run['real_run']}` (real run at {run['real_revision']}); paces: {paces}.\n\n"
+            f"`{run['real_run']}` ({run.get('workload', 'single-turn')}, real run at "
+            f"{run['real_revision']}); paces: {paces}.\n\n"
             + _table(
                 [
                     "load",
@@ -2675,6 +2678,7 @@ def sim_to_real(doc: dict[str, Any]) -> str:
                     f"within {doc['target']:g}",
                     "shares real",
                     "simulated",
+                    *(["hit rate real", "simulated"] if multi else []),
                 ],
                 rows,
             )
@@ -2684,13 +2688,14 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         "## Sim-to-real: the simulator beside the real-engine SLO runs\n\n"
         f"`{doc['command']}`"
         + _at_commit(doc)
-        + " — each single-turn real run's own requests and send times rebuilt from its "
-        "command line, its three replicas the emulator's engine model calibrated to vLLM's "
+        + " — each real run's own requests and send times rebuilt from its command line "
+        "(multi-turn, each with its prompt's blocks), its three replicas the emulator's engine "
+        "model calibrated to vLLM's "
         f"CPU build (`{cal['from']}`, at {cal['at']}), each at a pace fitted to the real "
         "replica's capacity in that run; the routers simulated: hetero's (the router's own "
         "code, its replicas known by URL alone), sglang-router's and vllm-router's "
-        "`cache_aware` (what it does with prompts that share nothing: each to the worker with "
-        "the fewest requests in flight, nothing held in the router), the fast replica alone. "
+        "`cache_aware` and sglang-router's `power_of_two` (`bench/_anchor_policies.py`, "
+        "nothing held in the router), client round robin, the fast replica alone. "
         "Shares are of "
         f"completed requests (fast/40%/20%). Within {doc['target']:g}: "
         f"{doc['within_target']} of {doc['cells']} cells; the largest difference "
