@@ -313,6 +313,8 @@ def test_bad_arguments_are_config_errors() -> None:
         sim.drain(1.0, "b")
     with pytest.raises(ConfigError, match="time order"):
         sim.run([(2.0, 10, 10), (1.0, 10, 10)])
+    with pytest.raises(ConfigError, match=r"prompts.*Prompt objects, got 'hello'"):
+        EngineFleetSimulator([("a", L4)]).run([(0.0, 10, 10)], prompts=["hello"])  # type: ignore[list-item]
 
 
 def result_of(

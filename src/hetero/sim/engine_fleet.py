@@ -938,6 +938,9 @@ class EngineFleetSimulator(Driver):
         if not 0 < interval < math.inf:
             raise ConfigError([("interval", f"must be seconds > 0, got {interval!r}")])
         self._slo_target = slo
+        wrong = next((p for p in prompts if not isinstance(p, Prompt)), None)
+        if wrong is not None:
+            raise ConfigError([("prompts", f"must be Prompt objects, got {wrong!r}")])
         self._prompts = prompts
         horizon = -math.inf if until is None else float(until)
         it: Iterator[tuple[float, int, int]] = iter(arrivals)
