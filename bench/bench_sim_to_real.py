@@ -76,6 +76,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo.json",
     RESULTS / "serve_real_single_turn_slo_loads_80_120.json",
     RESULTS / "serve_real_single_turn_slo_loads_90_110.json",
+    RESULTS / "serve_real_single_turn_slo_loads_115_125.json",
     RESULTS / "serve_real_slo.json",
     RESULTS / "serve_real_slo_loads_80.json",
 )
