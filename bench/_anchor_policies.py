@@ -27,7 +27,8 @@ class CacheAware(Policy):
     The tree is kept at the simulator's block granularity: a prompt matches as many of its
     leading blocks (``item.prefix``) as some worker was sent before, the worker last sent the
     deepest of them being the match (the tree's most recent tenant of its node). A prompt
-    without blocks matches nothing."""
+    without blocks matches nothing. Nothing is evicted: the routers evict past 2^25 or 2^26
+    characters a tree, far more than a run sends."""
 
     name = "anchor_cache_aware"
 
