@@ -416,6 +416,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.target < 1:
         parser.error(f"--target must be a fraction in (0, 1), got {args.target}")
+    for name, path in [("--calibration", args.calibration)] + [
+        ("--real", p) for p in args.real or []
+    ]:
+        if not path.is_file():
+            parser.error(f"{name}: no file {str(path)!r} (a benchmark's JSON result)")
     emulated = json.loads(args.calibration.read_text())
     base = Calibration(**emulated["calibration"])
     kv_tokens = emulated["engine"]["kv_tokens"]
