@@ -60,14 +60,17 @@ class CacheAware(Policy):
         prefix = item.prefix
         blocks = prefix.blocks if prefix is not None else ()
         i: int | None = None
-        if not (most - least > self._abs and most > least * self._rel) and blocks:
+        if (
+            prefix is not None
+            and blocks
+            and not (most - least > self._abs and most > least * self._rel)
+        ):
             depth = 0
             for block in blocks:
                 if block not in self._last:
                     break
                 depth += 1
-            span = prefix.span if prefix is not None and prefix.span else len(blocks)
-            if depth and depth / span > self._threshold:
+            if depth and depth / (prefix.span or len(blocks)) > self._threshold:
                 tenant = self._last[blocks[depth - 1]]
                 i = tenant if tenant < view.n and mask[tenant] else None
         if i is None:

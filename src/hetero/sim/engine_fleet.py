@@ -444,6 +444,8 @@ class EngineFleetSimulator(Driver):
         self._set_time = self.clock.setter()
         self.policy = make_policy(options.strategy, options.strategy_options)
         self.slo = self.policy if isinstance(self.policy, SloRouting) else None
+        # As the router's: the policy that follows the engines' prefix caches, if it does.
+        self.prefix_policy = self.policy if isinstance(self.policy, PrefixAffinity) else None
         if self.slo is not None:
             self.slo.ttft_slo = options.slo_ttft or self.slo.ttft_slo
             self.slo.tpot_slo = options.slo_tpot or self.slo.tpot_slo
@@ -640,8 +642,8 @@ class EngineFleetSimulator(Driver):
 
     def _remove(self, r: _Replica) -> None:
         self.apply(self.dispatcher.remove_device(r.name, "replica removed"))
-        if isinstance(self.policy, PrefixAffinity):
-            self.policy.forget(r.index)
+        if self.prefix_policy is not None:
+            self.prefix_policy.forget(r.index)
         self._contexts()
 
     def _unpark(self) -> None:
@@ -862,9 +864,9 @@ class EngineFleetSimulator(Driver):
             return
         in_flight = int(self.dispatcher.view.running[r.index])
         capacity.on_load(self.clock.now(), in_flight, len(r.model.waiting))
-        if self._prompts and isinstance(self.policy, PrefixAffinity):
+        if self._prompts and self.prefix_policy is not None:
             model = r.model
-            self.policy.engine_cache(
+            self.prefix_policy.engine_cache(
                 r.index,
                 blocks=cache_blocks(r.spec.kv_tokens),
                 queries=model.prefix_queries,
