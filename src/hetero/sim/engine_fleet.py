@@ -843,10 +843,10 @@ class EngineFleetSimulator(Driver):
                 rid = items.get(request)
                 if rid is None:
                     continue
-                if request.generated == 1:
+                if request.first_token_at == step.end:  # its first token came with this step
                     slo.first_token(rid, now)
-                elif request.generated >= marks[rid]:
-                    slo.progress(rid, now, request.generated)
+                elif request.emitted >= marks[rid]:
+                    slo.progress(rid, now, request.emitted)
                     marks[rid] *= 2
         for request in step.finished:
             rid = items.pop(request, None)
