@@ -151,6 +151,12 @@ class Dispatcher:
         self._holds: list[set[Hold]] = [set() for _ in range(self.view.n)]
         self._lowered = False  # set_slots has lowered some device's slots (see _release)
         self._only_masks: dict[tuple[str, ...], BoolArray] = {}  # submit's only= sets
+        # The one mask of those that names every device (every such set shares it): an item
+        # restricted to it may go to any usable device, so it is placed as an unrestricted one
+        # is, without a mask made and tested per placement (a router restricts every request
+        # to its model's replicas, most often all of them). None until one is made, and again
+        # once a device joins (then no earlier set names every device).
+        self._whole: BoolArray | None = None
         self._removed: set[int] = set()  # left the fleet (remove_device); ids stay reserved
         self._steal_on_place = opts.stealing and not policy.places_by_delay
         # Only build completion events for policies that learn from them.
@@ -228,6 +234,10 @@ class Dispatcher:
                 mask[[self._device(d) for d in key]] = True
                 if not mask.any():
                     raise NoCapableDevice(f"work item {item.id!r} may run on no device (only=[])")
+                if mask.all():
+                    if self._whole is None:
+                        self._whole = mask
+                    mask = self._whole
                 if len(self._only_masks) < 256:
                     self._only_masks[key] = mask
         if retries is not None and not (isinstance(retries, int) and retries >= 0):
@@ -539,6 +549,7 @@ class Dispatcher:
         self.perf.add(device)
         i = self.view.add(device, slots, parallel)
         self._only_masks.clear()  # one device short now
+        self._whole = None
         for rec in self.records.values():  # a device joins outside every only= list
             if rec.only is not None and rec.state not in TERMINAL:
                 rec.only = np.append(rec.only, False)
@@ -749,7 +760,7 @@ class Dispatcher:
         view = self.view
         item = rec.item
         only = rec.only
-        if not rec.excluded and not item.memory and only is None:
+        if not rec.excluded and not item.memory and (only is None or only is self._whole):
             return None
         usable = view.usable if only is None else view.usable & only
         mask = usable.copy()
@@ -765,7 +776,10 @@ class Dispatcher:
         """Ask the policy for a device; queue the item there, or keep it pending."""
         view = self.view
         # Any usable device (None) in the common case, without the call.
-        restricted = rec.excluded or rec.item.memory or rec.only is not None
+        only = rec.only
+        restricted = (
+            rec.excluded or rec.item.memory or (only is not None and only is not self._whole)
+        )
         allowed = self._allowed(rec) if restricted else None
         if allowed is not None and not allowed.any():
             i = None
