@@ -23,8 +23,9 @@ class MonotonicClock:
 
     __slots__ = ()
 
-    def now(self) -> float:
-        return time.monotonic()
+    #: ``time.monotonic`` itself rather than a method that calls it: the router reads the clock
+    #: about seven times a request, and a Python frame per read was most of its cost.
+    now = staticmethod(time.monotonic)
 
 
 class ManualClock:
