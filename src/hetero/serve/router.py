@@ -252,14 +252,16 @@ class Router(Driver):
         loop = asyncio.get_running_loop()
         ticket = Ticket(next(self._ids), model, prompt, loop.create_future(), self.clock.now())
         self.traffic.arrived(ticket.submitted)
-        cost = self.outputs.cost(model, prompt, max_tokens)
+        # The expected output once: the cost and, under slo, the tokens are both made of it.
+        output = self.outputs.expected(model, max_tokens)
+        cost = self.outputs.cost_of(prompt, output)
         prefix = None
         if self.prefix_aware and (text or session):
             text = text or ""
             prefix = prompt_prefix(text, session, self._block_work)
         tokens = None
         if self.slo_policy is not None:
-            tokens = Tokens(prompt, self.outputs.expected(model, max_tokens))
+            tokens = Tokens(prompt, output)
         item = request_item(ticket, cost, priority, prefix, tokens)
         self.tickets[ticket.id] = ticket
         try:
