@@ -388,22 +388,6 @@ def test_a_cached_prefix_pulls_a_request_to_its_replica() -> None:
     assert again == first
 
 
-def test_a_conversation_stays_on_a_slower_replica_holding_it_while_that_meets_the_slo() -> None:
-    fast, slow = prior(0.005, 0.002, prefill_s=1e-4), prior(0.01, 0.004, prefill_s=4e-4)
-    policy, view = make_policy([fast, slow], ttft=1.0, tpot=0.05)
-    talk = tuple(range(8))  # a conversation's first turns, cached where they ran
-    policy._placed(1, Prefix(talk, 128.0), policy._matched(Prefix(talk, 128.0)))
-    # The fast replica has more headroom, the slow one holds the prompt and meets the SLO:
-    # the turn stays with its cache.
-    assert policy.pick(request(1100, prefix=Prefix((*talk, 8), 128.0)), view, None) == 1
-    # A prompt held nowhere goes where there is the most headroom.
-    assert policy.pick(request(1100, prefix=Prefix((100, 101), 128.0)), view, None) == 0
-    # Where the slow replica would miss the SLO (a turn longer than its TTFT allows), the fast
-    # one takes it, cache or not.
-    long_turn = request(4000, prefix=Prefix((*talk, 9), 128.0))
-    assert policy.pick(long_turn, view, None) == 0
-
-
 def test_the_slo_is_checked() -> None:
     for bad in (0, -1.0, math.nan, math.inf, 1e9, True, "1"):
         with pytest.raises(ConfigError, match="ttft"):

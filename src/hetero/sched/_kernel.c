@@ -702,34 +702,14 @@ PyDoc_STRVAR(slo_pick_doc,
 "  ttft = ttft_s / ttft_slo; tpot = tpot_s / tpot_slo, times 10 where kv_room < need (if the\n"
 "  least kv_room is)\n"
 "  meets = usable and max(ttft * ttft_gate, tpot * tpot_gate) <= 1\n"
-"Returns (j, ttft_s, tpot_s) for the first j of the least ttft + tpot among those that meet\n"
-"with the fewest uncached tokens (numpy's min over them; all of them for a float), or None\n"
-"when none meets.");
+"Returns (j, ttft_s, tpot_s) for the first j of the least ttft + tpot among those that meet,\n"
+"or None when none does.");
 
 enum {
     P_TTFT_BASE, P_PER_TOKEN, P_STEP_BASE, P_PER_KV, P_PREFILL, P_DECAY, P_TTFT_GATE,
     P_TPOT_GATE, P_KV_ROOM, P_USABLE, P_UNCACHED, P_TTFT_SLO, P_TPOT_SLO, P_KV_FEATURE, P_NEED,
     P_NARGS
 };
-
-/* Replica j's predictions for a request of ``uncached`` tokens there, as slo_pick's docstring
-   gives them: whether it meets, and its TTFT and TPOT (seconds) and headroom. */
-static int
-slo_meets(const double *const *col, npy_intp j, double uncached, double kv_feature,
-          double ttft_slo, double tpot_slo, int queues, double need, double *ttft_s,
-          double *tpot_s, double *headroom)
-{
-    double tokens = np_minimum(uncached, SLO_MAX_TOKENS);
-    *ttft_s = np_maximum(SLO_FLOOR, col[P_TTFT_BASE][j] + tokens * col[P_PER_TOKEN][j]);
-    double step = np_maximum(SLO_FLOOR, col[P_STEP_BASE][j] + col[P_PER_KV][j] * kv_feature);
-    *tpot_s = step + np_minimum(FIT_MAX_SECONDS, col[P_PREFILL][j] * col[P_DECAY][j]);
-    double ttft = *ttft_s / ttft_slo, tpot = *tpot_s / tpot_slo;
-    if (queues && col[P_KV_ROOM][j] < need)
-        tpot *= 10.0;
-    *headroom = ttft + tpot;
-    double worst = np_maximum(ttft * col[P_TTFT_GATE][j], tpot * col[P_TPOT_GATE][j]);
-    return worst <= 1.0;
-}
 
 static PyObject *
 slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -771,28 +751,22 @@ slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (npy_intp j = 1; j < n && least == least; j++)
         least = np_minimum(least, col[P_KV_ROOM][j]);
     int queues = n > 0 && least < need;
-    /* Two passes: the fewest uncached tokens among the replicas that meet, then the least
-       headroom among those that meet holding that many. (A NaN count never meets: its TTFT
-       is NaN.) */
-    double fewest = INFINITY;
-    if (uncached_of) {
-        for (npy_intp j = 0; j < n; j++) {
-            double ttft_s, tpot_s, headroom;
-            if (usable[j] && uncached_of[j] < fewest
-                && slo_meets(col, j, uncached_of[j], kv_feature, ttft_slo, tpot_slo, queues,
-                             need, &ttft_s, &tpot_s, &headroom))
-                fewest = uncached_of[j];
-        }
-    }
     npy_intp best = -1;
     double low = INFINITY, best_ttft = 0.0, best_tpot = 0.0;
     for (npy_intp j = 0; j < n; j++) {
-        if (!usable[j] || (uncached_of && uncached_of[j] != fewest))
+        if (!usable[j])
             continue;
-        double ttft_s, tpot_s, headroom;
-        if (!slo_meets(col, j, uncached_of ? uncached_of[j] : own_tokens, kv_feature, ttft_slo,
-                       tpot_slo, queues, need, &ttft_s, &tpot_s, &headroom))
+        double tokens = uncached_of ? np_minimum(uncached_of[j], SLO_MAX_TOKENS) : own_tokens;
+        double ttft_s = np_maximum(SLO_FLOOR, col[P_TTFT_BASE][j] + tokens * col[P_PER_TOKEN][j]);
+        double step = np_maximum(SLO_FLOOR, col[P_STEP_BASE][j] + col[P_PER_KV][j] * kv_feature);
+        double tpot_s = step + np_minimum(FIT_MAX_SECONDS, col[P_PREFILL][j] * col[P_DECAY][j]);
+        double ttft = ttft_s / ttft_slo, tpot = tpot_s / tpot_slo;
+        if (queues && col[P_KV_ROOM][j] < need)
+            tpot *= 10.0;
+        double worst = np_maximum(ttft * col[P_TTFT_GATE][j], tpot * col[P_TPOT_GATE][j]);
+        if (!(worst <= 1.0))
             continue;
+        double headroom = ttft + tpot;
         if (headroom != headroom || best < 0 || headroom < low) {
             best = j, low = headroom, best_ttft = ttft_s, best_tpot = tpot_s;
             if (headroom != headroom)

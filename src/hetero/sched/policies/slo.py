@@ -5,16 +5,12 @@ a request's time to first token from the prefill queued there, its own uncached 
 and the running batch; its time per output token from the step time at the batch it would join
 and the KV tokens that batch reads. Prefix-cache affinity is not a separate switch: the prompt
 blocks a replica holds (``PrefixAffinity``'s index) shorten its predicted prefill, so a cached
-prefix is weighed against speed and queue by the same formula; among the replicas that meet
-the SLO, it decides first (below).
+prefix is weighed against speed and queue by the same formula.
 
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
-- among the replicas that meet both (``r ≤ 1``), those holding most of its prompt in their
-  prefix cache (the fewest uncached tokens: a conversation stays where its cache is while that
-  replica meets its SLO, rather than move to one with more headroom and leave its cache
-  behind), and of them the one with the most headroom (least ``r_ttft + r_tpot`` of the fit's
-  means); a busy replica's predictions are widened while its
+- among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
+  ``r_ttft + r_tpot`` of the fit's means); a busy replica's predictions are widened while its
   replies contradict the fit (it is distrusted) and one of its last replies missed its SLO; an
   idle one's are not (one request is the whole risk there, and it is how a distrusted replica
   earns trust back), nor those of one whose replies keep meeting the SLO, however far from the
@@ -349,8 +345,6 @@ class SloRouting(PrefixAffinity):
         worst = np.where(usable, np.maximum(r_ttft, r_tpot), np.inf)
         meets = worst <= 1.0
         if meets.any():
-            if not isinstance(uncached, float):  # those holding most of its prompt
-                meets &= uncached == np.where(meets, uncached, np.inf).min()
             i = int(np.where(meets, headroom, np.inf).argmin())
             self._probe_wait[i] = PROBE_AFTER
         else:
