@@ -2192,13 +2192,17 @@ def _slo_misses(doc: dict[str, Any]) -> str:
 
 def _other_slo_run(path: Path) -> str:
     """One line for another run of the one-model real-engine benchmark: each configuration's
-    SLO attainment at each load."""
+    SLO attainment at each load, and the engines' prefix-cache hit rate where there was one."""
     doc = json.loads(path.read_text())
     at = _revision_at(doc)
+
+    def hits(r: dict[str, Any]) -> str:
+        return f" (hit rate {r['hit_rate']:.3f})" if r.get("hit_rate") else ""
+
     loads = "; ".join(
         f"at {block['load']:.0%} ({block['rate_rps']}/s) "
         + ", ".join(
-            f"{r['config']} {r['slo_attainment']:.1%}"
+            f"{r['config']} {r['slo_attainment']:.1%}{hits(r)}"
             for r in block["configs"]
             if "skipped" not in r
         )
