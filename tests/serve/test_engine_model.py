@@ -125,47 +125,8 @@ def test_requests_join_the_batch_at_step_boundaries_and_long_prompts_prefill_in_
     assert chunks == [budget - 1, budget - 1, 5000 - 2 * (budget - 1)]
     assert all(s.decode_tokens == 1 for s in steps[1:4])
     assert steps[1].start == first.end  # back to back
-    # Its one token is sampled by the step that ends its prompt and handed over as the next
-    # ends (async scheduling: the engine runs that step before it hands the tokens over).
-    assert long.first_token_at == steps[4].end and long.finished_at == steps[4].end
+    assert long.first_token_at == steps[3].end and long.finished_at == steps[3].end
     assert short.generated == 50 and short.finished
-
-
-def test_tokens_reach_the_server_a_step_late_unless_the_engine_goes_idle() -> None:
-    for async_scheduling in (True, False):
-        model, clock = engine(async_scheduling=async_scheduling)
-        a = model.submit(EngineRequest(100, 3))
-        b = model.submit(EngineRequest(100, 5))
-        steps = run(model, clock)
-        assert [s.batch for s in steps] == [2, 2, 2, 1, 1]  # the same steps either way
-        handed = [{id(r): r for r in s.progressed} for s in steps]
-        if async_scheduling:
-            # Each step hands over the last one's tokens; the last step, before the engine goes
-            # idle, its own as well.
-            assert [len(h) for h in handed] == [0, 2, 2, 2, 1]
-            assert a.first_token_at == steps[1].end and a.finished_at == steps[3].end
-            assert b.first_token_at == steps[1].end and b.finished_at == steps[4].end
-        else:
-            assert [len(h) for h in handed] == [2, 2, 2, 1, 1]
-            assert a.first_token_at == steps[0].end and a.finished_at == steps[2].end
-            assert b.finished_at == steps[4].end
-        assert a.emitted == 3 and b.emitted == 5 and not model.busy
-    with pytest.raises(ConfigError, match="async_scheduling"):
-        engine(async_scheduling="yes")
-
-
-def test_a_request_leaving_while_its_token_waits_hands_over_the_others() -> None:
-    model, clock = engine()
-    a = model.submit(EngineRequest(100, 1))
-    b = model.submit(EngineRequest(100, 50))
-    first = model.step()
-    assert first is not None and first.progressed == ()  # both sampled, held back
-    clock.set(first.end)
-    model.abort(b)  # b leaves before the next step: a's token is handed over at once
-    step = model.step()
-    assert step is not None and step.progressed == (a,) and step.finished == (a,)
-    assert a.first_token_at == a.finished_at == first.end and b.emitted == 0
-    assert not model.busy and model.step() is None
 
 
 def test_a_full_kv_cache_preempts_the_newest_request_which_still_finishes_once() -> None:

@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from hetero.cli import app
-from hetero.errors import ConfigError
 from hetero.serve.emulator.server import MockConfig, MockReplica
 from hetero.serve.engine_model import BLOCK_SIZE
 from hetero.serve.engines.vllm import parse
@@ -148,15 +147,9 @@ def test_cli_help_explains_the_continuous_model() -> None:
         "--step-overhead",
         "--request-overhead",
         "--max-num-batched-tokens",
-        "--no-async-scheduling",
     ):
         assert option in result.stdout
     assert "continuous batching" in result.stdout
-
-
-def test_a_config_whose_async_scheduling_is_not_a_flag_is_refused() -> None:
-    with pytest.raises(ConfigError, match="async_scheduling: must be true or false, got 'no'"):
-        MockConfig(engine_model="continuous", async_scheduling="no")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -206,14 +206,6 @@ def mock_replica(
             help="Continuous model: tokens one step computes at most (chunked prefill).",
         ),
     ] = 8192,
-    async_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--async-scheduling/--no-async-scheduling",
-            help="Continuous model: hand each step's tokens over as the next step ends, as"
-            " vLLM's async scheduling (its default) and SGLang's overlap scheduler do.",
-        ),
-    ] = True,
 ) -> None:
     """Serve an emulated OpenAI-compatible inference replica until Ctrl-C or SIGTERM.
 
@@ -231,9 +223,7 @@ def mock_replica(
     --request-overhead per request in it), a KV cache of the size the memory fit leaves (or
     --kv-tokens) that preempts the newest request when full, and a prefix cache of 16-token
     blocks (64 characters of the prompt); /metrics then publishes its prefix-cache counters,
-    preemptions and block count. Each step's tokens reach the client as the next step ends,
-    as under vLLM's async scheduling (--no-async-scheduling: as their own ends). --speed and
-    --slowdown still scale its step times.
+    preemptions and block count. --speed and --slowdown still scale its step times.
 
     POST /mock/config with speed, slowdown, fail_rate, garbage_rate, load_fault or load_delay
     changes them at run time; GET /mock/stats counts the requests.
@@ -274,7 +264,6 @@ def mock_replica(
             request_overhead=request_overhead,
             attention_efficiency=attention_efficiency,
             max_num_batched_tokens=max_num_batched_tokens,
-            async_scheduling=async_scheduling,
         )
     except ConfigError as exc:
         named = [(_OPTIONS.get(f, "--" + f.replace("_", "-")), m) for f, m in exc.problems]

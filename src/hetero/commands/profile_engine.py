@@ -141,10 +141,10 @@ def profile_engine(
 
     Sends streamed completions of random prompt tokens (warm-up first): the time to first
     token of single requests of 32, 512, 1024 and 1536 prompt tokens, the time between tokens
-    while 1, 2 and 8 requests of 1,024 prompt tokens decode together, and both in closed loops
-    of 16, 32 and 64 clients (two requests of 256 + 32 tokens each: the batches a replica runs
-    near its capacity, new prompts prefilled beside the decodes). The emulator of --model-shape
-    on --device (with the engine's KV capacity, read from its /metrics where it publishes it) runs
+    while 1, 2 and 8 requests decode together, and both in closed loops of 16, 32 and 64
+    clients (two requests of 256 + 32 tokens each: the batches a replica runs near its
+    capacity, new prompts prefilled beside the decodes). The emulator of --model-shape on
+    --device (with the engine's KV capacity, read from its /metrics where it publishes it) runs
     the same probes; its calibration (compute, attention and bandwidth efficiency, step and
     per-request overhead) is fitted to the measurements by least squares, plus a constant for
     the HTTP path. Prints each probe, measured and emulated, and the calibration; --out saves

@@ -103,10 +103,7 @@ class ProbePlan:
 
     ttft_prompts: tuple[int, ...] = (32, 512, 1024, 1536)
     itl_batches: tuple[int, ...] = (1, 2, 8)
-    # Decodes after a long prompt: a step reads its context, and with short prompts alone the
-    # fit took the context's cost from the loops' many short ones (on vLLM's CPU build the
-    # bandwidth efficiency came out 5x lower from one fit to the next, decided by the loops).
-    itl_prompt: int = 1024
+    itl_prompt: int = 128
     itl_output: int = 48
     load_clients: tuple[int, ...] = (16, 32, 64)
     load_prompt: int = 256

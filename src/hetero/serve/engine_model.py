@@ -7,15 +7,6 @@ requests first come, first served, all within a token budget (``max_num_batched_
 chunked prefill) and a cap on running requests (``max_num_seqs``). The step that computes a
 request's last prompt token also samples its first output token; each later step samples one.
 
-**Output one step late** (``async_scheduling``, vLLM's default, as SGLang's overlap
-scheduler): the engine schedules and runs step N+1 before it hands step N's tokens to the
-server, so every token reaches the client as the next step ends; only the last step before the
-engine goes idle hands its tokens over as it ends. A token's time to first token is thus the
-prefill's step and the one after it; the pace of the later tokens is unchanged. On vLLM's CPU
-build, measured under load on this project's fleet, the time to first token came out one step
-time above a model that handed tokens over at once, at every replica speed
-(``bench/bench_sim_to_real.py``'s capacity loops).
-
 **Step time** from the batch, by the roofline of the model's shape on the device: the tokens
 scheduled (prefill chunks and one per decoding request) cost ``2 × parameters`` FLOPs each, plus
 their attention over the tokens before them, at the catalog's TFLOPS for the weights' format
@@ -197,7 +188,6 @@ class EngineSpec:
     calibration: Calibration
     cost: StepCost
     tensor_parallel: int = 1
-    async_scheduling: bool = True  # tokens reach the client a step late (module docstring)
 
     @property
     def num_blocks(self) -> int:
@@ -208,17 +198,18 @@ class EngineSpec:
         linearised (``hetero.sched.engine_fit``). A step reads the weights once (the base),
         each request in it adds its overhead and its token's compute (an upper bound while the
         step is bound by memory), each thousand KV tokens their read; a prompt token costs its
-        compute. Under async scheduling the first token waits through the next step too: a
-        step of the batch with the request in it. Each coefficient starts as unsure as it is
-        large: the calibration is a guess until replies correct it."""
+        compute. Each coefficient starts as unsure as it is large: the calibration is a guess
+        until replies correct it."""
         cost = self.cost
         weights = cost.weight_bytes / cost.bytes_per_s
         per_token = cost.flops_per_token / cost.flops_per_s + cost.allreduce_s_per_token
         per_request = cost.request_overhead + per_token
-        lone = cost.overhead + weights + cost.allreduce_s
-        late = 1.0 if self.async_scheduling else 0.0
-        base = (lone + late * (lone + per_request), per_token, per_request * (1.0 + late))
-        step = (lone, per_request, 1000 * cost.kv_bytes_per_token / cost.bytes_per_s)
+        base = (cost.overhead + weights + cost.allreduce_s, per_token, per_request)
+        step = (
+            cost.overhead + weights + cost.allreduce_s,
+            per_request,
+            1000 * cost.kv_bytes_per_token / cost.bytes_per_s,
+        )
         return EnginePrior(*base, *step, ttft_sd=base, tpot_sd=step, kv_tokens=self.kv_tokens)
 
     @property
@@ -279,7 +270,6 @@ def engine_spec(
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
     kv_tokens: int | None = None,
     tensor_parallel: int = 1,
-    async_scheduling: bool = True,
 ) -> EngineSpec:
     """The engine of ``model_shape`` (a built-in name, a config.json, or a shape) on ``device``
     (a catalog name or spec). ``kv_tokens`` overrides the KV capacity the memory fit gives (a
@@ -291,10 +281,7 @@ def engine_spec(
     KV head is copied when there are more devices than KV heads; MLA's latent is copied on
     every one), computes its share of each token and reads its share at its own bandwidth, and
     each layer ends in two all-reduces of the tokens' activations over the device's link (ring:
-    ``2(k-1)/k`` of them cross each link, at half the bidirectional figure the catalog quotes).
-
-    ``async_scheduling`` (vLLM's default; ``--no-async-scheduling`` turns it off there): each
-    step's tokens reach the client as the next step ends (see the module)."""
+    ``2(k-1)/k`` of them cross each link, at half the bidirectional figure the catalog quotes)."""
     calibration = calibration or Calibration()
     problems = calibration.problems()
     shape: ModelShape | None = None
@@ -313,8 +300,6 @@ def engine_spec(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append((name, f"must be an integer >= 1, got {value!r}"))
-    if not isinstance(async_scheduling, bool):
-        problems.append(("async_scheduling", f"must be true or false, got {async_scheduling!r}"))
     if kv_tokens is not None and (
         isinstance(kv_tokens, bool) or not isinstance(kv_tokens, int) or kv_tokens < BLOCK_SIZE
     ):
@@ -397,7 +382,6 @@ def engine_spec(
         calibration=calibration,
         cost=cost,
         tensor_parallel=tp,
-        async_scheduling=async_scheduling,
     )
 
 
@@ -418,8 +402,7 @@ class EngineRequest:
     blocks: tuple[int, ...] = ()
     arrival: float = 0.0
     computed: int = 0  # tokens whose KV is in the cache
-    generated: int = 0  # output tokens sampled
-    emitted: int = 0  # ... and handed to the server (a step late under async scheduling)
+    generated: int = 0
     cached_tokens: int = 0  # prompt tokens the prefix cache spared it, at its first admission
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -436,15 +419,12 @@ class EngineRequest:
 
     @property
     def finished(self) -> bool:
-        """Whether its last token has reached the server."""
         return self.finished_at is not None
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One engine step: when it ran, what it computed, and what it changed (as of ``end``):
-    ``progressed``, the requests with tokens handed to the server as it ends (once each, their
-    ``emitted`` counts brought up to date), ``finished`` those of them whose last token it was."""
+    """One engine step: when it ran, what it computed, and what it changed (as of ``end``)."""
 
     start: float
     end: float
@@ -483,14 +463,12 @@ class EngineModel:
         self.prefix_hits = 0  # ... and found there
         self.preemptions = 0
         self.steps = 0
-        self._unsent: list[EngineRequest] = []  # sampled by the last step, not yet handed over
 
     # --- state ------------------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        """Whether it has work: requests to run, or tokens not yet handed over."""
-        return bool(self.running or self.waiting or self._unsent)
+        return bool(self.running or self.waiting)
 
     @property
     def used_blocks(self) -> int:
@@ -529,8 +507,6 @@ class EngineModel:
             self._release(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        if request in self._unsent:  # its last step's token goes nowhere
-            self._unsent.remove(request)
         if not self.busy:
             self._backlog = False
 
@@ -539,11 +515,8 @@ class EngineModel:
     def step(self, scale: float = 1.0) -> Step | None:
         """Schedule and run the next step; its results are applied at once and hold from its
         ``end``. It starts as the last one ended while there was a backlog, else now."""
-        if not (self.running or self.waiting):
+        if not self.busy:
             self._backlog = False
-            if self._unsent:  # the requests beside them left: handed over as the last step ended
-                end = max(self._clock(), self._free_at)
-                return self._hand_over(end, end, 0, 0, 0, [], [])
             return None
         start = self._free_at if self._backlog else max(self._clock(), self._free_at)
         budget = self.spec.max_num_batched_tokens
@@ -573,63 +546,33 @@ class EngineModel:
         cost = self.spec.cost.time(tokens, context, attended, len(scheduled))
         end = start + cost * scale
         decode = sum(1 for r, n in scheduled if n == 1 and r.generated)
-        sampled: list[EngineRequest] = []
+        progressed: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
         for request, n in scheduled:
             request.computed += n
             self._cache_blocks(request)
             if request.computed < request.num_tokens:
                 continue  # a chunk of a longer prefill
             request.generated += 1
-            sampled.append(request)
+            progressed.append(request)
+            if request.first_token_at is None:
+                request.first_token_at = end
             if request.generated == request.output_tokens:
+                request.finished_at = end
                 self.running.remove(request)
                 self._release(request)
+                finished.append(request)
         self._fit_cache()
         self.steps += 1
         self._free_at = end
-        self._backlog = bool(self.running or self.waiting)
-        return self._hand_over(
-            start, end, tokens - decode, decode, len(scheduled), sampled, preempted
-        )
-
-    def _hand_over(
-        self,
-        start: float,
-        end: float,
-        prefill: int,
-        decode: int,
-        batch: int,
-        sampled: list[EngineRequest],
-        preempted: list[EngineRequest],
-    ) -> Step:
-        """The step, with the tokens it hands to the server as it ends: the last step's, held
-        back while this one ran (async scheduling), and this step's own unless the engine runs
-        another at once."""
-        out = self._unsent
-        if self.spec.async_scheduling and self._backlog:
-            self._unsent = sampled
-            for request in out:
-                request.emitted += 1  # its one token held back (a step samples one at most)
-        else:
-            self._unsent = []
-            # A request sampled in both steps appears once, with both tokens.
-            out = list(dict.fromkeys(out + sampled)) if out else sampled
-            for request in out:
-                request.emitted = request.generated
-        finished: list[EngineRequest] = []
-        for request in out:
-            if request.first_token_at is None:
-                request.first_token_at = end
-            if request.emitted == request.output_tokens:
-                request.finished_at = end
-                finished.append(request)
+        self._backlog = self.busy
         return Step(
             start=start,
             end=end,
-            prefill_tokens=prefill,
+            prefill_tokens=tokens - decode,
             decode_tokens=decode,
-            batch=batch,
-            progressed=tuple(out),
+            batch=len(scheduled),
+            progressed=tuple(progressed),
             finished=tuple(finished),
             preempted=tuple(preempted),
         )

@@ -843,10 +843,10 @@ class EngineFleetSimulator(Driver):
                 rid = items.get(request)
                 if rid is None:
                     continue
-                if request.first_token_at == step.end:  # its first token came with this step
+                if request.generated == 1:
                     slo.first_token(rid, now)
-                elif request.emitted >= marks[rid]:
-                    slo.progress(rid, now, request.emitted)
+                elif request.generated >= marks[rid]:
+                    slo.progress(rid, now, request.generated)
                     marks[rid] *= 2
         for request in step.finished:
             rid = items.pop(request, None)

@@ -117,10 +117,6 @@ class MockConfig:
     compute efficiency)."""
     max_num_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
     """Tokens one engine step computes at most (chunked prefill), as vLLM's option."""
-    async_scheduling: bool = True
-    """Continuous model: each step's tokens reach the client as the next step ends, as with
-    vLLM's async scheduling (its default) and SGLang's overlap scheduler; False hands them over
-    as their own step ends (vLLM's ``--no-async-scheduling``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.models, list):  # a list from a caller or a parsed file reads the same
@@ -185,7 +181,6 @@ class MockConfig:
         check(
             "engine_model", self.engine_model in ENGINE_MODELS, f"one of {', '.join(ENGINE_MODELS)}"
         )
-        check("async_scheduling", isinstance(self.async_scheduling, bool), "true or false")
         calibration = Calibration(
             self.compute_efficiency,
             self.bandwidth_efficiency,
@@ -216,7 +211,6 @@ class MockConfig:
                 max_num_seqs=self.slots,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 kv_tokens=self.kv_tokens,
-                async_scheduling=self.async_scheduling,
             )
         object.__setattr__(self, "_spec", spec)
 

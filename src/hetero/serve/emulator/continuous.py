@@ -43,7 +43,7 @@ class ContinuousRun:
         return self.request.first_token_at
 
     def deliver(self) -> None:
-        self.available = self.request.emitted
+        self.available = self.request.generated
         self.done = self.request.finished
         self._changed.set()
 
