@@ -116,6 +116,20 @@ def test_a_joining_device_takes_waiting_work_at_once() -> None:
     d.validate_state()
 
 
+def test_work_restricted_to_every_device_so_far_stays_off_a_device_that_joins_later() -> None:
+    d = Dispatcher(make_devices([1.0]), make_policy("shortest_expected_delay"), ManualClock())
+    for k in range(3):  # "every device", as a router names its model's replicas: all of them
+        d.submit(WorkItem(cost=1.0, id=k), only=["d0"])
+    new = make_devices([4.0])[0]
+    new.id = "fast"
+    assert not [i for i in d.add_device(new) if isinstance(i, Run)]  # not on its list
+    d.submit(WorkItem(cost=1.0, id="any"), only=["d0", "fast"])  # every device again
+    assert d.records["any"].device == 1
+    d.complete(0)
+    assert all(d.records[k].device == 0 for k in range(3))
+    d.validate_state()
+
+
 def test_draining_lets_running_work_finish_and_removing_moves_it_uncharged() -> None:
     d = Dispatcher(make_devices([1.0, 1.0]), make_policy("round_robin"), ManualClock())
     for k in range(4):
