@@ -266,7 +266,9 @@ def test_output_lengths_learn_the_mean_reply_and_respect_the_cap() -> None:
     outputs.observe("m", 300)
     assert outputs.expected("m", None) == pytest.approx(110.0)  # EWMA, alpha 0.05
     assert outputs.expected("other", None) == 256.0  # per model
-    assert outputs.cost("m", 20, 1000) == pytest.approx(20 * 0.5 + 110.0)
+    assert outputs.cost_model.cost(20, outputs.expected("m", 1000)) == pytest.approx(
+        20 * 0.5 + 110.0
+    )
 
 
 # --- replica flags and config ------------------------------------------------------------------

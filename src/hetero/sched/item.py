@@ -130,7 +130,7 @@ class CostModel:
             if not value >= 0:
                 raise ConfigError(f"CostModel.{name} must be >= 0, got {value!r}")
 
-    def cost(self, prompt_tokens: int, max_new_tokens: int) -> float:
+    def cost(self, prompt_tokens: int, max_new_tokens: float) -> float:
         return prompt_tokens * self.prefill + max_new_tokens * self.decode
 
 

@@ -137,14 +137,6 @@ class OutputLengths:
         mean = self._mean.get(model)
         return float(cap) if mean is None else min(float(cap), mean)
 
-    def cost(self, model: str, prompt: int, max_tokens: int | None) -> float:
-        return self.cost_of(prompt, self.expected(model, max_tokens))
-
-    def cost_of(self, prompt: int, output: float) -> float:
-        """The work units of ``prompt`` tokens in and ``output`` (``expected``) out."""
-        model_cost = self.cost_model
-        return prompt * model_cost.prefill + output * model_cost.decode
-
     def observe(self, model: str, output_tokens: int) -> None:
         mean = self._mean.get(model)
         self._mean[model] = (

@@ -254,7 +254,7 @@ class Router(Driver):
         self.traffic.arrived(ticket.submitted)
         # The expected output once: the cost and, under slo, the tokens are both made of it.
         output = self.outputs.expected(model, max_tokens)
-        cost = self.outputs.cost_of(prompt, output)
+        cost = self.outputs.cost_model.cost(prompt, output)
         prefix = None
         if self.prefix_aware and (text or session):
             text = text or ""

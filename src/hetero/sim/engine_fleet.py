@@ -754,15 +754,19 @@ class EngineFleetSimulator(Driver):
             if not only:
                 self._end(rid, _FAILED, f"{total} tokens: longer than any replica holds")
                 return
-        outputs = self.outputs
-        tokens = Tokens(prompt, outputs.expected(_MODEL, None)) if self.slo is not None else None
+        # The expected output once, as the router's admission works it out.
+        expected = self.outputs.expected(_MODEL, None)
+        tokens = Tokens(prompt, expected) if self.slo is not None else None
         prefix = None
         if rid < len(self._prompts):
             p = self._prompts[rid]
             if p.text or p.session:
                 prefix = prompt_prefix(p.text, p.session, self._block_work)
         item = WorkItem(
-            cost=outputs.cost(_MODEL, prompt, None), id=rid, tokens=tokens, prefix=prefix
+            cost=self.outputs.cost_model.cost(prompt, expected),
+            id=rid,
+            tokens=tokens,
+            prefix=prefix,
         )
         try:
             out = self.dispatcher.submit(item, only=only)
