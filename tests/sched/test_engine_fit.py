@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hetero.errors import ConfigError
 from hetero.sched import FleetView, ManualClock, PerfModel, Tokens, WorkItem
 from hetero.sched.engine_fit import FLOOR, MAX_SECONDS, EngineFit, EngineLoad, EnginePrior
-from hetero.sched.policies.slo import PROBE_AFTER, SloRouting
+from hetero.sched.policies.slo import CACHE_WAIT_TTFT, PROBE_AFTER, SloRouting
 from hetero.sched.prefix import Prefix
 from hetero.serve.engine_model import EngineModel, EngineRequest, engine_spec
 from tests.fleets import make_devices
@@ -386,6 +386,40 @@ def test_a_cached_prefix_pulls_a_request_to_its_replica() -> None:
     policy.dropped(next(iter(policy._flights)), 0.0)  # it ended: both replicas idle again
     again = policy.pick(request(1100, prefix=Prefix(blocks, 1.0)), view, None)
     assert again == first
+
+
+def test_a_turn_waits_a_little_for_the_busy_replica_holding_its_history() -> None:
+    """A conversation's next turn waits for the replica that holds its history, at most
+    ``CACHE_WAIT_TTFT`` of its TTFT target, where a slower replica would meet the SLO now;
+    a new conversation, whose prompt no replica holds, goes to the slower one at once."""
+    fast, slow = prior(0.005, 0.002), prior(0.025, 0.005)
+    policy, view = make_policy([fast, slow], ttft=1.0, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    history = tuple(range(100, 108))  # 8 blocks, about 1,000 tokens
+    earlier = request(1024, prefix=Prefix(history, 1.0))
+    assert policy.pick(earlier, view, None) == 0
+    only_fast = np.array([True, False])
+    while policy.pick(request(), view, only_fast) == 0:  # the fast replica fills to its TPOT
+        pass
+    turn = request(1100, prefix=Prefix((*history, 108), 1.0))
+    fresh = request(1100, prefix=Prefix(tuple(range(200, 209)), 1.0))
+    assert policy.pick(turn, view, None) is None  # it waits for its history
+    assert policy.pick(fresh, view, None) == 1  # nothing of it held anywhere: sent now
+    clock.advance(CACHE_WAIT_TTFT * 1.0 / 2)
+    assert policy.pick(turn, view, None) is None
+    clock.advance(CACHE_WAIT_TTFT * 1.0 / 2)
+    assert policy.pick(turn, view, None) == 1  # waited its share of the TTFT: sent on
+    # Where the holder becomes the pick in time (it finishes what it ran), the turn goes there.
+    policy, view = make_policy([fast, slow], ttft=1.0, tpot=0.05)
+    assert policy.pick(request(1024, prefix=Prefix(history, 1.0)), view, None) == 0
+    filler = []
+    while policy.pick(item := request(), view, only_fast) == 0:
+        filler.append(item)
+    assert policy.pick(turn, view, None) is None
+    for item in filler:
+        policy.dropped(item.id, view.clock.now())
+    assert policy.pick(turn, view, None) == 0
 
 
 def test_the_slo_is_checked() -> None:
