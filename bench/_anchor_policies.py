@@ -1,8 +1,8 @@
 """The anchors' routing as ``hetero.sched`` policies, for the simulator: what sglang-router
-(0.3, its ``src/policies/*.rs``) decides, so that ``bench_sim_to_real.py`` can set it beside
-hetero's own in virtual time. vllm-router is a fork of it with the same defaults. Models of
-other products, kept to what the benchmark's workloads exercise: loads are the requests each
-worker has in flight through the router, and nothing is held in the router (the simulator's
+(0.3, its ``src/policies/*.rs``) and vllm-router (0.1.17, a fork of it) decide, so that
+``bench_sim_to_real.py`` can set them beside hetero's own in virtual time. Models of other
+products, kept to what the benchmark's workloads exercise: loads are the requests each worker
+has in flight through the router, and nothing is held in the router (the simulator's
 ``capacity="none"``).
 """
 
@@ -80,6 +80,59 @@ class CacheAware(Policy):
         for block in blocks:
             self._last[block] = i
         return i
+
+
+class VllmRouterCacheAware(CacheAware):
+    """vllm-router 0.1.17's ``cache_aware`` (its default), on engines served as the benchmark
+    serves them. Its prefix tree holds token ids, not text: for each chat request the router
+    first asks every worker to render it (``POST /v1/chat/completions/render``, all at once,
+    routing only once all have answered) and matches the rendered tokens. vLLM answers that
+    endpoint only when started with ``--enable-scale-out`` (else 403, "Scale-out endpoints are
+    disabled"), and the benchmark's engines are started without it, so every request takes the
+    router's ``missing_tokens`` branch: the least loaded worker (requests in flight through the
+    router), the first in its worker list on a tie; the tree learns nothing, so no later
+    request has a prefix to follow either. ``tokens=True`` models engines that do render: then
+    it decides as ``CacheAware``.
+
+    Measured through the real router (default flags, as ``bench/_serve_procs.py`` starts it)
+    with three fake vLLM workers that answer the render with vLLM's 403: 30 conversations of 5
+    turns (system prompts of 3,000 characters, one to each 8 conversations), 4 at once, in
+    four runs (equal speeds or one worker 5x slower, streamed or not, the OpenAI ``user``
+    field naming the conversation or not). In each, all 150 requests counted
+    ``outcome="missing_tokens"`` in ``vllm_router_prefix_routing_decisions_total`` and went to
+    a worker with the fewest in flight, each of the 79-82 ties to the first of the router's
+    list (its "Router ready" line: a hash map's order, different at each start; here, the
+    fleet's order), and 78-85 of the 120 continuing turns stayed on the previous turn's worker
+    (sglang-router 0.3.2 in the same runs: 120 of 120). The render answered with token ids:
+    146 ``prefix_hit`` and 4 ``prefix_miss`` (one per system prompt), 120 of 120 continuing
+    turns on the same worker, as sglang-router. Not modelled: the render round trip, which
+    adds the slowest worker's answer to it to each request's time (0.19 s to 0.69 s a request
+    with one worker's 403 held 0.5 s)."""
+
+    name = "anchor_vllm_router_cache_aware"
+
+    def __init__(
+        self,
+        *,
+        tokens: bool = False,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+    ) -> None:
+        super().__init__(
+            cache_threshold=cache_threshold,
+            balance_abs_threshold=balance_abs_threshold,
+            balance_rel_threshold=balance_rel_threshold,
+        )
+        self._tokens = tokens
+
+    def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
+        if self._tokens:
+            return super().pick(item, view, allowed)
+        mask = view.usable if allowed is None else allowed
+        if not mask.any():
+            return None
+        return masked_argmin(view.in_flight[: view.n].astype(np.float64), mask)
 
 
 class PowerOfTwo(Policy):

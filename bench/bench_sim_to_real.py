@@ -292,7 +292,7 @@ def simulate(
     kind, name = row["kind"], row["name"]
     anchors = {
         ("sglang", "cache_aware"): "_anchor_policies:CacheAware",
-        ("vllm-router", "cache_aware"): "_anchor_policies:CacheAware",
+        ("vllm-router", "cache_aware"): "_anchor_policies:VllmRouterCacheAware",
         ("sglang", "power_of_two"): "_anchor_policies:PowerOfTwo",
         ("client", "round_robin"): "round_robin",
     }
