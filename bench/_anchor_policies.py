@@ -1,9 +1,10 @@
 """The anchors' routing as ``hetero.sched`` policies, for the simulator: what sglang-router
 (0.3, its ``src/policies/*.rs``) and vllm-router (0.1.17, a fork of it) decide, so that
 ``bench_sim_to_real.py`` can set them beside hetero's own in virtual time. Models of other
-products, kept to what the benchmark's workloads exercise: loads are the requests each worker
-has in flight through the router, and nothing is held in the router (the simulator's
-``capacity="none"``).
+products, kept to what the benchmark's workloads exercise, in front of vLLM workers as in the
+benchmark: ``cache_aware``'s loads are the requests each worker has in flight through the
+router, ``power_of_two`` compares none (see ``PowerOfTwo``), and nothing is held in the router
+(the simulator's ``capacity="none"``).
 """
 
 from __future__ import annotations
@@ -136,8 +137,23 @@ class VllmRouterCacheAware(CacheAware):
 
 
 class PowerOfTwo(Policy):
-    """``power_of_two``: two different workers drawn at random, the less loaded of them (the
-    first drawn on a tie)."""
+    """``power_of_two`` as sglang-router 0.3 runs it in front of vLLM: a worker drawn uniformly
+    at random.
+
+    The policy draws two different workers and takes the less loaded, the first drawn on a tie, but
+    the loads it compares are not its own in-flight counts (its source falls back to those only for
+    a worker it holds no polled load for): the load monitor it starts for ``power_of_two`` polls
+    each worker's SGLang ``/get_load`` (every ``--worker-startup-check-interval``, 1 s in the
+    benchmark), which vLLM does not serve, and keeps -1 for each worker whose poll fails. So every
+    comparison is -1 against -1 and the first drawn worker always wins; vLLM's own ``/load`` is
+    never asked. Measured with ``bench/probe_sglang_p2c.py``
+    (``bench/results/probe_sglang_p2c.json``: sglang-router 0.3.2, three fake workers answering as
+    vLLM does, 5:2:1 in speed, 400 requests from 16 clients a variant): every logged selection
+    compared -1 with -1 and took the first drawn, with ``/load`` answering ``{"server_load": 0}`` as
+    vLLM's does (shares 38/35/27%, fastest first), absent (34/33/33%) or reporting the worker's
+    requests in flight (30/32/38%); each worker was polled at ``/get_load`` only. Only a worker
+    answering ``/get_load`` moves the picks (49/30/21%). The real runs' shares, 34/35/31% (as
+    client-side round robin's), are this uniform draw."""
 
     name = "anchor_power_of_two"
 
@@ -149,7 +165,4 @@ class PowerOfTwo(Policy):
         candidates = np.flatnonzero(mask)
         if candidates.size == 0:
             return None
-        if candidates.size == 1:
-            return int(candidates[0])
-        a, b = (int(x) for x in self._rng.choice(candidates, size=2, replace=False))
-        return a if view.in_flight[a] <= view.in_flight[b] else b
+        return int(candidates[self._rng.integers(candidates.size)])
