@@ -481,7 +481,23 @@ def serve_real_prefix(doc: dict[str, Any], heading: str = "Prefix affinity") -> 
         + "\n\nAgainst the targets (hit rate ≥ the best `cache_aware` anchor's − 0.02, SLO ≥"
         " 0.98 and ≥ every anchor's, p99 ≤ 0.5× the best anchor's):\n\n"
         + "\n".join(verdicts)
+        + _vllm_router_blind(doc)
         + (_DYNAMO if replicas and "one model" in title else "")
+    )
+
+
+def _vllm_router_blind(doc: dict[str, Any]) -> str:
+    """A run whose engines did not render requests for vllm-router (before 44a8b78): there its
+    ``cache_aware`` took the least loaded worker for every request, no prefix followed."""
+    ran = any(r.get("kind") == "vllm-router" for b in doc["loads"] for r in b["configs"])
+    if not ran or doc["fleet"].get("scale_out"):
+        return ""
+    return (
+        "\n\nIn this run vllm-router's `cache_aware` followed no prefix: it matches token ids "
+        "it asks every engine to render (`POST /v1/chat/completions/render`), which vLLM serves "
+        "only with `--enable-scale-out`, and these engines were started without it; every "
+        "request went to the least loaded worker (`bench/_anchor_policies.py`, "
+        "`VllmRouterCacheAware`)."
     )
 
 
@@ -2212,9 +2228,12 @@ def _other_slo_run(path: Path) -> str:
     drawn = re.search(r"mean drawn ([0-9.]+)", doc["workload"]["output_tokens"])
     # Single-turn runs before 9d5bc60 said lognormal outputs and drew max_tokens for every one.
     outputs = f", {drawn[1]} output tokens a request on average" if drawn else ""
+    blind = any(r.get("kind") == "vllm-router" for b in doc["loads"] for r in b["configs"])
+    blind = blind and not doc["fleet"].get("scale_out")
+    note = " vllm-router's `cache_aware` followed no prefix (engines without `--enable-scale-out`)."
     return (
         f"Another run, `{path.name}` at {at} (the fleet's capacity {rate}/s, measured with "
-        f"{streams} streams a replica{outputs}): {loads}."
+        f"{streams} streams a replica{outputs}): {loads}.{note if blind else ''}"
     )
 
 
@@ -2697,9 +2716,11 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         "model calibrated to vLLM's "
         f"CPU build (`{cal['from']}`, at {cal['at']}), each at a pace fitted to the real "
         "replica's capacity in that run; the routers simulated: hetero's (the router's own "
-        "code, its replicas known by URL alone), sglang-router's and vllm-router's "
-        "`cache_aware` and sglang-router's `power_of_two` (`bench/_anchor_policies.py`, "
-        "nothing held in the router), client round robin, the fast replica alone. "
+        "code, its replicas known by URL alone), sglang-router's `cache_aware`, vllm-router's "
+        "`cache_aware` as it decides on each run's engines (the least loaded worker where they "
+        "did not render requests for it), sglang-router's `power_of_two` (a uniform draw: in "
+        "front of vLLM it compares no loads) (`bench/_anchor_policies.py`, nothing held in the "
+        "router), client round robin, the fast replica alone. "
         "Shares are of "
         f"completed requests (fast/40%/20%). Within {doc['target']:g}: "
         f"{doc['within_target']} of {doc['cells']} cells; the largest difference "
