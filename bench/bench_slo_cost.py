@@ -8,7 +8,11 @@ tokens) and outputs (mean 200); each request is answered (first token, then its 
 ``2 × replicas`` are in flight, so every replica holds a batch; its first token comes 5 ms
 after it was sent and its decode takes the rest of its flight, its pace reported as the router
 reports a stream's (at 8, 16, 32... chunks: each a TPOT observation). The clock is a fake one moved
-by 10 ms a request. Medians of repeats of the mean µs per request, in this thread's CPU time
+by 10 ms a request. With ``--chat`` each request is a turn of a conversation with its prompt's
+blocks (``Prefix``): 32 conversations in progress, each on one of 4 system prompts of 6 blocks,
+each turn 2 blocks longer than the last, 6 turns, so that the pick matches every prompt against
+the prefix index and weighs a replica holding it (the cache wait, 38cacbd). Medians of repeats
+of the mean µs per request, in this thread's CPU time
 (``time.thread_time``): the cost is CPU, and on a shared machine the wall clock adds the time
 other work held the core.
 
@@ -40,6 +44,7 @@ from hetero.sched import FleetView, ManualClock, PerfModel, WorkItem
 from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.item import Tokens
 from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
+from hetero.sched.prefix import Prefix
 
 #: The pick and the learning together, per request, at 64 replicas: what the router's request
 #: path can afford of its whole CPU target (250 µs a request, issue #33).
@@ -59,13 +64,27 @@ def fleet(n: int, rng: np.random.Generator) -> tuple[SloRouting, FleetView, Manu
     return policy, view, clock
 
 
-def measure(n: int, requests: int, seed: int) -> dict[str, float]:
+def chat_prefix(k: int) -> Prefix:
+    """Request ``k``'s prompt blocks as a turn of one of 32 conversations in progress."""
+    conversation, turn = k % 32, (k // 32) % 6
+    started = k - 32 * turn  # the request that opened this conversation
+    system = tuple(hash(("system", conversation % 4, j)) for j in range(6))
+    history = tuple(hash(("conversation", started, j)) for j in range(2 * turn))
+    return Prefix(system + history, 1.0)
+
+
+def measure(n: int, requests: int, seed: int, chat: bool = False) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     policy, view, clock = fleet(n, rng)
     prompts = np.maximum(1, rng.lognormal(np.log(800), 0.6, requests + 64 * n)).astype(int)
     outputs = np.maximum(1, rng.lognormal(np.log(120), 1.0, requests + 64 * n)).astype(int)
     items = [
-        WorkItem(cost=1.0, id=k, tokens=Tokens(int(p), float(o)))
+        WorkItem(
+            cost=1.0,
+            id=k,
+            tokens=Tokens(int(p), float(o)),
+            prefix=chat_prefix(k) if chat else None,
+        )
         for k, (p, o) in enumerate(zip(prompts.tolist(), outputs.tolist(), strict=True))
     ]
     flying: deque[tuple[int, int, float]] = deque()
@@ -99,11 +118,12 @@ def measure(n: int, requests: int, seed: int) -> dict[str, float]:
     return {"pick_us": picking / timed * 1e6, "learn_us": learning / timed * 1e6}
 
 
-def measure_in(tree: str, n: int, requests: int, seed: int) -> dict[str, float]:
+def measure_in(tree: str, n: int, requests: int, seed: int, chat: bool) -> dict[str, float]:
     """``measure`` with another checkout's ``hetero`` (its ``src/`` first on the path), in a
     process of its own: the same loop, that checkout's model."""
     env = {**os.environ, "PYTHONPATH": str(Path(tree, "src"))}
     argv = [sys.executable, __file__, "--measure", f"{n},{requests},{seed}"]
+    argv += ["--chat"] if chat else []
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, float] = json.loads(out)
     return result
@@ -131,12 +151,15 @@ def main() -> int:
         default=[],
         help="another checkout whose model is measured in turns with this one's; repeatable",
     )
+    parser.add_argument(
+        "--chat", action="store_true", help="multi-turn requests carrying their prompt's blocks"
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # N,REQUESTS,SEED: one run, JSON
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     if args.measure:
         n, requests, seed = (int(x) for x in args.measure.split(","))
-        print(json.dumps(measure(n, requests, seed)))
+        print(json.dumps(measure(n, requests, seed, args.chat)))
         return 0
     rows: list[dict[str, Any]] = []
     others: dict[str, list[dict[str, Any]]] = {tree: [] for tree in args.tree}
@@ -144,9 +167,9 @@ def main() -> int:
         runs: list[dict[str, float]] = []
         theirs: dict[str, list[dict[str, float]]] = {tree: [] for tree in args.tree}
         for seed in range(args.repeats):  # in turns, so that the machine's drift hits both
-            runs.append(measure(n, args.requests, seed))
+            runs.append(measure(n, args.requests, seed, args.chat))
             for tree in args.tree:
-                theirs[tree].append(measure_in(tree, n, args.requests, seed))
+                theirs[tree].append(measure_in(tree, n, args.requests, seed, args.chat))
         rows.append(row(n, runs))
         print(f"{n} replicas: {rows[-1]}", file=sys.stderr)
         for tree, measured in theirs.items():

@@ -2817,12 +2817,22 @@ def slo_cost(doc: dict[str, Any]) -> str:
     ]
     at = next((r for r in doc["rows"] if r["replicas"] == budget["replicas"]), None)
     calibration = doc["machine"]["calibration_seconds"]
+    chat = "--chat" in doc["command"]
     return (
-        "## SLO strategy: cost per request\n\n"
+        f"## SLO strategy: cost per request{', multi-turn prompts' if chat else ''}\n\n"
         f"`{doc['command']}`"
         + _at_commit(doc)
         + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
-        "1-6x, fits past their slow start, each replica holding a batch; µs of CPU time per "
+        "1-6x, fits past their slow start, each replica holding a batch"
+        + (
+            "; each request a turn of one of 32 conversations on 4 system prompts, carrying its "
+            "prompt's blocks, so that each pick matches it against the prefix index and weighs "
+            "a replica holding it (where the picks differ between checkouts, so does the "
+            "learning that follows them)"
+            if chat
+            else ""
+        )
+        + "; µs of CPU time per "
         "request, median of repeats: the pick (a TTFT and a TPOT prediction for every replica) "
         "and the learning (the updates at the first token, at the stream's reports as the "
         "router makes them, and at the end)"
@@ -2879,6 +2889,7 @@ def main() -> int:
         ("slo_sim.json", slo_sim),
         ("sim_to_real.json", sim_to_real),
         ("slo_cost.json", slo_cost),
+        ("slo_cost_chat.json", slo_cost),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
         ("serve_real_slo.json", serve_real_slo),
