@@ -95,20 +95,23 @@ class VllmRouterCacheAware(CacheAware):
     request has a prefix to follow either. ``tokens=True`` models engines that do render: then
     it decides as ``CacheAware``.
 
-    Measured through the real router (default flags, as ``bench/_serve_procs.py`` starts it)
-    with three fake vLLM workers that answer the render with vLLM's 403: 30 conversations of 5
-    turns (system prompts of 3,000 characters, one to each 8 conversations), 4 at once, in
-    four runs (equal speeds or one worker 5x slower, streamed or not, the OpenAI ``user``
-    field naming the conversation or not). In each, all 150 requests counted
-    ``outcome="missing_tokens"`` in ``vllm_router_prefix_routing_decisions_total`` and went to
-    a worker with the fewest in flight, each of the 79-82 ties to the first of the router's
-    list (its "Router ready" line: a hash map's order, different at each start; here, the
-    fleet's order), and 78-85 of the 120 continuing turns stayed on the previous turn's worker
-    (sglang-router 0.3.2 in the same runs: 120 of 120). The render answered with token ids:
-    146 ``prefix_hit`` and 4 ``prefix_miss`` (one per system prompt), 120 of 120 continuing
-    turns on the same worker, as sglang-router. Not modelled: the render round trip, which
-    adds the slowest worker's answer to it to each request's time (0.19 s to 0.69 s a request
-    with one worker's 403 held 0.5 s)."""
+    Measured with ``bench/probe_vllm_router_render.py``
+    (``bench/results/probe_vllm_router_render.json``): the real router (default flags, as
+    ``bench/_serve_procs.py`` starts it) in front of three fake vLLM workers, one 5x slower than
+    the others; 30 conversations of 5 turns (system prompts of 3,000 characters, one to each 8
+    conversations), 4 at once; three runs of each variant. With vLLM's 403 for the render: in
+    each run all 150 requests counted ``outcome="missing_tokens"`` in
+    ``vllm_router_prefix_routing_decisions_total`` (each worker asked for 150 renders) and went
+    to a worker with the fewest in flight, all but 0-3 of the run's 45-80 ties to the first of
+    the router's list (its "Router ready" line: a hash map's order, different at each start);
+    93-99 of the 120 continuing turns stayed on the previous turn's worker, by that chance
+    alone (the count moves with the speeds, the timings and that order). sglang-router
+    0.3.2's ``cache_aware`` in the same runs: 120 of 120. The render answered with token ids:
+    146 ``prefix_hit`` and 4 ``prefix_miss`` (one per system prompt) in each run, 120 of 120
+    continuing turns on the same worker, as sglang-router. Not modelled: the render round
+    trip, which adds the slowest worker's answer to it to each request's time (a request
+    served by a fast worker 0.20-0.21 s, 0.69-0.71 s with the slow worker's 403 held
+    0.5 s)."""
 
     name = "anchor_vllm_router_cache_aware"
 
