@@ -89,11 +89,12 @@ class VllmRouterCacheAware(CacheAware):
     first asks every worker to render it (``POST /v1/chat/completions/render``, all at once,
     routing only once all have answered) and matches the rendered tokens. vLLM answers that
     endpoint only when started with ``--enable-scale-out`` (else 403, "Scale-out endpoints are
-    disabled"), and the benchmark's engines are started without it, so every request takes the
-    router's ``missing_tokens`` branch: the least loaded worker (requests in flight through the
-    router), the first in its worker list on a tie; the tree learns nothing, so no later
-    request has a prefix to follow either. ``tokens=True`` models engines that do render: then
-    it decides as ``CacheAware``.
+    disabled"); the benchmark's engines were started without it before 44a8b78, and there
+    every request took the router's ``missing_tokens`` branch: the least loaded worker
+    (requests in flight through the router), the first in its worker list on a tie; the tree
+    learns nothing, so no later request has a prefix to follow either. ``tokens=True`` models
+    engines that do render (the runs since, whose fleet says ``scale_out``): then it decides
+    as ``CacheAware``.
 
     Measured with ``bench/probe_vllm_router_render.py``
     (``bench/results/probe_vllm_router_render.json``): the real router (default flags, as
