@@ -319,7 +319,7 @@ class SloRouting(PrefixAffinity):
                 return None
         i, ttft_i, tpot_i = picked
         if matched is not None and self._waits_for_cache(
-            item.id, i, matched[:n], t, usable, prompt, kv_new, (ttft_slo, tpot_slo), now
+            item.id, i, matched[:n], uncached, t, usable, prompt, kv_new, (ttft_slo, tpot_slo), now
         ):
             return None
         self._cache_waits.pop(item.id, None)
@@ -334,6 +334,7 @@ class SloRouting(PrefixAffinity):
         item_id: int | str,
         i: int,
         held: npt.NDArray[np.int64],
+        uncached: FloatArray | float,
         t: _Table,
         usable: BoolArray,
         prompt: float,
@@ -343,7 +344,8 @@ class SloRouting(PrefixAffinity):
     ) -> bool:
         """Whether the request, picked for device ``i``, waits instead for the busy replica
         holding more of its prompt (``CACHE_WAIT_TTFT``); ``held`` is each device's leading
-        blocks of the prompt. Its wait counts from the first time it was held so."""
+        blocks of the prompt, ``uncached`` its tokens left to prefill there. Its wait counts
+        from the first time it was held so."""
         mine = held[i]
         if held.max() <= mine:  # the usual case: it goes where most of it is held
             return False
@@ -351,16 +353,13 @@ class SloRouting(PrefixAffinity):
         extra = float(held[h] - mine) * self.block_tokens
         if extra <= CACHE_WAIT_PROMPT * prompt or t.running[h] <= 0:
             return False
-        # The holder would meet its SLO once it frees something (its lone predictions).
-        uncached = min(MAX_TOKENS, max(1.0, prompt - float(held[h]) * self.block_tokens))
-        ttft_slo, tpot_slo = slo
-        if max(FLOOR, t.lone_ttft[h] + t.per_token[h] * uncached) > ttft_slo or (
-            max(FLOOR, t.lone_step[h] + t.per_kv[h] * token_feature(kv_new)) > tpot_slo
-        ):
-            return False
+        left = uncached if isinstance(uncached, float) else float(uncached[h])
+        own = t.per_token[h] * min(left, MAX_TOKENS)
+        if not _meets_alone(t, h, own, t.per_kv[h] * token_feature(kv_new), slo):
+            return False  # the holder would miss even once it frees something
         waits = self._cache_waits
         first = waits.setdefault(item_id, now)
-        if now - first >= CACHE_WAIT_TTFT * ttft_slo:
+        if now - first >= CACHE_WAIT_TTFT * slo[0]:
             return False
         if len(waits) > _CACHE_WAITS:  # requests held and never placed (cancelled meanwhile)
             del waits[next(iter(waits))]
@@ -426,9 +425,7 @@ class SloRouting(PrefixAffinity):
                     # Worth waiting if some replica would meet it once idle: a busy one by its
                     # lone predictions, an idle one as it stands, one in its slow start as soon
                     # as its reply comes.
-                    lone_ok = (np.maximum(FLOOR, t.lone_ttft + own) <= ttft_slo) & (
-                        np.maximum(FLOOR, t.lone_step + kv_own) <= tpot_slo
-                    )
+                    lone_ok = _meets_alone(t, slice(None), own, kv_own, slo)
                     idle = np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0))
                     if (usable & (t.ramped | idle)).any():
                         return None
@@ -620,6 +617,20 @@ class SloRouting(PrefixAffinity):
             "predicted_tpot_s": round(tpot, 5),
             "slo": {"ttft_s": round(ttft_slo, 4), "tpot_s": round(tpot_slo, 5)},
         }
+
+
+def _meets_alone(
+    t: _Table,
+    at: int | slice,
+    own: FloatArray | float,
+    kv_own: FloatArray | float,
+    slo: tuple[float, float],
+) -> np.bool_ | BoolArray:
+    """Whether the replicas ``at`` would meet the SLO alone, with nothing else running: their
+    lone TTFT and step plus the request's own prefill (``own``, seconds) and KV reads."""
+    ttft = np.maximum(FLOOR, t.lone_ttft[at] + own)
+    tpot = np.maximum(FLOOR, t.lone_step[at] + kv_own)
+    return (ttft <= slo[0]) & (tpot <= slo[1])
 
 
 class _Table:
