@@ -352,6 +352,7 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
         (n, spec("small", base, p["pace"], kv_tokens)) for n, p in zip(names, paces, strict=True)
     ]
     slo = (doc["slo"]["ttft_s"], doc["slo"]["tpot_s"])
+    renders = bool(doc["fleet"].get("scale_out"))  # the engines answered vllm-router's render
     rows = []
     for block in doc["loads"]:
         times = real.poisson_times(block["rate_rps"], s.duration, s.seed)
@@ -361,7 +362,6 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
         for row in block["configs"]:
             if "skipped" in row:
                 continue
-            renders = bool(doc["fleet"].get("scale_out"))
             result = simulate(row, fleet, arrived, prompts, slo, renders=renders)
             simulated = round(result.attainment(*slo), 4)
             configs.append(

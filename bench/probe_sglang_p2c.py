@@ -76,7 +76,7 @@ class FakeWorker:
             finally:
                 self.in_flight -= 1
             self.served += 1
-            return web.json_response(_completion())
+            return web.json_response(completion())
         if path == "/health":
             return web.Response(status=200)
         if path == "/v1/models":
@@ -94,10 +94,11 @@ class FakeWorker:
         return web.json_response({"detail": "Not Found"}, status=404)
 
 
-def _completion() -> dict[str, Any]:
+def completion(rid: str = "chatcmpl-fake") -> dict[str, Any]:
+    """A fake worker's one-token chat answer, id ``rid``."""
     message = {"role": "assistant", "content": "ok"}
     return {
-        "id": "chatcmpl-fake",
+        "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": MODEL,
@@ -234,24 +235,30 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def fleet_options(parser: argparse.ArgumentParser, delays: list[float]) -> None:
+    """The options every probe of fake workers takes: their delays, the timeouts, --out."""
+    default = ",".join(f"{d:g}" for d in delays)
+    parser.add_argument(
+        "--delays",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=delays,
+        help=f"seconds each worker takes to answer, comma-separated (default {default})",
+    )
+    parser.add_argument("--request-timeout", type=float, default=30.0)
+    parser.add_argument("--deadline", type=float, default=180.0, help="seconds per variant")
+    parser.add_argument("--out", help="also save the JSON here")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="load endpoints"
     )
-    parser.add_argument(
-        "--delays",
-        type=lambda s: [float(x) for x in s.split(",")],
-        default=[0.1, 0.25, 0.5],
-        help="seconds each worker takes to answer, comma-separated (default 0.1,0.25,0.5)",
-    )
+    fleet_options(parser, [0.1, 0.25, 0.5])
     parser.add_argument("--policy", default="power_of_two", help="sglang-router's --policy")
     parser.add_argument("--requests", type=int, default=400, help="per variant (default 400)")
     parser.add_argument("--concurrency", type=int, default=16, help="clients (default 16)")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds before sending")
-    parser.add_argument("--request-timeout", type=float, default=30.0)
-    parser.add_argument("--deadline", type=float, default=180.0, help="seconds per variant")
-    parser.add_argument("--out", help="also save the JSON here")
     args = parser.parse_args(argv)
     from importlib import metadata
 

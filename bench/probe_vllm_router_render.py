@@ -75,7 +75,7 @@ import aiohttp
 from _common import command, emit, revision
 from _serve_procs import Child, Children, StartError, start_sglang_router, start_vllm_router
 from aiohttp import web
-from probe_sglang_p2c import ANSI, MODEL, Fleet
+from probe_sglang_p2c import ANSI, MODEL, Fleet, completion, fleet_options
 
 VARIANTS = ("refused", "rendered", "refused-held", "sglang")
 RENDER_PATH = "/v1/chat/completions/render"
@@ -117,7 +117,7 @@ class RenderWorker:
             finally:
                 self.in_flight -= 1
             self.served += 1
-            return web.json_response(_completion(f"chatcmpl-w{self.index}-{self.served}"))
+            return web.json_response(completion(f"chatcmpl-w{self.index}-{self.served}"))
         if request.method == "POST" and path == RENDER_PATH:
             body = await request.json()
             await asyncio.sleep(self.render_hold)
@@ -143,18 +143,6 @@ class RenderFleet(Fleet):
     def __init__(self, workers: list[RenderWorker]) -> None:
         super().__init__([], "vllm")
         self.workers = workers
-
-
-def _completion(rid: str) -> dict[str, Any]:
-    message = {"role": "assistant", "content": "ok"}
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": MODEL,
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
-    }
 
 
 def tokens(messages: list[dict[str, Any]]) -> list[int]:
@@ -393,12 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="default: all"
     )
-    parser.add_argument(
-        "--delays",
-        type=lambda s: [float(x) for x in s.split(",")],
-        default=[0.2, 0.2, 1.0],
-        help="seconds each worker takes to answer, comma-separated (default 0.2,0.2,1.0)",
-    )
+    fleet_options(parser, [0.2, 0.2, 1.0])
     parser.add_argument("--conversations", type=int, default=30, help="default 30")
     parser.add_argument("--turns", type=int, default=5, help="per conversation (default 5)")
     parser.add_argument(
@@ -427,9 +410,6 @@ def main(argv: list[str] | None = None) -> int:
         "worker order, which decides its ties, is drawn anew at each start",
     )
     parser.add_argument("--seed", type=int, default=0, help="the workload's (default 0)")
-    parser.add_argument("--request-timeout", type=float, default=30.0)
-    parser.add_argument("--deadline", type=float, default=180.0, help="seconds per variant")
-    parser.add_argument("--out", help="also save the JSON here")
     args = parser.parse_args(argv)
     from importlib import metadata
 

@@ -486,11 +486,16 @@ def serve_real_prefix(doc: dict[str, Any], heading: str = "Prefix affinity") -> 
     )
 
 
-def _vllm_router_blind(doc: dict[str, Any]) -> str:
-    """A run whose engines did not render requests for vllm-router (before 44a8b78): there its
-    ``cache_aware`` took the least loaded worker for every request, no prefix followed."""
+def _vllm_router_unrendered(doc: dict[str, Any]) -> bool:
+    """Whether vllm-router ran in front of engines that did not render requests for it (before
+    44a8b78): there its ``cache_aware`` took the least loaded worker for every request."""
     ran = any(r.get("kind") == "vllm-router" for b in doc["loads"] for r in b["configs"])
-    if not ran or doc["fleet"].get("scale_out"):
+    return ran and not doc["fleet"].get("scale_out")
+
+
+def _vllm_router_blind(doc: dict[str, Any]) -> str:
+    """The note under a run's table where vllm-router followed no prefix."""
+    if not _vllm_router_unrendered(doc):
         return ""
     return (
         "\n\nIn this run vllm-router's `cache_aware` followed no prefix: it matches token ids "
@@ -2228,12 +2233,14 @@ def _other_slo_run(path: Path) -> str:
     drawn = re.search(r"mean drawn ([0-9.]+)", doc["workload"]["output_tokens"])
     # Single-turn runs before 9d5bc60 said lognormal outputs and drew max_tokens for every one.
     outputs = f", {drawn[1]} output tokens a request on average" if drawn else ""
-    blind = any(r.get("kind") == "vllm-router" for b in doc["loads"] for r in b["configs"])
-    blind = blind and not doc["fleet"].get("scale_out")
-    note = " vllm-router's `cache_aware` followed no prefix (engines without `--enable-scale-out`)."
+    note = (
+        " vllm-router's `cache_aware` followed no prefix (engines without `--enable-scale-out`)."
+        if _vllm_router_unrendered(doc)
+        else ""
+    )
     return (
         f"Another run, `{path.name}` at {at} (the fleet's capacity {rate}/s, measured with "
-        f"{streams} streams a replica{outputs}): {loads}.{note if blind else ''}"
+        f"{streams} streams a replica{outputs}): {loads}.{note}"
     )
 
 
