@@ -77,13 +77,8 @@ class FakeWorker:
                 self.in_flight -= 1
             self.served += 1
             return web.json_response(completion())
-        if path == "/health":
-            return web.Response(status=200)
-        if path == "/v1/models":
-            model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "vllm"}
-            return web.json_response({"object": "list", "data": [{**model, "root": MODEL}]})
-        if path == "/version":
-            return web.json_response({"version": "0.32.0"})
+        if (answer := vllm_basics(path)) is not None:
+            return answer
         if path == "/load" and variant in ("vllm", "load-inflight"):
             load = self.in_flight if variant == "load-inflight" else 0
             return web.json_response({"server_load": load})
@@ -92,6 +87,19 @@ class FakeWorker:
             rank = {"dp_rank": 0, "num_reqs": n, "num_waiting_reqs": 0, "num_tokens": n}
             return web.json_response([rank])
         return web.json_response({"detail": "Not Found"}, status=404)
+
+
+def vllm_basics(path: str) -> web.Response | None:
+    """vLLM 0.32's answer to a router's start-up probes of ``path`` (/health, /v1/models,
+    /version); None for any other path."""
+    if path == "/health":
+        return web.Response(status=200)
+    if path == "/v1/models":
+        model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "vllm"}
+        return web.json_response({"object": "list", "data": [{**model, "root": MODEL}]})
+    if path == "/version":
+        return web.json_response({"version": "0.32.0"})
+    return None
 
 
 def completion(rid: str = "chatcmpl-fake") -> dict[str, Any]:

@@ -75,7 +75,7 @@ import aiohttp
 from _common import command, emit, revision
 from _serve_procs import Child, Children, StartError, start_sglang_router, start_vllm_router
 from aiohttp import web
-from probe_sglang_p2c import ANSI, MODEL, Fleet, completion, fleet_options
+from probe_sglang_p2c import ANSI, MODEL, Fleet, completion, fleet_options, vllm_basics
 
 VARIANTS = ("refused", "rendered", "refused-held", "sglang")
 RENDER_PATH = "/v1/chat/completions/render"
@@ -125,13 +125,8 @@ class RenderWorker:
                 return web.json_response(_rendered(body))
             error = {"message": REFUSAL, "type": "PermissionDeniedError", "param": None}
             return web.json_response({"error": {**error, "code": 403}}, status=403)
-        if path == "/health":
-            return web.Response(status=200)
-        if path == "/v1/models":
-            model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "vllm"}
-            return web.json_response({"object": "list", "data": [{**model, "root": MODEL}]})
-        if path == "/version":
-            return web.json_response({"version": "0.32.0"})
+        if (answer := vllm_basics(path)) is not None:
+            return answer
         if path == "/load":
             return web.json_response({"server_load": 0})
         return web.json_response({"detail": "Not Found"}, status=404)
