@@ -333,6 +333,47 @@ def test_unstreamed_answers_open_a_guessed_replica_s_slow_start() -> None:
     assert fit.answers == 4 and fit.ttft.updates == 0
 
 
+def test_past_its_slow_start_a_replica_runs_more_while_its_replies_meet_the_slo() -> None:
+    """The slow start ends at 64 at once; past it, a full replica whose replies meet the SLO is
+    sent more (held at 64, the fast vLLM engine ran at 0.8 of its core while 105 requests
+    waited in the router); a reply that misses halves that, never below 64."""
+    policy, view = make_policy([EnginePrior.generic()], ttft=1.0, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    running: list[WorkItem] = []
+    started: set[int | str] = set()
+
+    def fill() -> int:
+        while (item := request(20, 64)) and policy.pick(item, view, None) == 0:
+            running.append(item)
+        return len(running)
+
+    def answer(ttft: float) -> None:
+        """First tokens for those sent since, ``ttft`` on; the oldest ends."""
+        clock.advance(ttft)
+        for item in running:
+            if item.id not in started:
+                started.add(item.id)
+                policy.first_token(item.id, clock.now())
+        clock.advance(0.001)
+        policy.finished(running.pop(0).id, clock.now(), 64)
+
+    most = [fill()]
+    for _ in range(400):
+        answer(0.001)
+        most.append(fill())
+    assert most[:2] == [1, 2] and 64 in most  # the slow start, then its end
+    assert most[-1] > 64 and policy.limit[0] > 64  # every reply met the SLO at its limit
+    answer(0.001)
+    running.append(late := request(20, 64))
+    assert policy.pick(late, view, None) == 0
+    before = policy.limit[0]
+    answer(2.0)  # its first token past the TTFT target; the oldest's end met the SLO
+    assert 64 <= policy.limit[0] < 0.6 * before
+    assert policy.pick(request(20, 64), view, None) is None  # it runs more than that
+    assert policy.explain(0, view)["most_running"] == round(policy.limit[0], 1)
+
+
 def test_every_unstreamed_reply_teaches_the_step_not_only_the_slow_ones() -> None:
     """Unstreamed replies of 64 tokens, four in five back whole in 2 ms, one in 40 ms. Such a
     reply has no chunks to come in a burst: read as bursts, the fast ones were dropped, the
@@ -662,7 +703,8 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             assert tpot == pytest.approx(fit.predict_tpot(load.running + 1, kv, rate))
             busy = load.running > 0
             widen = busy and policy.missed[i] != 0
-            ramped = fit.prior.guess and load.running >= 2 ** min(fit.answers, 6)
+            most = 2**fit.answers if fit.answers < 6 else policy.limit[i]
+            ramped = fit.prior.guess and load.running >= most
             assert table.ramped[i] == ramped
             gate = math.inf if ramped else fit.ttft_errors.factor if widen else 1.0
             assert table.ttft_gate[i] == gate

@@ -31,6 +31,11 @@ The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
   (``CACHE_WAIT_TTFT``): sent on, the prompt is computed again, and a conversation's history
   is left behind on each side.
 
+A replica known by its URL alone starts slow: 1, 2, 4... requests at once as it answers, up to
+64; past that, the most it runs grows while its replies meet the SLO and halves (not below 64)
+at a reply that misses (``_LIMIT_STEP``): a guard on the predictions, which a replica that
+keeps meeting the SLO outgrows.
+
 Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best
 predicted lone TTFT of the request, whichever is more; TPOT 20 ms or five times the best
 predicted lone step time, whichever is more.
@@ -110,6 +115,19 @@ TTFT_SLACK = 2.0
 #: first token, or the end of a reply that was not streamed: counted by the fit's updates, a
 #: replica sent only unstreamed requests (which teach no TTFT) ran one at a time for good.
 _RAMP_MAX = 6
+#: Past the slow start the most a replica runs at once is learned from its replies: each reply
+#: that meets its SLO while the replica is full adds ``_LIMIT_STEP / limit`` (``_LIMIT_STEP`` a
+#: round of ``limit`` replies, first tokens and ends both counted), each miss takes it down to
+#: ``_LIMIT_CUT`` of itself, never below the slow start's end (``2**_RAMP_MAX``). The
+#: predictions decide first; the limit keeps them from running a replica past where its replies
+#: start to miss. Held at 64 for good, the fast replica of real vLLM CPU engines past the
+#: fleet's capacity ran 64 requests at 0.8 of its core, its replies meeting the SLO, while up
+#: to 105 requests waited in the router; with no limit at all, a simulated H100 was sent
+#: requests while its predicted TPOT was just within the target, ran 110 at once, and 78% of
+#: its replies missed (``bench/bench_slo_sim.py`` at 24/s: 26% within the SLO against 77%).
+_LIMIT_FLOOR = float(1 << _RAMP_MAX)
+_LIMIT_STEP = 8.0
+_LIMIT_CUT = 0.5
 #: Replies (a first token, a reply's end) whose outcome against their SLO is remembered per
 #: replica: a distrusted replica's predictions are widened only while one of them missed. On
 #: real vLLM a replica slowed threefold for some seconds (its CPU shared with engines woken
@@ -171,6 +189,7 @@ class SloRouting(PrefixAffinity):
         self.heard: list[float] = []  # per device, when a reply last taught its fit
         self._probe_wait: list[float] = []  # per device, how long idle before it is tried
         self.missed: list[int] = []  # per device, its last _OUTCOMES replies: a bit set a miss
+        self.limit: list[float] = []  # per device, the most it runs past its slow start
         self._priors: dict[int, EnginePrior] = {}
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
@@ -223,6 +242,7 @@ class SloRouting(PrefixAffinity):
             self.heard.append(-math.inf)
             self._probe_wait.append(PROBE_AFTER)
             self.missed.append(0)
+            self.limit.append(_LIMIT_FLOOR)
         if len(self._table) < len(self.fits):
             self._table = _Table(len(self.fits))
             for i in range(len(self.fits)):
@@ -235,6 +255,7 @@ class SloRouting(PrefixAffinity):
         self.heard[device] = -math.inf
         self._probe_wait[device] = PROBE_AFTER
         self.missed[device] = 0
+        self.limit[device] = _LIMIT_FLOOR
         self._mirror(device)
 
     # --- placement --------------------------------------------------------------------------
@@ -553,8 +574,16 @@ class SloRouting(PrefixAffinity):
         return taught
 
     def _judge(self, device: int, missed: bool) -> None:
-        """One reply's outcome on ``device`` against its SLO (mirrored by the caller)."""
+        """One reply's outcome on ``device`` against its SLO (mirrored by the caller), and the
+        limit past its slow start learned from it (``_LIMIT_STEP``)."""
         self.missed[device] = ((self.missed[device] << 1) | missed) & _OUTCOME_MASK
+        if self.fits[device].answers < _RAMP_MAX:
+            return
+        limit = self.limit[device]
+        if missed:
+            self.limit[device] = max(_LIMIT_FLOOR, limit * _LIMIT_CUT)
+        elif self.loads[device].running >= limit - 1:  # full: it met the SLO at its limit
+            self.limit[device] = limit + _LIMIT_STEP / limit
 
     def dropped(self, item_id: int | str, now: float) -> None:
         """The request's attempt ended without an answer to learn from (failed, moved,
@@ -579,9 +608,16 @@ class SloRouting(PrefixAffinity):
         if stale:
             for device in stale:
                 if device < len(table):
-                    table.set(device, self.fits[device], self.loads[device], self.missed[device])
+                    fit, load = self.fits[device], self.loads[device]
+                    table.set(device, fit, load, self.missed[device], self._most(device))
             stale.clear()
         return table
+
+    def _most(self, device: int) -> float:
+        """The most requests device ``device`` runs at once while its prior is a guess: its
+        slow start's, then its learned limit."""
+        answers = self.fits[device].answers
+        return float(1 << answers) if answers < _RAMP_MAX else self.limit[device]
 
     def in_flight(self) -> int:
         """Requests the model counts as sent and not ended (0 once all have ended)."""
@@ -609,6 +645,7 @@ class SloRouting(PrefixAffinity):
             ),
             "recent_misses": self.missed[device].bit_count(),
             "slow_start_full": bool(t.ramped[device]),  # not sent more until it answers
+            "most_running": round(self._most(device), 1) if fit.prior.guess else None,
             "running": load.running,
             "prefill_queue_tokens": round(load.prefill_queue),
             "kv_tokens_held": round(load.kv),
@@ -663,7 +700,9 @@ class _Table:
     def __len__(self) -> int:
         return len(self.running)
 
-    def set(self, i: int, fit: EngineFit, load: EngineLoad, missed: int) -> None:
+    def set(self, i: int, fit: EngineFit, load: EngineLoad, missed: int, most: float) -> None:
+        """Device ``i``'s columns; ``most``: the requests it may run at once if its prior is
+        a guess (``SloRouting._most``)."""
         c, d = fit.ttft.coef, fit.tpot.coef
         running, kv = token_feature(load.running), token_feature(load.kv)
         busy = load.running > 0
@@ -675,7 +714,7 @@ class _Table:
         self.lone_step[i] = d[0] + d[1]
         self.prefill[i] = d[3] * token_feature(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
         self.at[i] = load.at
-        ramped = fit.prior.guess and load.running >= 1 << min(fit.answers, _RAMP_MAX)
+        ramped = fit.prior.guess and load.running >= most
         self.ramped[i] = ramped
         if ramped:
             self.ttft_gate[i] = self.tpot_gate[i] = np.inf
