@@ -71,3 +71,41 @@ def test_top_serve_shows_each_replica_s_engine_and_load() -> None:
     row_b = next(line for line in text.splitlines() if "│ b " in line)
     assert "vllm" in row_a and "2 + 1 · kv 25%" in row_a and "1.50 / —" in row_a
     assert "openai" in row_b and "unknown: the server publishes no load" in row_b
+
+
+def test_top_serve_shows_a_replica_full_at_its_learned_limit() -> None:
+    from hetero.commands.top_serve import serve_view
+    from tests.rendering import render
+
+    errors = {"p50": 0.1, "p90": 0.3}
+    model = {
+        "prefill_tokens_per_s": 12000.0,
+        "step_base_s": 0.003,
+        "step_per_request_s": 0.0005,
+        "predicted_ttft_s": 0.08,
+        "predicted_tpot_s": 0.04,
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+        "error_ttft": errors,
+        "error_tpot": errors,
+        "distrusted": False,
+        "widened": False,
+        "slow_start_full": True,
+        "most_running": 72.5,
+    }
+    replica = {
+        "name": "fast",
+        "state": "up",
+        "models": ["m"],
+        "learned_speed": 1.0,
+        "speed": None,
+        "in_flight": 73,
+        "queued": 0,
+        "slots": 4096,
+        "completed": 9,
+        "failed": 0,
+        "mean_latency_s": 0.5,
+        "engine_model": model,
+    }
+    status = {"strategy": "slo", "uptime_s": 3, "active": 73, "waiting": 5, "queue_size": 100}
+    text = render(serve_view(status | {"replicas": [replica]}, "http://x"), 220)
+    assert "fast (full at 72.5)" in text

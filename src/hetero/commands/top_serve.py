@@ -163,12 +163,13 @@ def _engine_table(replicas: list[dict[str, Any]]) -> FitTable | None:
         m = r["engine_model"]
         slo = m["slo"]
         prefill = m["prefill_tokens_per_s"]
+        most = m.get("most_running")  # the slow start's, or the limit learned past it
         tags = [
             tag
             for tag, on in (
                 ("distrusted", m["distrusted"]),
                 ("widened", m.get("widened")),
-                ("slow start full", m.get("slow_start_full")),
+                ("full" if most is None else f"full at {most:g}", m.get("slow_start_full")),
             )
             if on
         ]
