@@ -77,6 +77,8 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_80_120.json",
     RESULTS / "serve_real_single_turn_slo_loads_90_110.json",
     RESULTS / "serve_real_single_turn_slo_loads_115_125.json",
+    RESULTS / "serve_real_single_turn_slo_loads_115_125_limit.json",
+    RESULTS / "serve_real_single_turn_slo_loads_105_110.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
