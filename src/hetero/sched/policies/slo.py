@@ -123,8 +123,9 @@ _RAMP_MAX = 6
 #: start to miss. Held at 64 for good, the fast replica of real vLLM CPU engines past the
 #: fleet's capacity ran 64 requests at 0.8 of its core, its replies meeting the SLO, while up
 #: to 105 requests waited in the router; with no limit at all, a simulated H100 was sent
-#: requests while its predicted TPOT was just within the target, ran 110 at once, and 78% of
-#: its replies missed (``bench/bench_slo_sim.py`` at 24/s: 26% within the SLO against 77%).
+#: requests while its predicted TPOT was just within the target, ran 110 at once, and three in
+#: four of its replies missed (``bench/bench_slo_sim.py`` at 24/s: 26% within the SLO against
+#: 77%).
 _LIMIT_FLOOR = float(1 << _RAMP_MAX)
 _LIMIT_STEP = 8.0
 _LIMIT_CUT = 0.5
@@ -418,7 +419,7 @@ class SloRouting(PrefixAffinity):
             tpot[t.kv_room < need] *= 10.0  # past its KV cache: it queues
         # Ranked by the plain means, so that a busy replica's widening (which decides whether
         # it meets the SLO at all) does not tilt the choice toward idle slow ones. A replica
-        # in its slow start with a reply on the way is not weighed (its gate is infinite).
+        # full (its slow start's or learned limit reached) is not weighed (its gate is infinite).
         headroom = ttft + tpot
         r_ttft = ttft * t.ttft_gate
         r_tpot = tpot * t.tpot_gate
@@ -444,7 +445,7 @@ class SloRouting(PrefixAffinity):
             else:
                 if busy.any():
                     # Worth waiting if some replica would meet it once idle: a busy one by its
-                    # lone predictions, an idle one as it stands, one in its slow start as soon
+                    # lone predictions, an idle one as it stands, one full at its limit as soon
                     # as its reply comes.
                     lone_ok = _meets_alone(t, slice(None), own, kv_own, slo)
                     idle = np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0))
@@ -689,11 +690,12 @@ class _Table:
         self.prefill = np.zeros(n)  # d3 × the prompt tokens sent a second, before decay
         self.at = np.zeros(n)  # when that rate was last decayed (EngineLoad.at)
         # What a ratio to the target is multiplied by before it is judged: the widening where
-        # the replica runs something while distrusted and missing the SLO, infinite while its
-        # slow start waits for a reply (not weighed).
+        # the replica runs something while distrusted and missing the SLO, infinite while it is
+        # full (not weighed).
         self.ttft_gate = np.ones(n)
         self.tpot_gate = np.ones(n)
-        self.ramped = np.zeros(n, dtype=bool)  # its slow start waits for a reply: _RAMP_MAX
+        # Full: it runs all its slow start, or the limit learned past it, allows (_most).
+        self.ramped = np.zeros(n, dtype=bool)
         self.kv_room = np.full(n, np.inf)  # KV tokens left in its cache while busy (inf: unknown)
         self.running = np.zeros(n)
 
