@@ -84,6 +84,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_loads_100.json",
     RESULTS / "serve_real_slo_cache_wait.json",
     RESULTS / "serve_real_slo.json",
+    RESULTS / "serve_real_slo_limit.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
