@@ -704,12 +704,12 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             busy = load.running > 0
             widen = busy and policy.missed[i] != 0
             most = 2**fit.answers if fit.answers < 6 else policy.limit[i]
-            ramped = fit.prior.guess and load.running >= most
-            assert table.ramped[i] == ramped
-            gate = math.inf if ramped else fit.ttft_errors.factor if widen else 1.0
+            full = fit.prior.guess and load.running >= most
+            assert table.full[i] == full
+            gate = math.inf if full else fit.ttft_errors.factor if widen else 1.0
             assert table.ttft_gate[i] == gate
             assert table.tpot_gate[i] == (
-                math.inf if ramped else fit.tpot_errors.factor if widen else 1.0
+                math.inf if full else fit.tpot_errors.factor if widen else 1.0
             )
             cap = fit.kv_tokens
             assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

@@ -11,6 +11,22 @@ from tests.serve.harness import KEY
 runner = CliRunner()
 
 
+#: A replica as /status shows it, for the views rendered from a status made here.
+REPLICA = {
+    "name": "a",
+    "state": "up",
+    "models": ["m"],
+    "learned_speed": 1.0,
+    "speed": None,
+    "in_flight": 2,
+    "queued": 0,
+    "slots": 12,
+    "completed": 9,
+    "failed": 0,
+    "mean_latency_s": 0.5,
+}
+
+
 def test_top_serve_shows_each_replica(router_url: str) -> None:
     result = runner.invoke(app, ["top", "--serve", router_url, "--once"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
@@ -43,19 +59,7 @@ def test_top_serve_shows_each_replica_s_engine_and_load() -> None:
     from tests.rendering import render
 
     base = {"strategy": "power_of_two", "uptime_s": 3, "active": 0, "waiting": 0}
-    replica = {
-        "name": "a",
-        "state": "up",
-        "models": ["m"],
-        "learned_speed": 1.5,
-        "speed": None,
-        "in_flight": 2,
-        "queued": 0,
-        "slots": 12,
-        "completed": 9,
-        "failed": 0,
-        "mean_latency_s": 0.5,
-    }
+    replica = REPLICA | {"learned_speed": 1.5}
     known = replica | {
         "engine": "vllm",
         "load": {"known": True, "running": 2, "waiting": 1, "kv_usage": 0.25},
@@ -92,20 +96,7 @@ def test_top_serve_shows_a_replica_full_at_its_learned_limit() -> None:
         "slow_start_full": True,
         "most_running": 72.5,
     }
-    replica = {
-        "name": "fast",
-        "state": "up",
-        "models": ["m"],
-        "learned_speed": 1.0,
-        "speed": None,
-        "in_flight": 73,
-        "queued": 0,
-        "slots": 4096,
-        "completed": 9,
-        "failed": 0,
-        "mean_latency_s": 0.5,
-        "engine_model": model,
-    }
+    replica = REPLICA | {"name": "fast", "in_flight": 73, "slots": 4096, "engine_model": model}
     status = {"strategy": "slo", "uptime_s": 3, "active": 73, "waiting": 5, "queue_size": 100}
     text = render(serve_view(status | {"replicas": [replica]}, "http://x"), 220)
     assert "fast (full at 72.5)" in text

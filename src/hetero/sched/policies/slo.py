@@ -449,7 +449,7 @@ class SloRouting(PrefixAffinity):
                     # as its reply comes.
                     lone_ok = _meets_alone(t, slice(None), own, kv_own, slo)
                     idle = np.where(busy, lone_ok, (ttft <= 1.0) & (tpot <= 1.0))
-                    if (usable & (t.ramped | idle)).any():
+                    if (usable & (t.full | idle)).any():
                         return None
                 i = int(worst.argmin())
                 if not math.isfinite(worst[i]):
@@ -642,10 +642,10 @@ class SloRouting(PrefixAffinity):
             **fit.explain(),
             # predictions stretched now: distrusted, busy, and a recent reply missed its SLO
             "widened": bool(
-                not t.ramped[device] and (t.ttft_gate[device] > 1 or t.tpot_gate[device] > 1)
+                not t.full[device] and (t.ttft_gate[device] > 1 or t.tpot_gate[device] > 1)
             ),
             "recent_misses": self.missed[device].bit_count(),
-            "slow_start_full": bool(t.ramped[device]),  # not sent more until it answers
+            "slow_start_full": bool(t.full[device]),  # not sent more until it answers
             "most_running": round(self._most(device), 1) if fit.prior.guess else None,
             "running": load.running,
             "prefill_queue_tokens": round(load.prefill_queue),
@@ -694,8 +694,8 @@ class _Table:
         # full (not weighed).
         self.ttft_gate = np.ones(n)
         self.tpot_gate = np.ones(n)
-        # Full: it runs all its slow start, or the limit learned past it, allows (_most).
-        self.ramped = np.zeros(n, dtype=bool)
+        # It runs all its slow start, or the limit learned past it, allows (_most).
+        self.full = np.zeros(n, dtype=bool)
         self.kv_room = np.full(n, np.inf)  # KV tokens left in its cache while busy (inf: unknown)
         self.running = np.zeros(n)
 
@@ -716,9 +716,9 @@ class _Table:
         self.lone_step[i] = d[0] + d[1]
         self.prefill[i] = d[3] * token_feature(load.sent_tokens / PREFILL_RATE_SECONDS) / 1000.0
         self.at[i] = load.at
-        ramped = fit.prior.guess and load.running >= most
-        self.ramped[i] = ramped
-        if ramped:
+        full = fit.prior.guess and load.running >= most
+        self.full[i] = full
+        if full:
             self.ttft_gate[i] = self.tpot_gate[i] = np.inf
         else:
             widen = busy and missed != 0
