@@ -120,6 +120,33 @@ def test_a_distrusted_replica_is_widened_only_while_its_replies_miss_the_slo() -
     assert policy.explain(0, view)["widened"] is True
 
 
+def test_a_busy_replica_predicted_too_fast_is_corrected_while_its_replies_miss() -> None:
+    """Its replies 1.25x slower than predicted, never far enough to be distrusted: while they
+    meet the SLO nothing changes; once one misses, a busy moment's predictions are stretched
+    by that median, and a request it would take just within the SLO waits. On real vLLM past
+    the fleet's capacity, slow replicas predicted 10-20% too fast were sent requests just
+    within 50 ms and ran them at 51-62 ms."""
+    policy, view = make_policy([prior(0.02, 0.002)], ttft=1.0, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    fit = policy.fits[0]
+    for _ in range(16):
+        fit.tpot_errors.add(0.02, 0.025)
+    assert not fit.distrusted
+    assert fit.tpot_errors.late == pytest.approx(1.25)
+    sent = [request() for _ in range(11)]
+    for item in sent:  # the 11th predicted at 0.042 s a token: within 0.05
+        assert policy.pick(item, view, None) == 0
+    assert policy.explain(0, view)["widened"] is False
+    clock.advance(0.1)
+    policy.first_token(sent[0].id, clock.now())
+    clock.advance(1.0)
+    policy.finished(sent[0].id, clock.now(), 11)  # 0.1 s a token: a miss
+    # 10 running: the next one predicted at 0.042 s a token again, 0.053 once stretched
+    assert policy.pick(request(), view, None) is None
+    assert policy.explain(0, view)["widened"] is True
+
+
 def make_policy(priors: list[EnginePrior], **options: float) -> tuple[SloRouting, FleetView]:
     devices = make_devices([1.0] * len(priors))
     view = FleetView(devices, PerfModel(devices), ManualClock())
@@ -706,10 +733,11 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
             most = 2**fit.answers if fit.answers < 6 else policy.limit[i]
             full = fit.prior.guess and load.running >= most
             assert table.full[i] == full
-            gate = math.inf if full else fit.ttft_errors.factor if widen else 1.0
-            assert table.ttft_gate[i] == gate
-            assert table.tpot_gate[i] == (
-                math.inf if full else fit.tpot_errors.factor if widen else 1.0
-            )
+            for errors, column in (
+                (fit.ttft_errors, table.ttft_gate),
+                (fit.tpot_errors, table.tpot_gate),
+            ):
+                stretch = max(errors.factor, errors.late) if widen else 1.0
+                assert column[i] == (math.inf if full else stretch)
             cap = fit.kv_tokens
             assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

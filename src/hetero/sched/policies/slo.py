@@ -10,11 +10,14 @@ prefix is weighed against speed and queue by the same formula.
 The choice, per request, with ``r = predicted / SLO`` for each of TTFT and TPOT:
 
 - among the replicas that meet both (``r ≤ 1``), the one with the most headroom (least
-  ``r_ttft + r_tpot`` of the fit's means); a busy replica's predictions are widened while its
-  replies contradict the fit (it is distrusted) and one of its last replies missed its SLO; an
-  idle one's are not (one request is the whole risk there, and it is how a distrusted replica
-  earns trust back), nor those of one whose replies keep meeting the SLO, however far from the
-  fit (the SLO is what the widening protects);
+  ``r_ttft + r_tpot`` of the fit's means); a busy replica's predictions are widened while one
+  of its last replies missed its SLO: by the 90th percentile of its errors while its replies
+  contradict the fit (it is distrusted), else by the median of its measured over predicted
+  times where that is above 1 (the fit predicts it too fast: near its limit, the requests it is
+  sent while predicted just within the SLO then miss it); an idle one's are not (one request is
+  the whole risk there, and it is how a distrusted replica earns trust back), nor those of one
+  whose replies keep meeting the SLO, however far from the fit (the SLO is what the widening
+  protects);
 - else, among those that would meet its TPOT and miss its TTFT by less than ``TTFT_SLACK``
   times, the one with the least TTFT (sending it now is its best chance; further off, a
   replica that finishes something meanwhile is the better bet);
@@ -722,7 +725,8 @@ class _Table:
             self.ttft_gate[i] = self.tpot_gate[i] = np.inf
         else:
             widen = busy and missed != 0
-            self.ttft_gate[i] = fit.ttft_errors.factor if widen else 1.0
-            self.tpot_gate[i] = fit.tpot_errors.factor if widen else 1.0
+            ttft, tpot = fit.ttft_errors, fit.tpot_errors
+            self.ttft_gate[i] = max(ttft.factor, ttft.late) if widen else 1.0
+            self.tpot_gate[i] = max(tpot.factor, tpot.late) if widen else 1.0
         self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
         self.running[i] = load.running
