@@ -133,7 +133,7 @@ def test_a_busy_replica_predicted_too_fast_is_corrected_while_its_replies_miss()
     for _ in range(16):
         fit.tpot_errors.add(0.02, 0.025)
     assert not fit.distrusted
-    assert fit.tpot_errors.late == pytest.approx(1.25)
+    assert fit.tpot_errors.stretch() == pytest.approx(1.25)
     sent = [request() for _ in range(11)]
     for item in sent:  # the 11th predicted at 0.042 s a token: within 0.05
         assert policy.pick(item, view, None) == 0
@@ -737,7 +737,7 @@ def test_the_pick_s_columns_predict_as_each_replica_s_own_fit_and_load(
                 (fit.ttft_errors, table.ttft_gate),
                 (fit.tpot_errors, table.tpot_gate),
             ):
-                stretch = max(errors.factor, errors.late) if widen else 1.0
+                stretch = errors.stretch() if widen else 1.0
                 assert column[i] == (math.inf if full else stretch)
             cap = fit.kv_tokens
             assert table.kv_room[i] == (math.inf if cap is None or not busy else cap - load.kv)

@@ -45,8 +45,8 @@ requests while its fastest replica ran one). Each reply's measured value is comp
 was predicted for it instead; a replica whose replies keep contradicting the model (a median
 error over 3×) is *distrusted*: its predictions while it runs something are widened by its
 observed error until it agrees again. Short of that, the median of measured over predicted,
-where the model predicts too fast, is kept to correct the predictions by (``late``; the
-``slo`` policy applies both while the replica's replies miss their SLO).
+where the model predicts too fast, corrects the predictions (``stretch``: the ``slo`` policy
+applies it while the replica's replies miss their SLO).
 
 Pure: no I/O, no clock of its own (times are passed in), nothing that can overflow or divide by
 zero on hostile numbers: every observation is checked finite and within bounds, and refused
@@ -447,16 +447,13 @@ class _Errors:
     request). The ratios are kept in order of arrival and, for the quantiles, sorted as they
     come (sorting them afresh twice a reply was most of the cost of judging it)."""
 
-    __slots__ = ("_magnitudes", "_sorted", "factor", "late", "ratios")
+    __slots__ = ("_magnitudes", "_sorted", "factor", "ratios")
 
     def __init__(self) -> None:
         self.ratios: deque[float] = deque()
         self._sorted: list[float] = []  # the ratios, ascending
         self._magnitudes: list[float] = []  # their absolute values, ascending
         self.factor = 1.0
-        # The median of measured / predicted where it is above 1 (the model predicts too fast),
-        # else 1; from _JUDGE_AFTER replies on.
-        self.late = 1.0
 
     def add(self, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
@@ -469,8 +466,6 @@ class _Errors:
             bisect.insort(self._sorted, ratio)
             bisect.insort(self._magnitudes, abs(ratio))
             self.factor = self._widening()
-            if len(self.ratios) >= _JUDGE_AFTER:
-                self.late = max(1.0, math.exp(min(_quantile(self._sorted, 0.5), 20.0)))
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile of |relative error| (0.25: 25% off), None before any reply."""
@@ -485,6 +480,15 @@ class _Errors:
         if not self.ratios:
             return None
         return math.exp(_quantile(self._sorted, 0.5))
+
+    def stretch(self) -> float:
+        """What a prediction is multiplied by while the replica's replies miss their SLO:
+        ``factor`` while distrusted, else the median of measured / predicted where that is
+        above 1 (the model predicts too fast), else 1; 1 before ``_JUDGE_AFTER`` replies.
+        Asked for only then (rarely), not kept current: a reply's cost is the router's."""
+        if self.factor > 1.0 or len(self.ratios) < _JUDGE_AFTER:
+            return self.factor
+        return max(1.0, math.exp(min(_quantile(self._sorted, 0.5), 20.0)))
 
     def _widening(self) -> float:
         """The 90th percentile of measured / predicted (at least 1) while the replies

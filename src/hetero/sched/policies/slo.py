@@ -725,8 +725,7 @@ class _Table:
             self.ttft_gate[i] = self.tpot_gate[i] = np.inf
         else:
             widen = busy and missed != 0
-            ttft, tpot = fit.ttft_errors, fit.tpot_errors
-            self.ttft_gate[i] = max(ttft.factor, ttft.late) if widen else 1.0
-            self.tpot_gate[i] = max(tpot.factor, tpot.late) if widen else 1.0
+            self.ttft_gate[i] = fit.ttft_errors.stretch() if widen else 1.0
+            self.tpot_gate[i] = fit.tpot_errors.stretch() if widen else 1.0
         self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
         self.running[i] = load.running
