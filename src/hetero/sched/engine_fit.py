@@ -441,11 +441,12 @@ class EngineLoad:
 
 
 class _Errors:
-    """The last replies' log-ratios of measured to predicted, and the factors predictions are
-    widened by while they contradict the model and while they are too fast (kept current as
-    replies come, not computed on every prediction: the router asks for them per replica per
-    request). The ratios are kept in order of arrival and, for the quantiles, sorted as they
-    come (sorting them afresh twice a reply was most of the cost of judging it)."""
+    """The last replies' log-ratios of measured to predicted, the factor predictions are
+    widened by while they contradict the model (kept current as replies come, not computed on
+    every prediction: the router asks for it per replica per request), and the stretch while
+    they are too fast (``stretch``). The ratios are kept in order of arrival and, for the
+    quantiles, sorted as they come (sorting them afresh twice a reply was most of the cost of
+    judging it)."""
 
     __slots__ = ("_magnitudes", "_sorted", "_stretch", "factor", "ratios")
 
