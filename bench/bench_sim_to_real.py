@@ -79,12 +79,14 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_115_125.json",
     RESULTS / "serve_real_single_turn_slo_loads_115_125_limit.json",
     RESULTS / "serve_real_single_turn_slo_loads_105_110.json",
+    RESULTS / "serve_real_single_turn_slo_loads_85_115.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
     RESULTS / "serve_real_slo_cache_wait.json",
     RESULTS / "serve_real_slo.json",
     RESULTS / "serve_real_slo_limit.json",
+    RESULTS / "serve_real_slo_stretch.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
