@@ -99,22 +99,14 @@ def test_a_distrusted_replica_is_widened_only_while_its_replies_miss_the_slo() -
     while busy. Widened then, it ran one request at a time on real vLLM while the router held
     28 (a replica slowed threefold for some seconds by the CPU it shared). Once a reply misses
     its SLO, a busy moment's predictions are widened again and the request waits."""
-    policy, view = make_policy([prior(0.005, 0.002)], ttft=1.0, tpot=0.05)
-    clock = view.clock
-    assert isinstance(clock, ManualClock)
+    policy, view, clock = replica_measured_over_predicted(0.005, 14.0)
     fit = policy.fits[0]
-    for _ in range(16):
-        fit.tpot_errors.add(0.01, 0.14)
-    policy._mirror(0)
     assert fit.distrusted and fit.tpot_errors.factor > 10
     first, second = request(), request()
     assert policy.pick(first, view, None) == 0
     assert policy.pick(second, view, None) == 0  # busy and distrusted, yet meeting the SLO
     assert policy.explain(0, view)["widened"] is False
-    clock.advance(0.1)
-    policy.first_token(first.id, clock.now())
-    clock.advance(1.0)
-    policy.finished(first.id, clock.now(), 11)  # 0.1 s a token against 0.05: a miss
+    miss(policy, clock, first)
     assert policy.explain(0, view)["recent_misses"] == 1
     assert policy.pick(request(), view, None) is None  # widened: it waits
     assert policy.explain(0, view)["widened"] is True
@@ -126,25 +118,40 @@ def test_a_busy_replica_predicted_too_fast_is_corrected_while_its_replies_miss()
     by that median, and a request it would take just within the SLO waits. On real vLLM past
     the fleet's capacity, slow replicas predicted 10-20% too fast were sent requests just
     within 50 ms and ran them at 51-62 ms."""
-    policy, view = make_policy([prior(0.02, 0.002)], ttft=1.0, tpot=0.05)
-    clock = view.clock
-    assert isinstance(clock, ManualClock)
+    policy, view, clock = replica_measured_over_predicted(0.02, 1.25)
     fit = policy.fits[0]
-    for _ in range(16):
-        fit.tpot_errors.add(0.02, 0.025)
     assert not fit.distrusted
     assert fit.tpot_errors.stretch() == pytest.approx(1.25)
     sent = [request() for _ in range(11)]
     for item in sent:  # the 11th predicted at 0.042 s a token: within 0.05
         assert policy.pick(item, view, None) == 0
     assert policy.explain(0, view)["widened"] is False
-    clock.advance(0.1)
-    policy.first_token(sent[0].id, clock.now())
-    clock.advance(1.0)
-    policy.finished(sent[0].id, clock.now(), 11)  # 0.1 s a token: a miss
+    miss(policy, clock, sent[0])
     # 10 running: the next one predicted at 0.042 s a token again, 0.053 once stretched
     assert policy.pick(request(), view, None) is None
     assert policy.explain(0, view)["widened"] is True
+
+
+def replica_measured_over_predicted(
+    step: float, ratio: float
+) -> tuple[SloRouting, FleetView, ManualClock]:
+    """One replica (SLO 1 s and 50 ms) whose last 16 replies' TPOTs came ``ratio`` times
+    what was predicted."""
+    policy, view = make_policy([prior(step, 0.002)], ttft=1.0, tpot=0.05)
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    for _ in range(16):
+        policy.fits[0].tpot_errors.add(0.01, 0.01 * ratio)
+    policy._mirror(0)
+    return policy, view, clock
+
+
+def miss(policy: SloRouting, clock: ManualClock, item: WorkItem) -> None:
+    """``item`` answers in 0.1 s, then 0.1 s a token against the 0.05 allowed: a miss."""
+    clock.advance(0.1)
+    policy.first_token(item.id, clock.now())
+    clock.advance(1.0)
+    policy.finished(item.id, clock.now(), 11)
 
 
 def make_policy(priors: list[EnginePrior], **options: float) -> tuple[SloRouting, FleetView]:
