@@ -444,18 +444,17 @@ class _Errors:
     """The last replies' log-ratios of measured to predicted, the factor predictions are
     widened by while they contradict the model (kept current as replies come, not computed on
     every prediction: the router asks for it per replica per request), and the stretch while
-    they are too fast (``stretch``). The ratios are kept in order of arrival and, for the
-    quantiles, sorted as they come (sorting them afresh twice a reply was most of the cost of
-    judging it)."""
+    they are too fast (``stretch``, found when asked for). The ratios are kept in order of
+    arrival and, for the quantiles, sorted as they come (sorting them afresh twice a reply was
+    most of the cost of judging it)."""
 
-    __slots__ = ("_magnitudes", "_sorted", "_stretch", "factor", "ratios")
+    __slots__ = ("_magnitudes", "_sorted", "factor", "ratios")
 
     def __init__(self) -> None:
         self.ratios: deque[float] = deque()
         self._sorted: list[float] = []  # the ratios, ascending
         self._magnitudes: list[float] = []  # their absolute values, ascending
         self.factor = 1.0
-        self._stretch: float | None = 1.0  # stretch(), None until asked for since a reply
 
     def add(self, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
@@ -468,7 +467,6 @@ class _Errors:
             bisect.insort(self._sorted, ratio)
             bisect.insort(self._magnitudes, abs(ratio))
             self.factor = self._widening()
-            self._stretch = None
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile of |relative error| (0.25: 25% off), None before any reply."""
@@ -488,15 +486,11 @@ class _Errors:
         """What a prediction is multiplied by while the replica's replies miss their SLO:
         ``factor`` while distrusted, else the median of measured / predicted where that is
         above 1 (the model predicts too fast), else 1; 1 before ``_JUDGE_AFTER`` replies.
-        Found when first asked for after a reply, not at each reply: a reply's cost is the
-        router's, and the replies of a replica that meets its SLO never ask."""
-        stretch = self._stretch
-        if stretch is None:
-            stretch = self.factor
-            if stretch <= 1.0 and len(self.ratios) >= _JUDGE_AFTER:
-                stretch = max(1.0, math.exp(min(_quantile(self._sorted, 0.5), 20.0)))
-            self._stretch = stretch
-        return stretch
+        Found when asked for, not kept current at each reply: a reply's cost is the router's,
+        and a replica that meets its SLO is never asked."""
+        if self.factor > 1.0 or len(self.ratios) < _JUDGE_AFTER:
+            return self.factor
+        return max(1.0, self._ratio(0.5))
 
     def _widening(self) -> float:
         """The 90th percentile of measured / predicted (at least 1) while the replies
@@ -505,7 +499,11 @@ class _Errors:
             return 1.0
         if _quantile(self._magnitudes, 0.5) <= _DISTRUST:
             return 1.0
-        return max(1.0, math.exp(min(_quantile(self._sorted, 0.9), 20.0)))
+        return max(1.0, self._ratio(0.9))
+
+    def _ratio(self, q: float) -> float:
+        """The ``q`` quantile of measured / predicted (of a non-empty window), at most e^20."""
+        return math.exp(min(_quantile(self._sorted, q), 20.0))
 
 
 def _quantile(ordered: list[float], q: float) -> float:
