@@ -670,9 +670,10 @@ def capacity(
 @dataclass(frozen=True)
 class Config:
     label: str
-    kind: str  # hetero | sglang | vllm-router | client
+    kind: str  # hetero | sglang | vllm-router | client | alone (no router)
     name: str  # strategy or policy
     flags: tuple[str, ...] = ()  # more of hetero serve's flags (a --hetero-variant)
+    replica: int = 0  # alone: where every request goes, by place in the fleet (fastest first)
 
 
 def configs(s: Settings) -> list[Config]:
@@ -716,7 +717,7 @@ def start_router(
         child, url = start_vllm_router(children, urls, config.name)
         return child, [url]
     if config.kind == "alone":
-        return None, list(urls[:1])  # the fleets list their fastest replica first
+        return None, [urls[config.replica]]
     return None, list(urls)
 
 

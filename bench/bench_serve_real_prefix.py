@@ -62,6 +62,12 @@ from hetero.serve.emulator.tiny_llama import corpus
 from hetero.serve.router import DEFAULT_STRATEGY
 
 ANCHOR_KINDS = ("sglang", "vllm-router", "client", "alone")  # alone: no router at all
+#: ``--replica-rates``: each replica's grid, in multiples of its own capacity (the fast replica
+#: alone kept the SLO at some 1.35 of its closed loop's rate), and the requests each of its runs
+#: sends at that rate at least (a slow replica's run lasts longer than ``--duration``).
+REPLICA_RATE_STEP = 0.05
+REPLICA_RATE_TOP = 1.6
+REPLICA_RATE_REQUESTS = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +167,7 @@ def measure(
     s: Settings,
     chat: Chat,
     single_turn: bool,
+    replica_rates: bool,
     turns: Turns,
     children: Children,
     reasons: dict[str, str | None],
@@ -171,7 +178,7 @@ def measure(
         with turns.held("vLLM start, warm-up and capacity"):
             doc["fleet"] = real.start_fleet(replicas)
             tokenizer = replicas[0].model / "tokenizer.json"
-            needed = int(max(s.loads) * 40 * s.duration) + 4000
+            needed = int(max(s.loads, default=0) * 40 * s.duration) + 4000
             if single_turn:
                 texts, lengths = real.make_prompts(s, needed, tokenizer)
                 outputs = real.output_lengths(s, len(texts))
@@ -218,8 +225,52 @@ def measure(
                 )
             doc["loads"].append(block)
             doc["comparison"].append(judge(block))
+        if replica_rates:
+            doc["replica_rates"] = each_alone(s, turns, children, reasons, replicas, cap, bodies)
     finally:
         vllm_engine.stop_replicas(replicas)
+
+
+def each_alone(
+    s: Settings,
+    turns: Turns,
+    children: Children,
+    reasons: dict[str, str | None],
+    replicas: Sequence[real.Replica],
+    cap: dict[str, Any],
+    bodies: Sequence[str],
+) -> dict[str, Any]:
+    """Each replica's own highest Poisson rate within the SLO, every request sent straight to
+    it while the others idle: what the fleet could carry were the stream split among them with
+    none overloaded. Their sum is the mark for a router's highest rate (not a bound: a router
+    that holds requests back sends a replica a smoother stream than Poisson)."""
+    rows = []
+    for k, (replica, measured) in enumerate(zip(replicas, cap["replicas"], strict=True)):
+        rate = measured["requests_per_s"]
+        own = dataclasses.replace(
+            s,
+            step=REPLICA_RATE_STEP,
+            top=REPLICA_RATE_TOP,
+            duration=max(s.duration, math.ceil(REPLICA_RATE_REQUESTS / rate)),
+        )
+        config = real.Config(f"{replica.label} alone (no router)", "alone", replica.label, (), k)
+        row = real.max_rate(children, turns, own, config, replicas, reasons, rate, bodies)
+        rows.append(
+            {"replica": replica.label, "capacity_rps": rate, "duration_s": own.duration, **row}
+        )
+    found = [r for r in rows if "skipped" not in r]
+    total = sum(r["max_rate_rps"] for r in found) if len(found) == len(rows) else None
+    fastest = rows[0].get("max_rate_rps")
+    return {
+        "definition": f"each replica alone, the others idle: the highest Poisson rate (a "
+        f"multiple of {REPLICA_RATE_STEP:g} × its own capacity, up to {REPLICA_RATE_TOP:g}) at "
+        f"which ≥ {s.target:g} of requests meet the SLO, by bisection; each run at least "
+        f"--duration and {REPLICA_RATE_REQUESTS} requests at its capacity's rate long",
+        "target": s.target,
+        "replicas": rows,
+        "sum_rps": None if total is None else round(total, 3),
+        "sum_over_fastest": _ratio(total, fastest) if total is not None and fastest else None,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-client", action="store_true", help="skip client-side routing")
     parser.add_argument(
         "--alone", action="store_true", help="also send everything to the fastest replica alone"
+    )
+    parser.add_argument(
+        "--replica-rates",
+        action="store_true",
+        help="also find each replica's own highest rate within the SLO, alone (their sum is "
+        "the mark for a router's)",
     )
     parser.add_argument("--fleet", choices=sorted(real.FLEETS), default="two-models")
     parser.add_argument(
@@ -322,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         doc,
         vllm_reason,
         args,
-        lambda turns, children: measure(s, chat, args.single_turn, turns, children, reasons, doc),
+        lambda turns, children: measure(
+            s, chat, args.single_turn, args.replica_rates, turns, children, reasons, doc
+        ),
         started,
     )
     return emit(doc, args.out)
