@@ -29,7 +29,8 @@ attainment beside the real runs', for each router and load.
 - Reported, per load and router: the real and simulated SLO attainment and their difference
   (the target: within ``--target``, 0.05), each replica's share of the requests and the
   engines' prefix-cache hit rate both ways; the fitted paces and the capacity loop's TTFT and
-  TPOT medians beside the real ones.
+  TPOT medians beside the real ones. For a run with ``--replica-rates``, each replica alone
+  at the rates the real run tried, and its simulated highest rate on the real run's grid.
 
 Not simulated: the HTTP path, the router's and the load generator's own time.
 
@@ -80,6 +81,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_115_125_limit.json",
     RESULTS / "serve_real_single_turn_slo_loads_105_110.json",
     RESULTS / "serve_real_single_turn_slo_loads_85_115.json",
+    RESULTS / "serve_real_single_turn_replica_rates.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
@@ -121,7 +123,7 @@ def read_run(path: Path) -> Run:
     why = None
     if s.fleet != "one-model":
         why = f"fleet {s.fleet!r}: only the one-model fleet is calibrated"
-    elif "capacity" not in doc or not doc.get("loads"):
+    elif "capacity" not in doc or not (doc.get("loads") or doc.get("replica_rates")):
         why = "the run measured nothing (skipped)"
     return Run(doc, s, None if args.single_turn else chat, why)
 
@@ -350,7 +352,7 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
     head["real_revision"] = doc["revision"]["commit"][:7]
     head["workload"] = "single-turn" if run.chat is None else "multi-turn"
     # As many requests as the real run made (its capacity loop cycles through them all).
-    work = workload(run, int(max(s.loads) * 40 * s.duration) + 4000)
+    work = workload(run, int(max(s.loads, default=0) * 40 * s.duration) + 4000)
     paces = fit_paces(run, work, base, kv_tokens)
     names = [r["name"] for r in doc["fleet"]["replicas"]]
     fleet = [
@@ -396,18 +398,93 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
                 "configs": configs,
             }
         )
-    return {
-        **head,
-        "prompt_tokens_mean": {
+    out = {**head, "paces": paces, "loads": rows}
+    if doc["loads"]:
+        first = doc["loads"][0]
+        out["prompt_tokens_mean"] = {
             "real (vLLM's prefix-cache queries a request, the first load's first router)": round(
-                sum(r["prefix_queries"] for r in doc["loads"][0]["configs"][0]["replicas"])
-                / doc["loads"][0]["requests"],
+                sum(r["prefix_queries"] for r in first["configs"][0]["replicas"])
+                / first["requests"],
                 1,
             ),
-            "simulated": round(float(np.mean([p for p, _ in work.jobs[: len(arrived)]])), 1),
+            "simulated": round(float(np.mean([p for p, _ in work.jobs[: first["requests"]]])), 1),
+        }
+    if "replica_rates" in doc:
+        out["replica_rates"] = replica_rates(run, work, fleet, slo, target)
+    return out
+
+
+def alone(
+    engine: tuple[str, EngineSpec],
+    rate: float,
+    duration: float,
+    seed: int,
+    work: Workload,
+    slo: tuple[float, float],
+) -> float:
+    """The SLO attainment of ``engine`` sent the run's requests alone at ``rate`` for
+    ``duration`` s (the real benchmark's send times)."""
+    times = real.poisson_times(rate, duration, seed)
+    arrived = [(t, p, o) for t, (p, o) in zip(times, work.jobs, strict=False)]
+    result = EngineFleetSimulator([engine], capacity="none").run(
+        arrived, slo=slo, prompts=work.prompts[: len(arrived)]
+    )
+    return round(result.attainment(*slo), 4)
+
+
+def replica_rates(
+    run: Run,
+    work: Workload,
+    fleet: list[tuple[str, EngineSpec]],
+    slo: tuple[float, float],
+    target: float,
+) -> dict[str, Any]:
+    """``--replica-rates``: each replica alone, simulated at the rates the real run tried (its
+    own send times), and its simulated highest rate on the real run's grid."""
+    rates = run.doc["replica_rates"]
+    rows = []
+    for engine, row in zip(fleet, rates["replicas"], strict=True):
+        if "skipped" in row:
+            continue
+        capacity, duration = row["capacity_rps"], row["duration_s"]
+        probes = []
+        for p in row["probes"]:
+            simulated = alone(engine, p["load"] * capacity, duration, run.s.seed, work, slo)
+            probes.append(
+                {
+                    "load": p["load"],
+                    "rate_rps": p["rate_rps"],
+                    "real": p["slo_attainment"],
+                    "simulated": simulated,
+                    "within_target": abs(simulated - p["slo_attainment"]) <= target,
+                }
+            )
+        steps = round(prefix.REPLICA_RATE_TOP / prefix.REPLICA_RATE_STEP)
+        k = real.highest_step(
+            lambda j, e=engine, c=capacity, d=duration: alone(
+                e, j * prefix.REPLICA_RATE_STEP * c, d, run.s.seed, work, slo
+            ),
+            {},
+            steps,
+            rates["target"],
+        )
+        rows.append(
+            {
+                "replica": row["replica"],
+                "max_rate_rps": {
+                    "real": row["max_rate_rps"],
+                    "simulated": round(k * prefix.REPLICA_RATE_STEP * capacity, 3),
+                },
+                "probes": probes,
+            }
+        )
+        print(f"{row['replica']} alone: {json.dumps(rows[-1]['max_rate_rps'])}", file=sys.stderr)
+    return {
+        "sum_rps": {
+            side: round(sum(r["max_rate_rps"][side] for r in rows), 3)
+            for side in ("real", "simulated")
         },
-        "paces": paces,
-        "loads": rows,
+        "replicas": rows,
     }
 
 

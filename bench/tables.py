@@ -2695,6 +2695,10 @@ def sim_to_real(doc: dict[str, Any]) -> str:
             for load in run["loads"]
             for c in load["configs"]
         ]
+        if "replica_rates" in run:
+            parts.append(_sim_replica_rates(run, paces, doc["target"]))
+        if not rows:
+            continue
         parts.append(
             f"`{run['real_run']}` ({run.get('workload', 'single-turn')}, real run at "
             f"{run['real_revision']}); paces: {paces}.\n\n"
@@ -2738,6 +2742,88 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         )
         + ".\n\n"
         + "\n\n".join(parts)
+    )
+
+
+def _sim_replica_rates(run: dict[str, Any], paces: str, target: float) -> str:
+    """Each replica alone at the rates its real run tried, real beside simulated."""
+    rates = run["replica_rates"]
+    rows = [
+        [
+            r["replica"],
+            f"{p['load']:.0%} ({p['rate_rps']:g}/s)",
+            f"{p['real']:.1%}",
+            f"{p['simulated']:.1%}",
+            f"{p['simulated'] - p['real']:+.3f}",
+            "yes" if p["within_target"] else "**no**",
+        ]
+        for r in rates["replicas"]
+        for p in r["probes"]
+    ]
+    highest = "; ".join(
+        f"{r['replica']} {r['max_rate_rps']['real']:g}/s real, "
+        f"{r['max_rate_rps']['simulated']:g}/s simulated"
+        for r in rates["replicas"]
+    )
+    total = rates["sum_rps"]
+    return (
+        f"`{run['real_run']}` (each replica alone, real run at {run['real_revision']}); paces: "
+        f"{paces}. Highest rate within the SLO: {highest}; the sum "
+        f"{total['real']:g}/s real, {total['simulated']:g}/s simulated.\n\n"
+        + _table(
+            [
+                "replica",
+                "load of its own capacity",
+                "real SLO",
+                "simulated SLO",
+                "difference",
+                f"within {target:g}",
+            ],
+            rows,
+        )
+    )
+
+
+def replica_rates(doc: dict[str, Any]) -> str:
+    """``bench_serve_real_prefix.py --replica-rates``: each replica's own highest rate."""
+    rates = doc["replica_rates"]
+    rows = [
+        [
+            r["replica"],
+            f"{r['capacity_rps']:g}",
+            f"{r['duration_s']:g}",
+            *(
+                ["skipped", "", r["skipped"]]
+                if "skipped" in r
+                else [
+                    f"**{r['max_rate_rps']:g}** ({r['max_load']:.0%})",
+                    ", ".join(
+                        f"{p['rate_rps']:g}/s {p['slo_attainment']:.1%}" for p in r["probes"]
+                    ),
+                ]
+            ),
+        ]
+        for r in rates["replicas"]
+    ]
+    return (
+        "## Each replica's own highest rate within the SLO (one-model fleet)\n\n"
+        f"`{doc['command']}`{_at_commit(doc)} — {rates['definition']}; the SLO TTFT ≤ "
+        f"{doc['slo']['ttft_s']:g} s and TPOT ≤ {doc['slo']['tpot_s']:g} s, the single-turn "
+        "workload of the SLO runs above. The sum is what the fleet carries were its stream "
+        "split with no replica past its own rate: the mark for a router's highest rate on "
+        "this fleet (not a bound: a router that holds requests back sends a smoother stream "
+        f"than Poisson). **Sum {rates['sum_rps']:g}/s, {rates['sum_over_fastest']:g}× the fast "
+        "replica's own.**\n\n"
+        + _table(
+            [
+                "replica",
+                "capacity (req/s, closed loop)",
+                "run (s)",
+                "highest rate ≥ target",
+                "runs (rate, within the SLO)",
+            ],
+            rows,
+        )
     )
 
 
@@ -2902,6 +2988,7 @@ def main() -> int:
         ("serve_real_slo.json", serve_real_slo),
         ("serve_real_two_models_slo.json", serve_real_slo_more),
         ("serve_real_single_turn_slo.json", serve_real_slo_more),
+        ("serve_real_single_turn_replica_rates.json", replica_rates),
         ("emulator.json", emulator),
         ("emulator_small.json", emulator),
         ("emulator_small_bound.json", emulator),
