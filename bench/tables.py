@@ -2805,6 +2805,11 @@ def replica_rates(doc: dict[str, Any]) -> str:
         ]
         for r in rates["replicas"]
     ]
+    total = (
+        f"**Sum {rates['sum_rps']:g}/s, {rates['sum_over_fastest']:g}× the fast replica's own.**"
+        if rates["sum_rps"] is not None and rates["sum_over_fastest"] is not None
+        else "No sum: not every replica was measured."
+    )
     return (
         "## Each replica's own highest rate within the SLO (one-model fleet)\n\n"
         f"`{doc['command']}`{_at_commit(doc)} — {rates['definition']}; the SLO TTFT ≤ "
@@ -2812,8 +2817,7 @@ def replica_rates(doc: dict[str, Any]) -> str:
         "workload of the SLO runs above. The sum is what the fleet carries were its stream "
         "split with no replica past its own rate: the mark for a router's highest rate on "
         "this fleet (not a bound: a router that holds requests back sends a smoother stream "
-        f"than Poisson). **Sum {rates['sum_rps']:g}/s, {rates['sum_over_fastest']:g}× the fast "
-        "replica's own.**\n\n"
+        f"than Poisson). {total}\n\n"
         + _table(
             [
                 "replica",
