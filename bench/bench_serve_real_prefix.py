@@ -167,6 +167,7 @@ def measure(
     s: Settings,
     chat: Chat,
     single_turn: bool,
+    max_rate: bool,
     replica_rates: bool,
     turns: Turns,
     children: Children,
@@ -206,6 +207,8 @@ def measure(
         doc["slo"] = {"ttft_s": s.ttft_slo, "tpot_s": s.tpot_slo}
         doc["loads"] = []
         doc["comparison"] = []
+        searched = [c for c in real.configs(s) if c.kind != "hetero" or c.flags]
+        known: dict[str, dict[int, dict[str, Any]]] = {c.label: {} for c in searched}
         for load in s.loads:
             run = real.make_run(s, load, cap["requests_per_second"], bodies)
             block: dict[str, Any] = {
@@ -218,6 +221,9 @@ def measure(
                 row = real._measure_one(children, turns, s, config, run, replicas, reasons)
                 if "skipped" not in row:
                     row["hit_rate"] = hit_rate(row["replicas"])
+                    k = real.grid_step(load, s.step)
+                    if k is not None and config.label in known:
+                        known[config.label][k] = row
                 block["configs"].append(row)
                 print(
                     f"{load:.0%} {config.label}: hit {row.get('hit_rate')} {real.brief(row)}",
@@ -225,10 +231,43 @@ def measure(
                 )
             doc["loads"].append(block)
             doc["comparison"].append(judge(block))
+        if max_rate:
+            capacity_rps = cap["requests_per_second"]
+            rates = [
+                real.max_rate(
+                    children, turns, s, c, replicas, reasons, capacity_rps, bodies, known[c.label]
+                )
+                for c in searched
+            ]
+            doc["max_rate"] = max_rates(s, rates, capacity_rps)
         if replica_rates:
             doc["replica_rates"] = each_alone(s, turns, children, reasons, replicas, cap, bodies)
     finally:
         vllm_engine.stop_replicas(replicas)
+
+
+def max_rates(s: Settings, rates: list[dict[str, Any]], capacity_rps: float) -> dict[str, Any]:
+    """``--max-rate``: each searched configuration's highest rate, and each hetero variant's
+    over the best anchor's."""
+    found = [r for r in rates if "skipped" not in r]
+    anchors = [r for r in found if r["kind"] in ANCHOR_KINDS]
+    best = max(anchors, key=lambda r: r["max_rate_rps"], default=None)
+    return {
+        "definition": f"the highest Poisson load (a multiple of {s.step:g} × the fleet's "
+        f"capacity, up to {s.top:g}) at which ≥ {s.target:g} of requests meet the SLO, by "
+        "bisection (the runs at --loads on that grid reused); 0 when the lowest step misses it",
+        "target": s.target,
+        "step": s.step,
+        "top": s.top,
+        "capacity_rps": capacity_rps,
+        "configs": rates,
+        "best_anchor": None if best is None else best["config"],
+        "over_best_anchor": {
+            r["config"]: _ratio(r["max_rate_rps"], best["max_rate_rps"])
+            for r in found
+            if r["kind"] == "hetero" and best is not None and best["max_rate_rps"]
+        },
+    }
 
 
 def each_alone(
@@ -302,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-client", action="store_true", help="skip client-side routing")
     parser.add_argument(
         "--alone", action="store_true", help="also send everything to the fastest replica alone"
+    )
+    parser.add_argument(
+        "--max-rate",
+        action="store_true",
+        help="also find the highest rate within the SLO of each --hetero-variant and each "
+        "anchor, on a grid of 0.05 × the fleet's capacity (the --loads on it reused)",
     )
     parser.add_argument(
         "--replica-rates",
@@ -380,7 +425,15 @@ def main(argv: list[str] | None = None) -> int:
         vllm_reason,
         args,
         lambda turns, children: measure(
-            s, chat, args.single_turn, args.replica_rates, turns, children, reasons, doc
+            s,
+            chat,
+            args.single_turn,
+            args.max_rate,
+            args.replica_rates,
+            turns,
+            children,
+            reasons,
+            doc,
         ),
         started,
     )

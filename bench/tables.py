@@ -2240,8 +2240,42 @@ def _other_slo_run(path: Path) -> str:
     )
     return (
         f"Another run, `{path.name}` at {at} (the fleet's capacity {rate}/s, measured with "
-        f"{streams} streams a replica{outputs}): {loads}.{note}"
+        f"{streams} streams a replica{outputs}): {loads}.{note}{_run_rates(doc)}"
     )
+
+
+def _replica_sum(rates: dict[str, Any]) -> str | None:
+    """The sum of the replicas' own highest rates and its ratio to the fast one's (None: not
+    every replica was measured)."""
+    if rates["sum_rps"] is None or rates["sum_over_fastest"] is None:
+        return None
+    return f"{rates['sum_rps']:g}/s in all, {rates['sum_over_fastest']:g}× the fast replica's own"
+
+
+def _run_rates(doc: dict[str, Any]) -> str:
+    """A run's highest rates within the SLO (``--max-rate``) and each replica's own
+    (``--replica-rates``), where it found them."""
+    out = ""
+    if "max_rate" in doc:
+        m = doc["max_rate"]
+        found = [r for r in m["configs"] if "skipped" not in r]
+        ratios = ", ".join(f"{k} {v:g}×" for k, v in m["over_best_anchor"].items())
+        out += (
+            f" Highest rate with ≥ {m['target']:.0%} within the SLO (a grid of "
+            f"{m['step']:g} × capacity): "
+            + ", ".join(f"{r['config']} {r['max_rate_rps']:g}/s" for r in found)
+            + (f"; over the best anchor's ({m['best_anchor']}): {ratios}." if ratios else ".")
+        )
+    if "replica_rates" in doc:
+        rates = doc["replica_rates"]
+        own = ", ".join(
+            f"{r['replica']} {r['max_rate_rps']:g}/s"
+            for r in rates["replicas"]
+            if "skipped" not in r
+        )
+        total = _replica_sum(rates)
+        out += f" Each replica's own highest rate, alone: {own}" + (f": {total}." if total else ".")
+    return out
 
 
 def _step_rule(doc: dict[str, Any]) -> str:
@@ -2805,11 +2839,8 @@ def replica_rates(doc: dict[str, Any]) -> str:
         ]
         for r in rates["replicas"]
     ]
-    total = (
-        f"**Sum {rates['sum_rps']:g}/s, {rates['sum_over_fastest']:g}× the fast replica's own.**"
-        if rates["sum_rps"] is not None and rates["sum_over_fastest"] is not None
-        else "No sum: not every replica was measured."
-    )
+    found = _replica_sum(rates)
+    total = f"**Sum {found}.**" if found else "No sum: not every replica was measured."
     return (
         "## Each replica's own highest rate within the SLO (one-model fleet)\n\n"
         f"`{doc['command']}`{_at_commit(doc)} — {rates['definition']}; the SLO TTFT ≤ "
