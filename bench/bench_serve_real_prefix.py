@@ -24,6 +24,10 @@ router told the replicas' URLs and nothing else.
   load ran.
 - ``--single-turn``: the same runs with single-turn prompts that share nothing (those of
   ``bench_serve_real.py``): affinity must cost nothing there.
+- ``--max-rate``: each hetero variant's and each anchor's highest Poisson rate with 98%
+  of its requests within the SLO, by bisection on a grid of 0.05 × the fleet's
+  capacity (``bench_serve_real.max_rate``). ``--replica-rates``: each replica's own, every
+  request sent straight to it while the others idle; their sum is the mark for a router's.
 
 The comparison judges each hetero configuration against the anchors: hit rate ≥ the best
 ``cache_aware`` anchor's − 0.02, SLO attainment ≥ 0.98 and ≥ every anchor's, p99 latency ≤ 0.5×

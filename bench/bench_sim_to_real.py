@@ -82,6 +82,8 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_105_110.json",
     RESULTS / "serve_real_single_turn_slo_loads_85_115.json",
     RESULTS / "serve_real_single_turn_replica_rates.json",
+    RESULTS / "serve_real_single_turn_slo_loads_100_110_rates.json",
+    RESULTS / "serve_real_single_turn_slo_max_rate.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
