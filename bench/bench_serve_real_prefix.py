@@ -243,19 +243,19 @@ def measure(
                 )
                 for c in searched
             ]
-            doc["max_rate"] = max_rates(s, rates, capacity_rps)
+            doc["max_rate"] = max_rates(s, doc["loads"], rates, capacity_rps)
         if replica_rates:
             doc["replica_rates"] = each_alone(s, turns, children, reasons, replicas, cap, bodies)
     finally:
         vllm_engine.stop_replicas(replicas)
 
 
-def max_rates(s: Settings, rates: list[dict[str, Any]], capacity_rps: float) -> dict[str, Any]:
-    """``--max-rate``: each searched configuration's highest rate, and each hetero variant's
-    over the best anchor's."""
-    found = [r for r in rates if "skipped" not in r]
-    anchors = [r for r in found if r["kind"] in ANCHOR_KINDS]
-    best = max(anchors, key=lambda r: r["max_rate_rps"], default=None)
+def max_rates(
+    s: Settings, loads: list[dict[str, Any]], rates: list[dict[str, Any]], capacity_rps: float
+) -> dict[str, Any]:
+    """``--max-rate``: each searched configuration's highest rate, and the first hetero
+    variant's over each anchor's and the best one's (``bench_serve_real.comparison``)."""
+    judged = real.comparison(s, loads, rates, capacity_rps)
     return {
         "definition": f"the highest Poisson load (a multiple of {s.step:g} × the fleet's "
         f"capacity, up to {s.top:g}) at which ≥ {s.target:g} of requests meet the SLO, by "
@@ -265,12 +265,8 @@ def max_rates(s: Settings, rates: list[dict[str, Any]], capacity_rps: float) -> 
         "top": s.top,
         "capacity_rps": capacity_rps,
         "configs": rates,
-        "best_anchor": None if best is None else best["config"],
-        "over_best_anchor": {
-            r["config"]: _ratio(r["max_rate_rps"], best["max_rate_rps"])
-            for r in found
-            if r["kind"] == "hetero" and best is not None and best["max_rate_rps"]
-        },
+        "ratio": judged.get("max_rate_ratio"),
+        "vs_best_anchor": judged.get("targets", {}).get("goodput_vs_best_anchor"),
     }
 
 

@@ -364,9 +364,7 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
     renders = bool(doc["fleet"].get("scale_out"))  # the engines answered vllm-router's render
     rows = []
     for block in doc["loads"]:
-        times = real.poisson_times(block["rate_rps"], s.duration, s.seed)
-        arrived = [(t, p, o) for t, (p, o) in zip(times, work.jobs, strict=False)]
-        prompts = work.prompts[: len(arrived)]
+        arrived, prompts = arrivals(work, block["rate_rps"], s.duration, s.seed)
         configs = []
         for row in block["configs"]:
             if "skipped" in row:
@@ -426,12 +424,19 @@ def alone(
 ) -> float:
     """The SLO attainment of ``engine`` sent the run's requests alone at ``rate`` for
     ``duration`` s (the real benchmark's send times)."""
+    arrived, prompts = arrivals(work, rate, duration, seed)
+    result = EngineFleetSimulator([engine], capacity="none").run(arrived, slo=slo, prompts=prompts)
+    return round(result.attainment(*slo), 4)
+
+
+def arrivals(
+    work: Workload, rate: float, duration: float, seed: int
+) -> tuple[list[tuple[float, int, int]], list[Prompt]]:
+    """The run's requests as the real benchmark sent them at ``rate`` for ``duration`` s: (send
+    time, prompt tokens, output tokens) each, and their prompts (multi-turn)."""
     times = real.poisson_times(rate, duration, seed)
     arrived = [(t, p, o) for t, (p, o) in zip(times, work.jobs, strict=False)]
-    result = EngineFleetSimulator([engine], capacity="none").run(
-        arrived, slo=slo, prompts=work.prompts[: len(arrived)]
-    )
-    return round(result.attainment(*slo), 4)
+    return arrived, work.prompts[: len(arrived)]
 
 
 def replica_rates(

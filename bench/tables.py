@@ -2259,12 +2259,17 @@ def _run_rates(doc: dict[str, Any]) -> str:
     if "max_rate" in doc:
         m = doc["max_rate"]
         found = [r for r in m["configs"] if "skipped" not in r]
-        ratios = ", ".join(f"{k} {v:g}×" for k, v in m["over_best_anchor"].items())
+        best = m["vs_best_anchor"]
         out += (
             f" Highest rate with ≥ {m['target']:.0%} within the SLO (a grid of "
             f"{m['step']:g} × capacity): "
             + ", ".join(f"{r['config']} {r['max_rate_rps']:g}/s" for r in found)
-            + (f"; over the best anchor's ({m['best_anchor']}): {ratios}." if ratios else ".")
+            + (
+                f"; hetero's over the best anchor's ({best['best_anchor']}): "
+                f"{best['ratio_at_least']:g}× (1.3× asked: {'met' if best['met'] else 'not met'})."
+                if best
+                else "."
+            )
         )
     if "replica_rates" in doc:
         rates = doc["replica_rates"]
