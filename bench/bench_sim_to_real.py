@@ -21,8 +21,9 @@ attainment beside the real runs', for each router and load.
   Prompt``): the text the router reads, its conversation, and its blocks of 16 tokens as the
   engine caches them (the prompt tokenized as vLLM does, with the model's own tokenizer,
   made locally as for the real run), so the engines share prefixes and the routers see them.
-- Routers, simulated: hetero serve's default (``shortest_expected_delay``) and ``--strategy
-  slo``, each ``hetero.sim.engine_fleet``'s mirror of the router; sglang-router's and
+- Routers, simulated: hetero serve with each strategy a run used (its default, ``slo`` since
+  the run at ``serve_real_slo_default.json``, ``shortest_expected_delay`` before), each
+  ``hetero.sim.engine_fleet``'s mirror of the router; sglang-router's and
   vllm-router's ``cache_aware`` and sglang-router's ``power_of_two`` (``_anchor_policies``:
   their rules, every request forwarded at once, the engine queueing what it cannot run);
   client-side round robin; the fast replica alone (every request to its engine).
@@ -91,6 +92,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo.json",
     RESULTS / "serve_real_slo_limit.json",
     RESULTS / "serve_real_slo_stretch.json",
+    RESULTS / "serve_real_slo_default.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran

@@ -1,5 +1,6 @@
-"""Routing by the SLO near saturation, simulated: ``--strategy slo`` against the default strategy
-and the fast replica alone, on one model at three speeds, in virtual time.
+"""Routing by the SLO near saturation, simulated: ``--strategy slo`` against
+``shortest_expected_delay`` (the default before it) and the fast replica alone, on one model at
+three speeds, in virtual time.
 
 - Fleet: Llama 3 8B on an H100-SXM and on two A10G (about 5 : 1 : 1 in memory bandwidth), each
   replica an ``EngineModel`` (continuous batching, chunked prefill, paged KV) in
@@ -11,8 +12,8 @@ and the fast replica alone, on one model at three speeds, in virtual time.
   The same arrivals for every configuration.
 - SLO: TTFT ≤ 1 s and TPOT ≤ 50 ms.
 - Configurations: ``slo`` (the router's ``SloRouting``: each request where its predicted TTFT and
-  TPOT meet the SLO); ``shortest_expected_delay`` (the default); **the fast replica alone** (no
-  router: every request straight to its engine, which batches as it will).
+  TPOT meet the SLO); ``shortest_expected_delay`` (the default before ``slo``); **the fast
+  replica alone** (no router: every request straight to its engine, which batches as it will).
 - Reported per rate: SLO attainment, TTFT and TPOT percentiles, each replica's share; under
   ``slo`` each replica's fitted engine at the end (coefficients, prediction error p50/p90 and
   the median of measured over predicted); per configuration the highest rate with ≥ 98% within

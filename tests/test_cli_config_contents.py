@@ -21,7 +21,7 @@ REPLICAS = '  - {url: "http://10.0.0.4:8000"}\n  - {url: "http://10.0.0.5:8000",
     [
         (
             "replicas:\n" + REPLICAS,
-            "2 replicas, no devices, strategy shortest_expected_delay (hetero serve's default)",
+            "2 replicas, no devices, strategy slo (hetero serve's default)",
         ),
         (
             "replicas:\n" + REPLICAS + "scheduler: {strategy: slo}\n",
@@ -29,7 +29,7 @@ REPLICAS = '  - {url: "http://10.0.0.4:8000"}\n  - {url: "http://10.0.0.5:8000",
         ),
         (
             "devices:\n  - {type: gpu, model: T4, emulate: true, count: 3}\nreplicas:\n" + REPLICAS,
-            "3 devices, 2 replicas, strategy tail_budget (hetero serve: shortest_expected_delay)",
+            "3 devices, 2 replicas, strategy tail_budget (hetero serve: slo)",
         ),
         ("devices:\n  - {type: gpu, model: T4, emulate: true}\n", "1 device, strategy tail_budget"),
         (

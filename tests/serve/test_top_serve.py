@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from hetero.cli import app
 from hetero.commands.top_serve import fetch_status
+from hetero.serve.router import DEFAULT_STRATEGY
 from tests.serve.harness import KEY
 
 runner = CliRunner()
@@ -30,7 +31,7 @@ REPLICA = {
 def test_top_serve_shows_each_replica(router_url: str) -> None:
     result = runner.invoke(app, ["top", "--serve", router_url, "--once"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "strategy shortest_expected_delay" in result.output
+    assert f"strategy {DEFAULT_STRATEGY}" in result.output
     row = next(line for line in result.output.splitlines() if "fast" in line)
     assert "up" in row and " m " in row and "/ 2.00" in row
     assert row.split("│")[-5].strip() == "1"  # done

@@ -19,8 +19,8 @@ from aiohttp import web
 
 from hetero.serve.app import ServeOptions, Server
 from hetero.serve.replicas import Replica
-from hetero.serve.router import Router, RouterOptions
-from tests.serve.harness import assert_settled, wait_for
+from hetero.serve.router import DEFAULT_STRATEGY, Router, RouterOptions
+from tests.serve.harness import PINNED, assert_settled, wait_for
 from tests.serve.vllm_fixtures import MODEL, VllmEndpoint, VllmFleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -30,15 +30,18 @@ Start = Callable[..., Awaitable[tuple[Router, str]]]
 
 @pytest.fixture
 async def routed() -> AsyncIterator[Start]:
-    """``start(*urls)``: a router given those URLs alone, with the default strategy."""
+    """``start(*urls)``: a router given those URLs alone, with the default strategy (or
+    ``strategy``)."""
     servers: list[Server] = []
 
-    async def start(*urls: str, **names: str) -> tuple[Router, str]:
+    async def start(
+        *urls: str, strategy: str = DEFAULT_STRATEGY, **names: str
+    ) -> tuple[Router, str]:
         replicas = [
             Replica(names.get(f"r{i}", f"r{i}"), url, None, None, set(), False)
             for i, url in enumerate(urls)
         ]
-        router = Router(replicas, RouterOptions(max_retries=1))
+        router = Router(replicas, RouterOptions(strategy=strategy, max_retries=1))
         server = Server(router, ServeOptions(port=0, health_interval=1.0))
         servers.append(server)
         return router, await server.start()
@@ -84,8 +87,9 @@ def by_name(router: Router) -> dict[str, dict[str, Any]]:
 async def test_urls_alone_learn_engine_speed_and_capacity(
     vllm_fleet: VllmFleet, routed: Start
 ) -> None:
+    # The capacity a strategy that counts slots learns (the default predicts engines instead).
     router, url = await routed(
-        vllm_fleet["small"].url, vllm_fleet["large"].url, r0="small", r1="large"
+        vllm_fleet["small"].url, vllm_fleet["large"].url, strategy=PINNED, r0="small", r1="large"
     )
     await wait_for(lambda: all(s.engine == "vllm" for s in router.replicas), "vLLM detected", 30)
     status = by_name(router)

@@ -77,27 +77,27 @@ def serve(
         str | None,
         typer.Option(
             help="Routing policy (see `hetero policies list`). Default: the config's, else "
-            f"slo where an SLO is given (--slo-ttft, --slo-tpot, --autoscale), else "
-            f"{DEFAULT_STRATEGY}.",
+            f"{DEFAULT_STRATEGY}: each replica predicted as a continuous-batching engine (time "
+            "to first token, time per output token) and each request sent where it meets the "
+            "SLO (--slo-ttft, --slo-tpot) with the most headroom.",
             show_default=False,
         ),
     ] = None,
     slo_ttft: Annotated[
         float | None,
         typer.Option(
-            help="The time to first token (seconds) each request should meet; routes by "
-            "strategy slo unless --strategy or the config names another. Default (strategy "
-            "slo): 1 s, or ten times the fleet's best predicted TTFT of the request if more.",
+            help="The time to first token (seconds) each request should meet (strategy slo, "
+            "the default; refused with another). Default: 1 s, or ten times the fleet's best "
+            "predicted TTFT of the request if more.",
             show_default=False,
         ),
     ] = None,
     slo_tpot: Annotated[
         float | None,
         typer.Option(
-            help="The time per output token (seconds) each request should meet; routes by "
-            "strategy slo unless --strategy or the config names another. Default (strategy "
-            "slo): 20 ms, or five times the fleet's best predicted step time of a lone request "
-            "if more.",
+            help="The time per output token (seconds) each request should meet (strategy "
+            "slo, the default; refused with another). Default: 20 ms, or five times the "
+            "fleet's best predicted step time of a lone request if more.",
             show_default=False,
         ),
     ] = None,
@@ -183,8 +183,9 @@ def serve(
         float | None,
         typer.Option(
             help="Seconds between reads of each replica's published load (vLLM /metrics, "
-            "SGLang /v1/loads), in the background. Default: 0.1, or 1 under strategy slo "
-            "(whose own books track each replica; a read costs the engine's server CPU).",
+            "SGLang /v1/loads), in the background. Default: 1 under strategy slo (the "
+            "default: its own books track each replica; a read costs the engine's server "
+            "CPU), 0.1 under the others.",
             show_default=False,
         ),
     ] = None,
@@ -294,11 +295,8 @@ def serve(
         scheduler = file.scheduler if file is not None else None
         # The config's strategy only when it names one: the engine's default is not the router's.
         chosen = scheduler if scheduler and "strategy" in scheduler.model_fields_set else None
-        # An SLO, given or the autoscaling plan's, is routed to by it unless told otherwise.
-        by_slo = setup is not None or slo_ttft is not None or slo_tpot is not None
         options = RouterOptions(
-            strategy=strategy
-            or (chosen.strategy if chosen else "slo" if by_slo else DEFAULT_STRATEGY),
+            strategy=strategy or (chosen.strategy if chosen else DEFAULT_STRATEGY),
             strategy_options=dict(chosen.options) if chosen and not strategy else {},
             queue_size=queue_size,
             timeout=timeout,
