@@ -381,6 +381,12 @@ def start_router(
     return None, list(urls)
 
 
+def _predicted(model: dict[str, Any]) -> dict[str, Any]:
+    """An slo engine fit's predictions for its typical request, as ``/status`` shows them."""
+    keys = ("typical_request", "predicted_ttft_s", "predicted_tpot_s", "replies_fitted")
+    return {k: model[k] for k in keys}
+
+
 def summarize_goodput(
     w: Goodput, records: dict[str, Any], prompt_tokens: Sequence[int], duration: float
 ) -> dict[str, Any]:
@@ -472,6 +478,8 @@ def run_goodput_config(
                 "engine": r["engine"],
                 "speed": r["learned_speed"],
             }
+            # Under slo, what it routes by: its engine fit's predictions for a typical request.
+            | ({"engine_model": _predicted(r["engine_model"])} if "engine_model" in r else {})
             for r in learned
         ]
     done = sum(s["completed"] for s in stats)

@@ -1001,7 +1001,9 @@ def serve(doc: dict[str, Any]) -> str:
         "(`hetero.serve.emulator`: an aiohttp server that sleeps as long as a replica of its speed "
         "would take). The load generator runs in processes of its own (`bench/_serve_load.py`)"
         "; open loops send at times fixed in advance and count latency from the scheduled "
-        "send time."
+        "send time. `hetero serve`'s default strategy is `slo` since 8ec7ef3 "
+        '(`shortest_expected_delay` before it): every row names the strategy it ran, "(default)" '
+        "the default at the commit measured."
     ]
     parts += _figures(
         doc,
@@ -1117,13 +1119,32 @@ def _learned(fig: dict[str, Any]) -> str:
     )
     if row is None:
         return ""
-    fleet = fig["fleet"]
-    learned = "; ".join(
-        f"speed {x['speed']:g} (true {s:g}), {x['slots']} slots (true {n}, {x['why']}, "
-        f"{x['engine']})"
-        for x, s, n in zip(row["learned"], fleet["speeds"], fleet["slots"], strict=True)
+    fleet, mock = fig["fleet"], fig["mock"]
+    if "engine_model" not in row["learned"][0]:
+        learned = "; ".join(
+            f"speed {x['speed']:g} (true {s:g}), {x['slots']} slots (true {n}, {x['why']}, "
+            f"{x['engine']})"
+            for x, s, n in zip(row["learned"], fleet["speeds"], fleet["slots"], strict=True)
+        )
+        return f"\n\nLearned by `hetero serve`'s default by the end of its run: {learned}."
+    # slo routes by its engine fits: each idle replica's predictions for a typical request
+    # beside the mock's own times for it alone (prefill and decode over its speed).
+    typical = row["learned"][0]["engine_model"]["typical_request"]
+    fits = "; ".join(
+        f"TTFT {m['predicted_ttft_s']:.3g} s (alone "
+        f"{mock['prefill_time'] * typical['prompt_tokens'] / s:.3g}), TPOT "
+        f"{m['predicted_tpot_s'] * 1000:.3g} ms ({mock['decode_time'] * 1000 / s:.3g}), "
+        f"{m['replies_fitted']['tpot']} replies fitted"
+        for m, s in (
+            (x["engine_model"], s) for x, s in zip(row["learned"], fleet["speeds"], strict=True)
+        )
     )
-    return f"\n\nLearned by `hetero serve`'s default by the end of its run: {learned}."
+    return (
+        f"\n\nPredicted by `hetero serve`'s default (`{row['name']}`) at the end of its run, "
+        f"slowest replica first, for a request of {typical['prompt_tokens']} prompt and "
+        f"{typical['output_tokens']} output tokens (the mock's own times for it alone in "
+        f"brackets; a reply that is not streamed teaches no TTFT): {fits}."
+    )
 
 
 def _sglang_ratios(vs: dict[str, float | None]) -> str:

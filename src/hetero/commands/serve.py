@@ -246,15 +246,16 @@ def serve(
         ),
     ] = False,
 ) -> None:
-    """Route OpenAI-compatible requests to replicas by their speed and capacity.
+    """Route OpenAI-compatible requests to replicas by what each engine can do.
 
-    A request goes where it would finish soonest, by its prompt and expected output.
+    Each replica is predicted as the continuous-batching engine it is (vLLM, SGLang, TGI): a
+    request's time to first token from the prompt tokens queued there, its time per output
+    token from the batch and KV tokens it would join, both fitted from every reply. A request
+    goes where both meet the SLO (--slo-ttft, --slo-tpot; derived from the fleet if not given)
+    with the most headroom. When none would, it waits here instead of overloading a small GPU.
 
-    Speeds are learned from every reply; a replica that slows down gets less. Capacity is
-    learned too: the engine's own load (vLLM, SGLang) and each reply's pace say when a replica
-    is full.
-
-    When every replica is full, requests wait here instead of overloading a small GPU.
+    --strategy shortest_expected_delay (or another policy) routes by speed and slots instead:
+    speeds learned from every reply, capacity from the engine's load and each reply's pace.
 
     Examples:
 
