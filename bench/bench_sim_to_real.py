@@ -95,6 +95,9 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_default.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
+#: A replica alone, no router: one replica and no cap, so that a strategy that holds nothing
+#: back forwards each request as it comes (the router's default, slo, would hold some).
+NO_ROUTER = RouterOptions(strategy="shortest_expected_delay")
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
 MAX_BATCHED_TOKENS = 2048
 PACE_ROUNDS = 6
@@ -313,7 +316,7 @@ def simulate(
         ("client", "round_robin"): "round_robin",
     }
     if kind == "alone":
-        sim = EngineFleetSimulator(fleet[:1], capacity="none")
+        sim = EngineFleetSimulator(fleet[:1], options=NO_ROUTER, capacity="none")
     elif kind == "hetero":
         flags = shlex.split(name) if name.startswith("--") else ["--strategy", name]
         sim = EngineFleetSimulator(fleet, options=RouterOptions(**hetero_options(flags)))
@@ -427,7 +430,8 @@ def alone(
     """The SLO attainment of ``engine`` sent the run's requests alone at ``rate`` for
     ``duration`` s (the real benchmark's send times)."""
     arrived, prompts = arrivals(work, rate, duration, seed)
-    result = EngineFleetSimulator([engine], capacity="none").run(arrived, slo=slo, prompts=prompts)
+    sim = EngineFleetSimulator([engine], options=NO_ROUTER, capacity="none")
+    result = sim.run(arrived, slo=slo, prompts=prompts)
     return round(result.attainment(*slo), 4)
 
 

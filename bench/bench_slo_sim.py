@@ -60,7 +60,9 @@ def simulate(
     config: str, fleet: list[tuple[str, EngineSpec]], arrived: list[tuple[float, int, int]]
 ) -> tuple[FleetResult, EngineFleetSimulator]:
     if config == "alone":
-        sim = EngineFleetSimulator(fleet[:1], capacity="engine")
+        # No router: the engine's cap and nothing held back (the router's default, slo, would).
+        options = RouterOptions(strategy="shortest_expected_delay")
+        sim = EngineFleetSimulator(fleet[:1], options=options, capacity="engine")
     elif config == "slo":
         options = RouterOptions(strategy="slo", slo_ttft=TTFT, slo_tpot=TPOT)
         sim = EngineFleetSimulator(fleet, options=options)
