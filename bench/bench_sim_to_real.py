@@ -85,6 +85,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_replica_rates.json",
     RESULTS / "serve_real_single_turn_slo_loads_100_110_rates.json",
     RESULTS / "serve_real_single_turn_slo_max_rate.json",
+    RESULTS / "serve_real_single_turn_slo_default_max_rate.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
