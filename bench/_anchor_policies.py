@@ -15,6 +15,12 @@ from hetero.errors import ConfigError
 from hetero.sched.item import WorkItem
 from hetero.sched.policy import BoolArray, Policy, masked_argmin
 from hetero.sched.view import FleetView
+from hetero.serve.records import RouterOptions
+
+#: No router: a replica alone, each request forwarded to its engine as it comes (with the
+#: simulator's ``capacity="none"``, or held only at the engine's cap with ``"engine"``). Any
+#: strategy that holds nothing back does; the router's default, ``slo``, would hold some.
+NO_ROUTER = RouterOptions(strategy="shortest_expected_delay")
 
 
 class CacheAware(Policy):

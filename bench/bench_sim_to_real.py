@@ -55,6 +55,7 @@ from typing import Any
 import bench_serve_real as real
 import bench_serve_real_prefix as prefix
 import numpy as np
+from _anchor_policies import NO_ROUTER
 from _common import command, emit, revision
 
 from hetero.plan.models import ModelShape
@@ -96,9 +97,6 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_default.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
-#: A replica alone, no router: one replica and no cap, so that a strategy that holds nothing
-#: back forwards each request as it comes (the router's default, slo, would hold some).
-NO_ROUTER = RouterOptions(strategy="shortest_expected_delay")
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
 MAX_BATCHED_TOKENS = 2048
 PACE_ROUNDS = 6

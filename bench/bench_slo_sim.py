@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _anchor_policies import NO_ROUTER
 from _common import command, emit, revision
 
 from hetero.serve.engine_model import EngineSpec, engine_spec
@@ -60,9 +61,7 @@ def simulate(
     config: str, fleet: list[tuple[str, EngineSpec]], arrived: list[tuple[float, int, int]]
 ) -> tuple[FleetResult, EngineFleetSimulator]:
     if config == "alone":
-        # No router: the engine's cap and nothing held back (the router's default, slo, would).
-        options = RouterOptions(strategy="shortest_expected_delay")
-        sim = EngineFleetSimulator(fleet[:1], options=options, capacity="engine")
+        sim = EngineFleetSimulator(fleet[:1], options=NO_ROUTER, capacity="engine")
     elif config == "slo":
         options = RouterOptions(strategy="slo", slo_ttft=TTFT, slo_tpot=TPOT)
         sim = EngineFleetSimulator(fleet, options=options)

@@ -1135,9 +1135,7 @@ def _learned(fig: dict[str, Any]) -> str:
         f"{mock['prefill_time'] * typical['prompt_tokens'] / s:.3g}), TPOT "
         f"{m['predicted_tpot_s'] * 1000:.3g} ms ({mock['decode_time'] * 1000 / s:.3g}), "
         f"{m['replies_fitted']['tpot']} replies fitted"
-        for m, s in (
-            (x["engine_model"], s) for x, s in zip(row["learned"], fleet["speeds"], strict=True)
-        )
+        for m, s in zip((x["engine_model"] for x in row["learned"]), fleet["speeds"], strict=True)
     )
     return (
         f"\n\nPredicted by `hetero serve`'s default (`{row['name']}`) at the end of its run, "
