@@ -514,6 +514,58 @@ def test_a_derived_slo_follows_the_fleet() -> None:
     assert fast.slo(200, 50) == (1.0, 0.02)  # the floors: a person reads no faster
 
 
+def serve_alone(policy: SloRouting, view: FleetView, ttft: float, tpot: float) -> None:
+    """One request to replica 0, answered alone in ``ttft`` then ``tpot`` seconds a token."""
+    clock = view.clock
+    assert isinstance(clock, ManualClock)
+    item = request(200, 50)
+    assert policy.pick(item, view, None) == 0
+    clock.advance(ttft)
+    policy.first_token(item.id, clock.now())
+    clock.advance(tpot * 49)
+    policy.finished(item.id, clock.now(), 50)
+    clock.advance(1.0)
+
+
+def test_a_derived_slo_holds_still_while_the_fit_learns() -> None:
+    # A catalog prior: the target is taken from it, whatever the replies then teach the fit.
+    policy, view = make_policy([prior(0.008, 0.002)])
+    before = policy.slo(200, 50)
+    assert before[1] == pytest.approx(5 * 0.010, rel=0.05)
+    for tpot in (0.03, 0.002, 0.03, 0.002) * 10:
+        serve_alone(policy, view, 0.05, tpot)
+    assert policy.fits[0].taught
+    assert policy.slo(200, 50) == before
+    assert policy.explain(0, view)["slo_from"] == "catalog"
+
+
+def test_a_derived_slo_is_taken_from_a_guessed_replicas_probe_then_holds() -> None:
+    policy, view = make_policy([EnginePrior.generic()])
+    policy.measured(0, 300, 0.2, 0.012, now=0.0)  # the timing probe: 12 ms a token alone
+    timed = policy.slo(200, 50)
+    assert timed[1] == pytest.approx(5 * 0.012, rel=0.1)
+    assert policy.explain(0, view)["slo_from"] == "probe"
+    for _ in range(20):  # its replies say 3 ms: the fit follows them, the target does not
+        serve_alone(policy, view, 0.05, 0.003)
+    assert policy.fits[0].predict_step(1, 0) < 0.006
+    assert policy.slo(200, 50) == timed
+    # Joined again with a new guess: not timed any more, the fit lends its times
+    policy.set_prior(0, EnginePrior.generic(2.0))
+    policy.forget(0)
+    assert policy.explain(0, view)["slo_from"] == "fit"
+
+
+def test_a_guess_never_timed_lends_the_target_its_fit() -> None:
+    policy, view = make_policy([EnginePrior.generic()])
+    guessed = policy.slo(200, 50)
+    for _ in range(30):
+        serve_alone(policy, view, 0.05, 0.03)  # 30 ms a token alone
+    assert policy.slo(200, 50)[1] > guessed[1]
+    assert policy.slo(200, 50)[1] == pytest.approx(5 * 0.03, rel=0.3)
+    given, given_view = make_policy([EnginePrior.generic()], ttft=1.0, tpot=0.05)
+    assert given.explain(0, given_view)["slo_from"] is None
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(

@@ -39,9 +39,14 @@ A replica known by its URL alone starts slow: 1, 2, 4... requests at once as it 
 at a reply that misses (``_LIMIT_STEP``): a guard on the predictions, which a replica that
 keeps meeting the SLO outgrows.
 
-Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best
-predicted lone TTFT of the request, whichever is more; TPOT 20 ms or five times the best
-predicted lone step time, whichever is more.
+Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best lone
+TTFT of the request, whichever is more; TPOT 20 ms or five times the best lone step time,
+whichever is more. The lone times are what is known of each engine before it serves (its
+catalog prior, or its prior brought to its timing probe: ``measured``), not the fit that
+follows its replies: a target is the user's bound and holds still while the fit moves (on
+real vLLM, a TPOT target following the fit's lone step moved between 20 and 70 ms within a
+run, and the router held up to 42 requests while it was low). Only a replica known by a
+guess and never timed lends its fit to the targets.
 
 Items that carry no ``tokens`` (work that is not an LLM request) are placed as
 ``prefix_affinity`` places them. The executor reports each request's first token and end
@@ -195,6 +200,7 @@ class SloRouting(PrefixAffinity):
         self.missed: list[int] = []  # per device, its last _OUTCOMES replies: a bit set a miss
         self.limit: list[float] = []  # per device, the most it runs past its slow start
         self._priors: dict[int, EnginePrior] = {}
+        self._timed: set[int] = set()  # devices whose guessed prior was brought to a probe
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
         self._stale: set[int] = set()  # devices whose columns wait for a copy (_columns)
@@ -206,12 +212,17 @@ class SloRouting(PrefixAffinity):
         """What is known of device ``device``'s engine before it answers (the catalog's
         figures for its GPU and model, or a declared speed); used when it joins, and at once
         when it has not answered yet."""
+        self._timed.discard(device)
+        self._set_prior(device, prior)
+
+    def _set_prior(self, device: int, prior: EnginePrior) -> None:
         self._priors[device] = prior
-        if device < len(self.fits) and not self.fits[device].taught:
-            answers = self.fits[device].answers
-            self.fits[device] = EngineFit(prior)
-            self.fits[device].answers = answers
-            self._mirror(device)
+        if device < len(self.fits):
+            if not self.fits[device].taught:
+                answers = self.fits[device].answers
+                self.fits[device] = EngineFit(prior)
+                self.fits[device].answers = answers
+            self._mirror(device)  # its reference for the derived targets too
 
     def measured(
         self, device: int, prompt_tokens: float, ttft: float, tpot: float | None, now: float
@@ -228,7 +239,8 @@ class SloRouting(PrefixAffinity):
         lone_step = prior.step_base + prior.step_per_request
         ttft_by = ttft / lone_ttft
         tpot_by = tpot / lone_step if tpot is not None and 0 < tpot <= MAX_SECONDS else ttft_by
-        self.set_prior(device, prior.scaled(ttft_by, tpot_by))
+        self._set_prior(device, prior.scaled(ttft_by, tpot_by))
+        self._timed.add(device)
         if device < len(self.heard):
             self.heard[device] = now
 
@@ -266,7 +278,7 @@ class SloRouting(PrefixAffinity):
 
     def slo(self, prompt: float, output: float) -> tuple[float, float]:
         """The TTFT and TPOT targets (seconds) for a request of that size: the given ones,
-        else derived from the fleet's best lone predictions."""
+        else derived from the fleet's best lone times as first known (``reference``)."""
         ttft, tpot = self.ttft_slo, self.tpot_slo
         if ttft is not None and tpot is not None:
             return ttft, tpot
@@ -274,11 +286,11 @@ class SloRouting(PrefixAffinity):
         features = (token_feature(prompt), token_feature(prompt + output / 2))
         if _TARGETS is not None:
             best_ttft, best_tpot = _TARGETS(
-                t.lone_ttft, t.per_token, t.lone_step, t.per_kv, k, *features
+                t.ref_ttft, t.ref_per_token, t.ref_step, t.ref_per_kv, k, *features
             )
         else:
-            lone_ttft = t.lone_ttft[:k] + t.per_token[:k] * features[0]
-            lone_step = t.lone_step[:k] + t.per_kv[:k] * features[1]
+            lone_ttft = t.ref_ttft[:k] + t.ref_per_token[:k] * features[0]
+            lone_step = t.ref_step[:k] + t.ref_per_kv[:k] * features[1]
             best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
             best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
         if ttft is None:
@@ -614,8 +626,30 @@ class SloRouting(PrefixAffinity):
                 if device < len(table):
                     fit, load = self.fits[device], self.loads[device]
                     table.set(device, fit, load, self.missed[device], self._most(device))
+                    table.set_reference(device, *self.reference(device))
             stale.clear()
         return table
+
+    def reference(self, device: int) -> tuple[float, float, float, float]:
+        """Device ``device``'s lone times the derived targets are taken from: its TTFT alone
+        and seconds per prompt token, its step alone and seconds per KV token. Its prior's
+        where that describes the engine (a catalog prior, or a guess brought to its timing
+        probe), else its fit's as it stands."""
+        prior = self._described(device)
+        if prior is not None:
+            return (
+                prior.ttft_base,
+                prior.prefill_s,
+                prior.step_base + prior.step_per_request,
+                prior.step_per_kv / 1000.0,
+            )
+        c, d = self.fits[device].ttft.coef, self.fits[device].tpot.coef
+        return c[0], c[1], d[0] + d[1], d[2] / 1000.0
+
+    def _described(self, device: int) -> EnginePrior | None:
+        """Device ``device``'s prior where it describes its engine (not a guess never timed)."""
+        prior = self._priors.get(device)
+        return prior if prior is not None and (not prior.guess or device in self._timed) else None
 
     def _most(self, device: int) -> float:
         """The most requests device ``device`` runs at once while its prior is a guess: its
@@ -657,7 +691,18 @@ class SloRouting(PrefixAffinity):
             "predicted_ttft_s": round(ttft, 4),
             "predicted_tpot_s": round(tpot, 5),
             "slo": {"ttft_s": round(ttft_slo, 4), "tpot_s": round(tpot_slo, 5)},
+            # what its lone times lend a derived SLO: its catalog prior, its timing probe, or
+            # its fit (a guess never timed); None where the SLO is given
+            "slo_from": self._reference_kind(device),
         }
+
+    def _reference_kind(self, device: int) -> str | None:
+        if self.ttft_slo is not None and self.tpot_slo is not None:
+            return None
+        prior = self._described(device)
+        if prior is None:
+            return "fit"
+        return "probe" if prior.guess else "catalog"
 
 
 def _meets_alone(
@@ -701,6 +746,11 @@ class _Table:
         self.full = np.zeros(n, dtype=bool)
         self.kv_room = np.full(n, np.inf)  # KV tokens left in its cache while busy (inf: unknown)
         self.running = np.zeros(n)
+        # The lone times the derived targets are taken from (SloRouting.reference).
+        self.ref_ttft = np.zeros(n)
+        self.ref_per_token = np.zeros(n)
+        self.ref_step = np.zeros(n)
+        self.ref_per_kv = np.zeros(n)
 
     def __len__(self) -> int:
         return len(self.running)
@@ -729,3 +779,10 @@ class _Table:
             self.tpot_gate[i] = fit.tpot_errors.stretch() if widen else 1.0
         self.kv_room[i] = np.inf if fit.kv_tokens is None or not busy else fit.kv_tokens - kv
         self.running[i] = load.running
+
+    def set_reference(
+        self, i: int, ttft: float, per_token: float, step: float, per_kv: float
+    ) -> None:
+        """Device ``i``'s lone times for the derived targets (``SloRouting.reference``)."""
+        self.ref_ttft[i], self.ref_per_token[i] = ttft, per_token
+        self.ref_step[i], self.ref_per_kv[i] = step, per_kv
