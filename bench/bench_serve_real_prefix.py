@@ -24,10 +24,11 @@ router told the replicas' URLs and nothing else.
   load ran.
 - ``--single-turn``: the same runs with single-turn prompts that share nothing (those of
   ``bench_serve_real.py``): affinity must cost nothing there.
-- ``--max-rate``: each hetero variant's and each anchor's highest Poisson rate with 98%
-  of its requests within the SLO, by bisection on a grid of 0.05 × the fleet's
-  capacity (``bench_serve_real.max_rate``). ``--replica-rates``: each replica's own, every
-  request sent straight to it while the others idle; their sum is the mark for a router's.
+- ``--max-rate``: ``hetero serve``'s (the default first), each hetero variant's and each
+  anchor's highest Poisson rate with 98% of its requests within the SLO, by bisection on a grid
+  of 0.05 × the fleet's capacity (``bench_serve_real.max_rate``). ``--replica-rates``: each
+  replica's own, every request sent straight to it while the others idle; their sum is the mark
+  for a router's.
 
 The comparison judges each hetero configuration against the anchors: hit rate ≥ the best
 ``cache_aware`` anchor's − 0.02, SLO attainment ≥ 0.98 and ≥ every anchor's, p99 latency ≤ 0.5×
@@ -211,8 +212,7 @@ def measure(
         doc["slo"] = {"ttft_s": s.ttft_slo, "tpot_s": s.tpot_slo}
         doc["loads"] = []
         doc["comparison"] = []
-        searched = [c for c in real.configs(s) if c.kind != "hetero" or c.flags]
-        known: dict[str, dict[int, dict[str, Any]]] = {c.label: {} for c in searched}
+        known: dict[str, dict[int, dict[str, Any]]] = {c.label: {} for c in real.configs(s)}
         for load in s.loads:
             run = real.make_run(s, load, cap["requests_per_second"], bodies)
             block: dict[str, Any] = {
@@ -226,7 +226,7 @@ def measure(
                 if "skipped" not in row:
                     row["hit_rate"] = hit_rate(row["replicas"])
                     k = real.grid_step(load, s.step)
-                    if k is not None and config.label in known:
+                    if k is not None:
                         known[config.label][k] = row
                 block["configs"].append(row)
                 print(
@@ -241,7 +241,7 @@ def measure(
                 real.max_rate(
                     children, turns, s, c, replicas, reasons, capacity_rps, bodies, known[c.label]
                 )
-                for c in searched
+                for c in real.configs(s)
             ]
             doc["max_rate"] = max_rates(s, doc["loads"], rates, capacity_rps)
         if replica_rates:
@@ -253,8 +253,9 @@ def measure(
 def max_rates(
     s: Settings, loads: list[dict[str, Any]], rates: list[dict[str, Any]], capacity_rps: float
 ) -> dict[str, Any]:
-    """``--max-rate``: each searched configuration's highest rate, and the first hetero
-    variant's over each anchor's and the best one's (``bench_serve_real.comparison``)."""
+    """``--max-rate``: each configuration's highest rate, and the first hetero one's (the
+    default where it runs) over each anchor's and the best one's
+    (``bench_serve_real.comparison``)."""
     judged = real.comparison(s, loads, rates, capacity_rps)
     return {
         "definition": f"the highest Poisson load (a multiple of {s.step:g} × the fleet's "

@@ -11,7 +11,9 @@ reports a stream's (at 8, 16, 32... chunks: each a TPOT observation). The clock 
 by 10 ms a request. With ``--chat`` each request is a turn of a conversation with its prompt's
 blocks (``Prefix``): 32 conversations in progress, each on one of 4 system prompts of 6 blocks,
 each turn 2 blocks longer than the last, 6 turns, so that the pick matches every prompt against
-the prefix index and weighs a replica holding it (the cache wait, 38cacbd). Medians of repeats
+the prefix index and weighs a replica holding it (the cache wait, 38cacbd). With ``--derived``
+no SLO is given (``hetero serve``'s default): the targets are derived from the fleet, each
+replica first timed by one lone request as the router's probe times it. Medians of repeats
 of the mean µs per request, in this thread's CPU time
 (``time.thread_time``): the cost is CPU, and on a shared machine the wall clock adds the time
 other work held the core.
@@ -52,15 +54,22 @@ BUDGET_US = 50.0
 BUDGET_AT = 64
 
 
-def fleet(n: int, rng: np.random.Generator) -> tuple[SloRouting, FleetView, ManualClock]:
+def fleet(
+    n: int, rng: np.random.Generator, derived: bool = False
+) -> tuple[SloRouting, FleetView, ManualClock]:
     spec = get_catalog().get("A100-80GB")
     devices = [Device(id=f"r{i}", spec=spec, emulated=True) for i in range(n)]
     clock = ManualClock()
     view = FleetView(devices, PerfModel(devices), clock)
-    policy = SloRouting(ttft=1.0, tpot=0.05)
+    policy = SloRouting() if derived else SloRouting(ttft=1.0, tpot=0.05)
     for i, speed in enumerate(rng.uniform(1.0, 6.0, n).tolist()):
         policy.set_prior(i, EnginePrior.generic(speed))
     policy.bind(view)
+    if derived:  # the probe: 260 prompt tokens, each replica 1.2x slower than its guess
+        for i, p in enumerate(policy.fits[:n]):
+            prior = p.prior
+            ttft = 1.2 * (prior.ttft_base + prior.prefill_s * 260)
+            policy.measured(i, 260, ttft, 1.2 * (prior.step_base + prior.step_per_request), 0.0)
     return policy, view, clock
 
 
@@ -73,9 +82,11 @@ def chat_prefix(k: int) -> Prefix:
     return Prefix(system + history, 1.0)
 
 
-def measure(n: int, requests: int, seed: int, chat: bool = False) -> dict[str, float]:
+def measure(
+    n: int, requests: int, seed: int, chat: bool = False, derived: bool = False
+) -> dict[str, float]:
     rng = np.random.default_rng(seed)
-    policy, view, clock = fleet(n, rng)
+    policy, view, clock = fleet(n, rng, derived)
     prompts = np.maximum(1, rng.lognormal(np.log(800), 0.6, requests + 64 * n)).astype(int)
     outputs = np.maximum(1, rng.lognormal(np.log(120), 1.0, requests + 64 * n)).astype(int)
     items = [
@@ -118,12 +129,15 @@ def measure(n: int, requests: int, seed: int, chat: bool = False) -> dict[str, f
     return {"pick_us": picking / timed * 1e6, "learn_us": learning / timed * 1e6}
 
 
-def measure_in(tree: str, n: int, requests: int, seed: int, chat: bool) -> dict[str, float]:
+def measure_in(
+    tree: str, n: int, requests: int, seed: int, chat: bool, derived: bool
+) -> dict[str, float]:
     """``measure`` with another checkout's ``hetero`` (its ``src/`` first on the path), in a
     process of its own: the same loop, that checkout's model."""
     env = {**os.environ, "PYTHONPATH": str(Path(tree, "src"))}
     argv = [sys.executable, __file__, "--measure", f"{n},{requests},{seed}"]
     argv += ["--chat"] if chat else []
+    argv += ["--derived"] if derived else []
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     result: dict[str, float] = json.loads(out)
     return result
@@ -154,12 +168,18 @@ def main() -> int:
     parser.add_argument(
         "--chat", action="store_true", help="multi-turn requests carrying their prompt's blocks"
     )
+    parser.add_argument(
+        "--derived",
+        action="store_true",
+        help="no SLO given (hetero serve's default): targets derived from the fleet, each "
+        "replica timed by one lone request first",
+    )
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # N,REQUESTS,SEED: one run, JSON
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     if args.measure:
         n, requests, seed = (int(x) for x in args.measure.split(","))
-        print(json.dumps(measure(n, requests, seed, args.chat)))
+        print(json.dumps(measure(n, requests, seed, args.chat, args.derived)))
         return 0
     rows: list[dict[str, Any]] = []
     others: dict[str, list[dict[str, Any]]] = {tree: [] for tree in args.tree}
@@ -167,9 +187,11 @@ def main() -> int:
         runs: list[dict[str, float]] = []
         theirs: dict[str, list[dict[str, float]]] = {tree: [] for tree in args.tree}
         for seed in range(args.repeats):  # in turns, so that the machine's drift hits both
-            runs.append(measure(n, args.requests, seed, args.chat))
+            runs.append(measure(n, args.requests, seed, args.chat, args.derived))
             for tree in args.tree:
-                theirs[tree].append(measure_in(tree, n, args.requests, seed, args.chat))
+                theirs[tree].append(
+                    measure_in(tree, n, args.requests, seed, args.chat, args.derived)
+                )
         rows.append(row(n, runs))
         print(f"{n} replicas: {rows[-1]}", file=sys.stderr)
         for tree, measured in theirs.items():

@@ -2970,8 +2970,10 @@ def slo_cost(doc: dict[str, Any]) -> str:
     at = next((r for r in doc["rows"] if r["replicas"] == budget["replicas"]), None)
     calibration = doc["machine"]["calibration_seconds"]
     chat = "--chat" in doc["command"]
+    derived = "--derived" in doc["command"]
     return (
-        f"## SLO strategy: cost per request{', multi-turn prompts' if chat else ''}\n\n"
+        f"## SLO strategy: cost per request{', multi-turn prompts' if chat else ''}"
+        f"{', the SLO derived' if derived else ''}\n\n"
         f"`{doc['command']}`"
         + _at_commit(doc)
         + " — the `slo` strategy's engine model on fleets of replicas at speeds spread over "
@@ -2982,6 +2984,12 @@ def slo_cost(doc: dict[str, Any]) -> str:
             "a replica holding it (where the picks differ between checkouts, so does the "
             "learning that follows them)"
             if chat
+            else ""
+        )
+        + (
+            "; no SLO given (`hetero serve`'s default): the targets derived from the fleet, "
+            "each replica first timed by one lone request as the router's probe times it"
+            if derived
             else ""
         )
         + "; µs of CPU time per "
@@ -3042,6 +3050,7 @@ def main() -> int:
         ("sim_to_real.json", sim_to_real),
         ("slo_cost.json", slo_cost),
         ("slo_cost_chat.json", slo_cost),
+        ("slo_cost_derived.json", slo_cost),
         ("serve_real_prefix.json", serve_real_prefix),
         ("serve_real_single.json", serve_real_prefix),
         ("serve_real_slo.json", serve_real_slo),

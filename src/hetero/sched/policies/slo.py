@@ -157,6 +157,9 @@ CACHE_WAIT_PROMPT = 0.1
 _CACHE_WAITS = 65536  # requests remembered as held so, at most
 _OUTCOME_MASK = (1 << _OUTCOMES) - 1
 
+#: A replica's lone times for the derived targets (``SloRouting.reference``).
+_Reference = tuple[float, float, float, float]
+
 
 def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
     """Problems with an SLO bound ``name`` (seconds, or None: derived from the fleet)."""
@@ -200,7 +203,9 @@ class SloRouting(PrefixAffinity):
         self.missed: list[int] = []  # per device, its last _OUTCOMES replies: a bit set a miss
         self.limit: list[float] = []  # per device, the most it runs past its slow start
         self._priors: dict[int, EnginePrior] = {}
-        self._timed: set[int] = set()  # devices whose guessed prior was brought to a probe
+        # Per device, the lone times its prior gives the derived targets where that prior
+        # describes its engine (a catalog prior, or a guess brought to its timing probe).
+        self._references: dict[int, _Reference] = {}
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
         self._stale: set[int] = set()  # devices whose columns wait for a copy (_columns)
@@ -212,11 +217,19 @@ class SloRouting(PrefixAffinity):
         """What is known of device ``device``'s engine before it answers (the catalog's
         figures for its GPU and model, or a declared speed); used when it joins, and at once
         when it has not answered yet."""
-        self._timed.discard(device)
-        self._set_prior(device, prior)
+        self._set_prior(device, prior, timed=False)
 
-    def _set_prior(self, device: int, prior: EnginePrior) -> None:
+    def _set_prior(self, device: int, prior: EnginePrior, *, timed: bool) -> None:
         self._priors[device] = prior
+        if timed or not prior.guess:
+            self._references[device] = (
+                prior.ttft_base,
+                prior.prefill_s,
+                prior.step_base + prior.step_per_request,
+                prior.step_per_kv / 1000.0,
+            )
+        else:
+            self._references.pop(device, None)
         if device < len(self.fits):
             if not self.fits[device].taught:
                 answers = self.fits[device].answers
@@ -239,8 +252,7 @@ class SloRouting(PrefixAffinity):
         lone_step = prior.step_base + prior.step_per_request
         ttft_by = ttft / lone_ttft
         tpot_by = tpot / lone_step if tpot is not None and 0 < tpot <= MAX_SECONDS else ttft_by
-        self._set_prior(device, prior.scaled(ttft_by, tpot_by))
-        self._timed.add(device)
+        self._set_prior(device, prior.scaled(ttft_by, tpot_by), timed=True)
         if device < len(self.heard):
             self.heard[device] = now
 
@@ -622,34 +634,27 @@ class SloRouting(PrefixAffinity):
         was a third of the learning's cost a request (``bench/bench_slo_cost.py``)."""
         stale, table = self._stale, self._table
         if stale:
+            # Only a derived SLO reads the references (and the SLO is set before routing).
+            derived = self.ttft_slo is None or self.tpot_slo is None
             for device in stale:
                 if device < len(table):
                     fit, load = self.fits[device], self.loads[device]
                     table.set(device, fit, load, self.missed[device], self._most(device))
-                    table.set_reference(device, *self.reference(device))
+                    if derived:
+                        table.set_reference(device, *self.reference(device))
             stale.clear()
         return table
 
-    def reference(self, device: int) -> tuple[float, float, float, float]:
+    def reference(self, device: int) -> _Reference:
         """Device ``device``'s lone times the derived targets are taken from: its TTFT alone
         and seconds per prompt token, its step alone and seconds per KV token. Its prior's
         where that describes the engine (a catalog prior, or a guess brought to its timing
         probe), else its fit's as it stands."""
-        prior = self._described(device)
-        if prior is not None:
-            return (
-                prior.ttft_base,
-                prior.prefill_s,
-                prior.step_base + prior.step_per_request,
-                prior.step_per_kv / 1000.0,
-            )
+        reference = self._references.get(device)
+        if reference is not None:
+            return reference
         c, d = self.fits[device].ttft.coef, self.fits[device].tpot.coef
         return c[0], c[1], d[0] + d[1], d[2] / 1000.0
-
-    def _described(self, device: int) -> EnginePrior | None:
-        """Device ``device``'s prior where it describes its engine (not a guess never timed)."""
-        prior = self._priors.get(device)
-        return prior if prior is not None and (not prior.guess or device in self._timed) else None
 
     def _most(self, device: int) -> float:
         """The most requests device ``device`` runs at once while its prior is a guess: its
@@ -699,10 +704,9 @@ class SloRouting(PrefixAffinity):
     def _reference_kind(self, device: int) -> str | None:
         if self.ttft_slo is not None and self.tpot_slo is not None:
             return None
-        prior = self._described(device)
-        if prior is None:
+        if device not in self._references:
             return "fit"
-        return "probe" if prior.guess else "catalog"
+        return "probe" if self._priors[device].guess else "catalog"
 
 
 def _meets_alone(
