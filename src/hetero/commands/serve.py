@@ -88,7 +88,8 @@ def serve(
         typer.Option(
             help="The time to first token (seconds) each request should meet (strategy slo, "
             "the default; refused with another). Default: 1 s, or ten times the fleet's best "
-            "predicted TTFT of the request if more.",
+            "lone TTFT of the request if more, as each replica was timed at start (or its "
+            "catalog figures), held for the run.",
             show_default=False,
         ),
     ] = None,
@@ -97,7 +98,8 @@ def serve(
         typer.Option(
             help="The time per output token (seconds) each request should meet (strategy "
             "slo, the default; refused with another). Default: 20 ms, or five times the "
-            "fleet's best predicted step time of a lone request if more.",
+            "fleet's best step time of a lone request if more, as each replica was timed at "
+            "start (or its catalog figures), held for the run.",
             show_default=False,
         ),
     ] = None,

@@ -206,6 +206,7 @@ class SloRouting(PrefixAffinity):
         # Per device, the lone times its prior gives the derived targets where that prior
         # describes its engine (a catalog prior, or a guess brought to its timing probe).
         self._references: dict[int, _Reference] = {}
+        self._references_stale: set[int] = set()  # devices whose prior or table changed
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
         self._stale: set[int] = set()  # devices whose columns wait for a copy (_columns)
@@ -230,6 +231,7 @@ class SloRouting(PrefixAffinity):
             )
         else:
             self._references.pop(device, None)
+        self._references_stale.add(device)
         if device < len(self.fits):
             if not self.fits[device].taught:
                 answers = self.fits[device].answers
@@ -275,6 +277,7 @@ class SloRouting(PrefixAffinity):
             self._table = _Table(len(self.fits))
             for i in range(len(self.fits)):
                 self._mirror(i)
+            self._references_stale.update(range(len(self.fits)))
 
     def forget(self, device: int) -> None:
         """Device ``device`` left or starts again: a fresh engine, known by its prior."""
@@ -634,14 +637,20 @@ class SloRouting(PrefixAffinity):
         was a third of the learning's cost a request (``bench/bench_slo_cost.py``)."""
         stale, table = self._stale, self._table
         if stale:
-            # Only a derived SLO reads the references (and the SLO is set before routing).
-            derived = self.ttft_slo is None or self.tpot_slo is None
             for device in stale:
                 if device < len(table):
                     fit, load = self.fits[device], self.loads[device]
                     table.set(device, fit, load, self.missed[device], self._most(device))
-                    if derived:
+            # Only a derived SLO reads the lone times (the SLO is set before routing): those
+            # of a replica its prior describes change with the prior alone; the others' with
+            # its fit.
+            if self.ttft_slo is None or self.tpot_slo is None:
+                references, changed = self._references, self._references_stale
+                changed.update(d for d in stale if d not in references)
+                for device in changed:
+                    if device < len(table):
                         table.set_reference(device, *self.reference(device))
+                changed.clear()
             stale.clear()
         return table
 
