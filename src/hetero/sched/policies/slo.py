@@ -207,6 +207,7 @@ class SloRouting(PrefixAffinity):
         # describes its engine (a catalog prior, or a guess brought to its timing probe).
         self._references: dict[int, _Reference] = {}
         self._references_stale: set[int] = set()  # devices whose prior or table changed
+        self._lenders = False  # whether a bound device has no reference: it lends its fit
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
         self._stale: set[int] = set()  # devices whose columns wait for a copy (_columns)
@@ -232,6 +233,7 @@ class SloRouting(PrefixAffinity):
         else:
             self._references.pop(device, None)
         self._references_stale.add(device)
+        self._count_lenders()
         if device < len(self.fits):
             if not self.fits[device].taught:
                 answers = self.fits[device].answers
@@ -278,6 +280,7 @@ class SloRouting(PrefixAffinity):
             for i in range(len(self.fits)):
                 self._mirror(i)
             self._references_stale.update(range(len(self.fits)))
+            self._count_lenders()
 
     def forget(self, device: int) -> None:
         """Device ``device`` left or starts again: a fresh engine, known by its prior."""
@@ -646,13 +649,18 @@ class SloRouting(PrefixAffinity):
             # its fit.
             if self.ttft_slo is None or self.tpot_slo is None:
                 references, changed = self._references, self._references_stale
-                changed.update(d for d in stale if d not in references)
-                for device in changed:
-                    if device < len(table):
-                        table.set_reference(device, *self.reference(device))
-                changed.clear()
+                if self._lenders:  # some replica lends its fit
+                    changed.update(d for d in stale if d not in references)
+                if changed:
+                    for device in changed:
+                        if device < len(table):
+                            table.set_reference(device, *self.reference(device))
+                    changed.clear()
             stale.clear()
         return table
+
+    def _count_lenders(self) -> None:
+        self._lenders = any(d not in self._references for d in range(len(self.fits)))
 
     def reference(self, device: int) -> _Reference:
         """Device ``device``'s lone times the derived targets are taken from: its TTFT alone
