@@ -101,3 +101,32 @@ def test_top_serve_shows_a_replica_full_at_its_learned_limit() -> None:
     status = {"strategy": "slo", "uptime_s": 3, "active": 73, "waiting": 5, "queue_size": 100}
     text = render(serve_view(status | {"replicas": [replica]}, "http://x"), 220)
     assert "fast (full at 72.5)" in text
+    assert "derived" not in text  # the SLO was given
+
+
+def test_top_serve_says_where_a_derived_slo_comes_from() -> None:
+    from hetero.commands.top_serve import serve_view
+    from tests.rendering import render
+
+    errors = {"p50": 0.1, "p90": 0.3}
+    model = {
+        "prefill_tokens_per_s": 12000.0,
+        "step_base_s": 0.003,
+        "step_per_request_s": 0.0005,
+        "predicted_ttft_s": 0.08,
+        "predicted_tpot_s": 0.01,
+        "slo": {"ttft_s": 1.0, "tpot_s": 0.02},
+        "error_ttft": errors,
+        "error_tpot": errors,
+        "distrusted": False,
+        "slo_from": "probe",
+    }
+    replicas = [
+        REPLICA | {"name": name, "engine_model": model | {"slo_from": source}}
+        for name, source in (("a", "probe"), ("b", "probe"), ("c", "catalog"))
+    ]
+    status = {"strategy": "slo", "uptime_s": 3, "active": 0, "waiting": 0, "queue_size": 100}
+    text = " ".join(render(serve_view(status | {"replicas": replicas}, "http://x"), 300).split())
+    assert (
+        "the SLO derived from each replica's lone times, held (from catalog ×1, probe ×2)" in text
+    )

@@ -6,6 +6,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -151,10 +152,19 @@ def _engine_table(replicas: list[dict[str, Any]]) -> FitTable | None:
     fitted = [r for r in replicas if r.get("engine_model")]
     if not fitted:
         return None
+    sources = Counter(r["engine_model"].get("slo_from") for r in fitted)
+    sources.pop(None, None)
+    derived = (
+        "; the SLO derived from each replica's lone times, held (from "
+        + ", ".join(f"{source} ×{n}" for source, n in sorted(sources.items()))
+        + ")"
+        if sources
+        else ""
+    )
     table = FitTable(
         caption="engine model (strategy slo): prefill tokens/s and step ms (alone + per "
         "request) as fitted; TTFT / TPOT predicted for a 512-token prompt now, beside the "
-        "SLO; error: |predicted / measured - 1| of the replies, p50 / p90",
+        f"SLO{derived}; error: |predicted / measured - 1| of the replies, p50 / p90",
         caption_justify="left",
     )
     for header in ("replica", "prefill/s", "step ms", "TTFT s", "TPOT ms", "err TTFT", "err TPOT"):
