@@ -87,6 +87,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_loads_100_110_rates.json",
     RESULTS / "serve_real_single_turn_slo_max_rate.json",
     RESULTS / "serve_real_single_turn_slo_default_max_rate.json",
+    RESULTS / "serve_real_single_turn_slo_held_max_rate.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
@@ -95,6 +96,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_limit.json",
     RESULTS / "serve_real_slo_stretch.json",
     RESULTS / "serve_real_slo_default.json",
+    RESULTS / "serve_real_slo_held.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
