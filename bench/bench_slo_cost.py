@@ -47,6 +47,7 @@ from hetero.sched.engine_fit import EnginePrior
 from hetero.sched.item import Tokens
 from hetero.sched.policies.slo import FIRST_PACE_REPORT, SloRouting
 from hetero.sched.prefix import Prefix
+from hetero.serve.engine_probe import PROMPT_TOKENS
 
 #: The pick and the learning together, per request, at 64 replicas: what the router's request
 #: path can afford of its whole CPU target (250 µs a request, issue #33).
@@ -65,11 +66,12 @@ def fleet(
     for i, speed in enumerate(rng.uniform(1.0, 6.0, n).tolist()):
         policy.set_prior(i, EnginePrior.generic(speed))
     policy.bind(view)
-    if derived:  # the probe: 260 prompt tokens, each replica 1.2x slower than its guess
-        for i, p in enumerate(policy.fits[:n]):
-            prior = p.prior
-            ttft = 1.2 * (prior.ttft_base + prior.prefill_s * 260)
-            policy.measured(i, 260, ttft, 1.2 * (prior.step_base + prior.step_per_request), 0.0)
+    if derived:  # the router's probe of each replica, which it finds 1.2x slower than guessed
+        for i, fit in enumerate(policy.fits[:n]):
+            prior = fit.prior
+            ttft = 1.2 * (prior.ttft_base + prior.prefill_s * PROMPT_TOKENS)
+            tpot = 1.2 * (prior.step_base + prior.step_per_request)
+            policy.measured(i, PROMPT_TOKENS, ttft, tpot, 0.0)
     return policy, view, clock
 
 

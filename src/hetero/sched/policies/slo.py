@@ -57,7 +57,7 @@ the view's clock and the calls.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -224,11 +224,9 @@ class SloRouting(PrefixAffinity):
     def _set_prior(self, device: int, prior: EnginePrior, *, timed: bool) -> None:
         self._priors[device] = prior
         if timed or not prior.guess:
-            self._references[device] = (
-                prior.ttft_base,
-                prior.prefill_s,
-                prior.step_base + prior.step_per_request,
-                prior.step_per_kv / 1000.0,
+            self._references[device] = _lone_times(
+                (prior.ttft_base, prior.prefill_s),
+                (prior.step_base, prior.step_per_request, prior.step_per_kv),
             )
         else:
             self._references.pop(device, None)
@@ -670,8 +668,7 @@ class SloRouting(PrefixAffinity):
         reference = self._references.get(device)
         if reference is not None:
             return reference
-        c, d = self.fits[device].ttft.coef, self.fits[device].tpot.coef
-        return c[0], c[1], d[0] + d[1], d[2] / 1000.0
+        return _lone_times(self.fits[device].ttft.coef, self.fits[device].tpot.coef)
 
     def _most(self, device: int) -> float:
         """The most requests device ``device`` runs at once while its prior is a guess: its
@@ -724,6 +721,13 @@ class SloRouting(PrefixAffinity):
         if device not in self._references:
             return "fit"
         return "probe" if self._priors[device].guess else "catalog"
+
+
+def _lone_times(ttft: Sequence[float], tpot: Sequence[float]) -> _Reference:
+    """A replica's lone times from its TTFT and step coefficients (a prior's or a fit's, in
+    ``EngineFit``'s order): its TTFT alone and seconds per prompt token, its step alone (one
+    request running) and seconds per KV token."""
+    return ttft[0], ttft[1], tpot[0] + tpot[1], tpot[2] / 1000.0
 
 
 def _meets_alone(
