@@ -97,6 +97,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_stretch.json",
     RESULTS / "serve_real_slo_default.json",
     RESULTS / "serve_real_slo_held.json",
+    RESULTS / "serve_real_slo_held_max_rate.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
