@@ -78,25 +78,25 @@ def test_top_serve_shows_each_replica_s_engine_and_load() -> None:
     assert "openai" in row_b and "unknown: the server publishes no load" in row_b
 
 
+#: A replica's engine model in /status (the slo strategy's explain), idle and trusted.
+ENGINE_MODEL = {
+    "prefill_tokens_per_s": 12000.0,
+    "step_base_s": 0.003,
+    "step_per_request_s": 0.0005,
+    "predicted_ttft_s": 0.08,
+    "predicted_tpot_s": 0.04,
+    "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
+    "error_ttft": {"p50": 0.1, "p90": 0.3},
+    "error_tpot": {"p50": 0.1, "p90": 0.3},
+    "distrusted": False,
+}
+
+
 def test_top_serve_shows_a_replica_full_at_its_learned_limit() -> None:
     from hetero.commands.top_serve import serve_view
     from tests.rendering import render
 
-    errors = {"p50": 0.1, "p90": 0.3}
-    model = {
-        "prefill_tokens_per_s": 12000.0,
-        "step_base_s": 0.003,
-        "step_per_request_s": 0.0005,
-        "predicted_ttft_s": 0.08,
-        "predicted_tpot_s": 0.04,
-        "slo": {"ttft_s": 1.0, "tpot_s": 0.05},
-        "error_ttft": errors,
-        "error_tpot": errors,
-        "distrusted": False,
-        "widened": False,
-        "slow_start_full": True,
-        "most_running": 72.5,
-    }
+    model = ENGINE_MODEL | {"widened": False, "slow_start_full": True, "most_running": 72.5}
     replica = REPLICA | {"name": "fast", "in_flight": 73, "slots": 4096, "engine_model": model}
     status = {"strategy": "slo", "uptime_s": 3, "active": 73, "waiting": 5, "queue_size": 100}
     text = render(serve_view(status | {"replicas": [replica]}, "http://x"), 220)
@@ -108,21 +108,8 @@ def test_top_serve_says_where_a_derived_slo_comes_from() -> None:
     from hetero.commands.top_serve import serve_view
     from tests.rendering import render
 
-    errors = {"p50": 0.1, "p90": 0.3}
-    model = {
-        "prefill_tokens_per_s": 12000.0,
-        "step_base_s": 0.003,
-        "step_per_request_s": 0.0005,
-        "predicted_ttft_s": 0.08,
-        "predicted_tpot_s": 0.01,
-        "slo": {"ttft_s": 1.0, "tpot_s": 0.02},
-        "error_ttft": errors,
-        "error_tpot": errors,
-        "distrusted": False,
-        "slo_from": "probe",
-    }
     replicas = [
-        REPLICA | {"name": name, "engine_model": model | {"slo_from": source}}
+        REPLICA | {"name": name, "engine_model": ENGINE_MODEL | {"slo_from": source}}
         for name, source in (("a", "probe"), ("b", "probe"), ("c", "catalog"))
     ]
     status = {"strategy": "slo", "uptime_s": 3, "active": 0, "waiting": 0, "queue_size": 100}
