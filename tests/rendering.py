@@ -32,3 +32,20 @@ def flat(text: str) -> str:
     """``text`` without borders, line breaks or runs of spaces: a cell wrapped over several lines
     reads as one line when the cells beside it are empty on the lines it runs on to."""
     return " ".join(text.replace("│", " ").split())
+
+
+def body_cells(text: str) -> list[str]:
+    """Every body cell of the tables in ``text`` as one line: a cell wrapped over several lines
+    is joined, its row's continuation lines being those whose first cell is empty."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        parts = [part.strip() for part in line.strip().strip("│").split("│")]
+        if rows and not parts[0] and len(parts) == len(rows[-1]):
+            rows[-1] = [
+                " ".join(p for p in pair if p) for pair in zip(rows[-1], parts, strict=True)
+            ]
+        else:
+            rows.append(parts)
+    return [cell for row in rows for cell in row]
