@@ -206,7 +206,6 @@ class SloRouting(PrefixAffinity):
         # Per device, the lone times its prior gives the derived targets where that prior
         # describes its engine (a catalog prior, or a guess brought to its timing probe).
         self._references: dict[int, _Reference] = {}
-        self._references_stale: set[int] = set()  # devices whose prior or table changed
         self._lenders = False  # whether a bound device has no reference: it lends its fit
         self._flights: dict[int | str, Flight] = {}
         self._table = _Table(0)
@@ -230,14 +229,15 @@ class SloRouting(PrefixAffinity):
             )
         else:
             self._references.pop(device, None)
-        self._references_stale.add(device)
         self._count_lenders()
         if device < len(self.fits):
             if not self.fits[device].taught:
                 answers = self.fits[device].answers
                 self.fits[device] = EngineFit(prior)
                 self.fits[device].answers = answers
-            self._mirror(device)  # its reference for the derived targets too
+            self._mirror(device)
+        if device < len(self._table):
+            self._table.set_reference(device, *self.reference(device))
 
     def measured(
         self, device: int, prompt_tokens: float, ttft: float, tpot: float | None, now: float
@@ -277,7 +277,8 @@ class SloRouting(PrefixAffinity):
             self._table = _Table(len(self.fits))
             for i in range(len(self.fits)):
                 self._mirror(i)
-            self._references_stale.update(range(len(self.fits)))
+            for i in range(len(self.fits)):
+                self._table.set_reference(i, *self.reference(i))
             self._count_lenders()
 
     def forget(self, device: int) -> None:
@@ -642,18 +643,14 @@ class SloRouting(PrefixAffinity):
                 if device < len(table):
                     fit, load = self.fits[device], self.loads[device]
                     table.set(device, fit, load, self.missed[device], self._most(device))
-            # Only a derived SLO reads the lone times (the SLO is set before routing): those
-            # of a replica its prior describes change with the prior alone; the others' with
-            # its fit.
-            if self.ttft_slo is None or self.tpot_slo is None:
-                references, changed = self._references, self._references_stale
-                if self._lenders:  # some replica lends its fit
-                    changed.update(d for d in stale if d not in references)
-                if changed:
-                    for device in changed:
-                        if device < len(table):
-                            table.set_reference(device, *self.reference(device))
-                    changed.clear()
+            # The lone times of a replica its prior describes are written as the prior is
+            # set; those of one that lends its fit follow the fit, here, while a derived SLO
+            # reads them (the SLO is set before routing).
+            if self._lenders and (self.ttft_slo is None or self.tpot_slo is None):
+                references = self._references
+                for device in stale:
+                    if device < len(table) and device not in references:
+                        table.set_reference(device, *self.reference(device))
             stale.clear()
         return table
 
