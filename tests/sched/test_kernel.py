@@ -332,23 +332,32 @@ def test_the_slo_pick_is_numpy_s_to_the_last_bit(
 _ODD = st.sampled_from([0.0, -1.0, 1e-300, 1e300, math.inf, -math.inf, math.nan])
 
 
-@settings(max_examples=200, deadline=None)
+_REFERENCE_COLUMNS = ("ref_ttft", "ref_per_token", "ref_base", "ref_per_request", "ref_per_kv")
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     columns=st.lists(
-        st.tuples(*(st.floats(0.0, 10.0) | _ODD for _ in range(4))), min_size=0, max_size=9
+        st.tuples(*(st.floats(0.0, 10.0) | _ODD for _ in _REFERENCE_COLUMNS)),
+        min_size=0,
+        max_size=9,
     ),
     size=st.tuples(st.floats(0.0, 1e12) | _ODD, st.floats(0.0, 1e12) | _ODD),
+    data=st.data(),
 )
 def test_the_slo_targets_are_numpy_s_to_the_last_bit(
-    columns: list[tuple[float, float, float, float]], size: tuple[float, float]
+    columns: list[tuple[float, ...]], size: tuple[float, float], data: st.DataObject
 ) -> None:
     """The targets derived from the fleet (``SloRouting.slo``) in C and in numpy, on any
-    columns and request sizes, hostile ones included: the same two numbers, within bounds."""
+    columns and request sizes, hostile ones included, from any order the kernel kept: the
+    same two numbers, within bounds."""
     n = len(columns)
     policy = SloRouting()
     policy._table = slo_module._Table(n)
-    for k, name in enumerate(("lone_ttft", "per_token", "lone_step", "per_kv")):
+    for k, name in enumerate(_REFERENCE_COLUMNS):
         setattr(policy._table, name, np.array([c[k] for c in columns], dtype=np.float64))
+    kept = data.draw(st.permutations(range(n)))
+    policy._table.ref_order = np.array(kept, dtype=np.int64)
     policy.fits = [None] * n  # type: ignore[list-item]  # only their count is read
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(slo_module, "_TARGETS", kernel.slo_targets)
@@ -357,7 +366,7 @@ def test_the_slo_targets_are_numpy_s_to_the_last_bit(
         with np.errstate(all="ignore"):  # inf × 0 among the hostile columns
             assert policy.slo(*size) == got
     ttft, tpot = got
-    assert 1.0 <= ttft <= 10 * MAX_SECONDS and 0.02 <= tpot <= 5 * MAX_SECONDS
+    assert 1.0 <= ttft <= 10 * MAX_SECONDS and 0.02 <= tpot <= MAX_SECONDS
 
 
 def test_the_slo_pick_refuses_what_it_cannot_read() -> None:
@@ -376,14 +385,31 @@ def test_the_slo_pick_refuses_what_it_cannot_read() -> None:
 
 
 def test_the_slo_targets_refuse_what_they_cannot_read() -> None:
-    cols = [np.ones(3) for _ in range(4)]
-    assert kernel.slo_targets(*cols, 3, 2.0, 1.0) == (3.0, 2.0)
-    assert kernel.slo_targets(*cols, 0, 2.0, 1.0) == (MAX_SECONDS, MAX_SECONDS)
+    cols = [np.ones(3) for _ in range(5)]
+    # three replicas alike (step 1 + 2·batch s): 80% of their throughput at a step of 5 s
+    assert kernel.slo_targets(*cols, np.arange(3), 3, 2.0, 1.0, 0.8) == pytest.approx((3.0, 5.0))
+    assert kernel.slo_targets(*cols, np.arange(3), 0, 2.0, 1.0, 0.8) == (MAX_SECONDS, MAX_SECONDS)
     with pytest.raises(ValueError, match=r"per_kv: expected .* at least 3 values, got 2"):
-        kernel.slo_targets(*cols[:3], np.ones(2), 3, 2.0, 1.0)
+        kernel.slo_targets(*cols[:4], np.ones(2), np.arange(3), 3, 2.0, 1.0, 0.8)
     with pytest.raises(ValueError, match="n: expected a count of replicas >= 0, got -1"):
-        kernel.slo_targets(*cols, -1, 2.0, 1.0)
+        kernel.slo_targets(*cols, np.arange(3), -1, 2.0, 1.0, 0.8)
     with pytest.raises(TypeError, match="must be real number, not str"):
-        kernel.slo_targets(*cols, 3, "2", 1.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="takes 7 arguments"):
+        kernel.slo_targets(*cols, np.arange(3), 3, "2", 1.0, 0.8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="order: expected a C-contiguous writable int64"):
+        kernel.slo_targets(*cols, np.arange(3.0), 3, 2.0, 1.0, 0.8)
+    with pytest.raises(TypeError, match="takes 10 arguments"):
         kernel.slo_targets(*cols)  # type: ignore[call-arg]
+
+
+def test_the_slo_targets_keep_the_replicas_order_and_mend_it() -> None:
+    """The replicas' order by lone step is kept between requests and sorted again where it is
+    not (a request's KV tokens or a reference reordered them, or it is not theirs at all)."""
+    base = np.array([0.03, 0.01, 0.02, np.nan])
+    ones = np.ones(4) * 1e-3
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 2, 0, 3], [7, 7, 7, 7], [1, 1, 2, 0]):
+        kept = np.array(order, dtype=np.int64)
+        got = kernel.slo_targets(base, ones, base, ones, ones * 0, kept, 4, 1.0, 1.0, 0.8)
+        assert got == kernel.slo_targets(
+            base, ones, base, ones, ones * 0, np.arange(4), 4, 1.0, 1.0, 0.8
+        )
+        assert kept.tolist() == [1, 2, 0, 3]  # by lone step, the one that does not count last

@@ -97,9 +97,11 @@ def serve(
         float | None,
         typer.Option(
             help="The time per output token (seconds) each request should meet (strategy "
-            "slo, the default; refused with another). Default: 20 ms, or five times the "
-            "fleet's best step time of a lone request if more, as each replica was timed at "
-            "start (or its catalog figures), held for the run.",
+            "slo, the default; refused with another). Default: 20 ms, or if more the least "
+            "step time at which the replicas, each batching what it allows, reach 80% of "
+            "their top decode throughput (five times a lone replica's fixed step; a fleet's "
+            "slow replicas are taken in as far as that share needs them), from each replica "
+            "as timed at start (or its catalog figures), held for the run.",
             show_default=False,
         ),
     ] = None,

@@ -779,12 +779,20 @@ slo_pick(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(slo_targets_doc,
-"slo_targets(lone_ttft, per_token, lone_step, per_kv, n, prompt_feature, kv_feature)\n--\n\n"
-"The best lone predictions the slo strategy derives its targets from where none are given\n"
-"(SloRouting.slo), over replicas j < n (float64 columns):\n"
+"slo_targets(lone_ttft, per_token, step_base, per_request, per_kv, order, n,\n"
+"            prompt_feature, kv_feature, knee)\n--\n\n"
+"What the slo strategy derives its targets from where none are given (SloRouting.slo),\n"
+"over replicas j < n (float64 columns):\n"
 "  ttft = max(1e-4, min(3600, min(3600, min_j lone_ttft + per_token * prompt_feature)))\n"
-"  tpot = max(1e-4, min(3600, min(3600, min_j lone_step + per_kv * kv_feature)))\n"
-"with numpy's min (a NaN wins) and Python's min and max after it (a NaN loses to 3600).");
+"with numpy's min (a NaN wins) and Python's min and max after it (a NaN loses to 3600);\n"
+"  tpot = max(1e-4, min(3600, the least step s at which the replicas together reach knee of\n"
+"         their top decode throughput)),\n"
+"each replica's step a_j + c_j * batch (a_j = step_base, c_j = per_request + per_kv *\n"
+"kv_feature) running (s - a_j) / c_j requests once s reaches its lone step a_j + c_j. Only\n"
+"replicas with a_j >= 0, c_j >= 1e-9 and a lone step below 3600 count (3600 if none does);\n"
+"taken in order of lone step (index on ties), sums in that order, as SloRouting's numpy.\n"
+"order (int64, writable): replicas 0..n-1 in that order as the last call left them, sorted\n"
+"again (those that count first) only where they are not.");
 
 /* numpy's min(initial=3600) of a + b * x over j < n, then Python's max(1e-4, min(3600, it)). */
 static double
@@ -797,27 +805,140 @@ lone_best(const double *a, const double *b, npy_intp n, double x)
     return SLO_FLOOR < capped ? capped : SLO_FLOOR;
 }
 
+#define SLO_LEAST_COST 1e-9 /* slo._LEAST_COST */
+
+typedef struct {
+    double lone;
+    npy_intp j;
+} knee_row;
+
+static int
+knee_order(const void *x, const void *y)
+{
+    const knee_row *a = x, *b = y;
+    if (a->lone != b->lone)
+        return a->lone < b->lone ? -1 : 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+/* Replica j's cost a request (c) and lone step, and whether it counts toward the target. */
+static inline int
+knee_terms(const double *base, const double *per_request, const double *per_kv, npy_intp j,
+           double kv, double *cost, double *lone)
+{
+    *cost = per_request[j] + per_kv[j] * kv;
+    *lone = base[j] + *cost;
+    return base[j] >= 0.0 && *cost >= SLO_LEAST_COST && *lone < FIT_MAX_SECONDS;
+}
+
+/* Whether order[0..n) lists replicas 0..n-1 with those that count in order of (lone step,
+ * index): as it does after the last request unless the request's KV tokens or a reference
+ * reordered them. */
+static int
+knee_sorted(const double *base, const double *per_request, const double *per_kv,
+            const npy_int64 *order, npy_intp n, double kv)
+{
+    double last = -1.0, cost, lone;
+    npy_intp last_j = -1;
+    for (npy_intp k = 0; k < n; k++) {
+        npy_intp j = (npy_intp)order[k];
+        if (j < 0 || j >= n)
+            return 0;
+        if (!knee_terms(base, per_request, per_kv, j, kv, &cost, &lone))
+            continue;
+        if (lone < last || (lone == last && j <= last_j))
+            return 0;
+        last = lone, last_j = j;
+    }
+    return 1;
+}
+
+/* Writes into order the replicas that count, by (lone step, index), then the others; 0 with
+ * MemoryError. */
+static int
+knee_sort(const double *base, const double *per_request, const double *per_kv, npy_int64 *order,
+          npy_intp n, double kv)
+{
+    knee_row *rows = PyMem_Malloc(sizeof(knee_row) * (size_t)(n > 0 ? n : 1));
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    npy_intp m = 0, rest = n;
+    double cost, lone;
+    for (npy_intp j = 0; j < n; j++) {
+        if (knee_terms(base, per_request, per_kv, j, kv, &cost, &lone))
+            rows[m++] = (knee_row){lone, j};
+        else
+            order[--rest] = j;
+    }
+    qsort(rows, (size_t)m, sizeof(knee_row), knee_order);
+    for (npy_intp k = 0; k < m; k++)
+        order[k] = rows[k].j;
+    PyMem_Free(rows);
+    return 1;
+}
+
+/* The least s >= some replica's lone step at which the sum over those with lone <= s of
+ * (1 - a / s) / c reaches knee of the sum of 1 / c (see slo_targets_doc); -1 with an error
+ * set. order: the replicas' order by lone step, kept between calls (sorted again only when
+ * it is not). */
+static double
+knee_step(const double *base, const double *per_request, const double *per_kv, npy_int64 *order,
+          npy_intp n, double kv, double knee)
+{
+    if (!knee_sorted(base, per_request, per_kv, order, n, kv)
+        && !knee_sort(base, per_request, per_kv, order, n, kv))
+        return -1.0;
+    double top = 0.0, cost, lone;
+    for (npy_intp k = 0; k < n; k++)
+        if (knee_terms(base, per_request, per_kv, (npy_intp)order[k], kv, &cost, &lone))
+            top += 1.0 / cost;
+    double need = knee * top, rate = 0.0, fixed = 0.0, best = FIT_MAX_SECONDS;
+    for (npy_intp k = 0; k < n; k++) {
+        npy_intp j = (npy_intp)order[k];
+        if (!knee_terms(base, per_request, per_kv, j, kv, &cost, &lone))
+            continue;
+        rate += 1.0 / cost;
+        fixed += base[j] / cost;
+        double spare = rate - need;
+        if (spare > 0.0) {
+            double s = fixed / spare;
+            s = s > lone ? s : lone;
+            best = s < best ? s : best;
+        }
+    }
+    double capped = best < FIT_MAX_SECONDS ? best : FIT_MAX_SECONDS;
+    return SLO_FLOOR < capped ? capped : SLO_FLOOR;
+}
+
 static PyObject *
 slo_targets(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (!arity_ok("slo_targets", nargs, 7))
+    if (!arity_ok("slo_targets", nargs, 10))
         return NULL;
-    npy_intp n = PyLong_AsSsize_t(args[4]);
-    double prompt = PyFloat_AsDouble(args[5]), kv = PyFloat_AsDouble(args[6]);
+    npy_intp n = PyLong_AsSsize_t(args[6]);
+    double prompt = PyFloat_AsDouble(args[7]), kv = PyFloat_AsDouble(args[8]);
+    double knee = PyFloat_AsDouble(args[9]);
     if (PyErr_Occurred())
         return NULL;
     if (n < 0) {
         PyErr_Format(PyExc_ValueError, "n: expected a count of replicas >= 0, got %zd", n);
         return NULL;
     }
-    static const char *names[] = {"lone_ttft", "per_token", "lone_step", "per_kv"};
-    const double *col[4];
-    for (int k = 0; k < 4; k++)
+    static const char *names[] = {"lone_ttft", "per_token", "step_base", "per_request", "per_kv"};
+    const double *col[5];
+    for (int k = 0; k < 5; k++)
         if (!(col[k] = data_of(args[k], n, NPY_FLOAT64, 0, names[k])))
             return NULL;
-    return Py_BuildValue("(dd)", lone_best(col[0], col[1], n, prompt),
-                         lone_best(col[2], col[3], n, kv));
+    npy_int64 *order = data_of(args[5], n, NPY_INT64, 1, "order");
+    if (order == NULL)
+        return NULL;
+    double tpot = knee_step(col[2], col[3], col[4], order, n, kv, knee);
+    if (tpot < 0)
+        return NULL;
+    return Py_BuildValue("(dd)", lone_best(col[0], col[1], n, prompt), tpot);
 }
 
 static PyMethodDef methods[] = {

@@ -40,8 +40,10 @@ at a reply that misses (``_LIMIT_STEP``): a guard on the predictions, which a re
 keeps meeting the SLO outgrows.
 
 Without an SLO the targets are derived from the fleet: TTFT 1 s or ten times the best lone
-TTFT of the request, whichever is more; TPOT 20 ms or five times the best lone step time,
-whichever is more. The lone times are what is known of each engine before it serves (its
+TTFT of the request, whichever is more; TPOT 20 ms or the least step time at which the
+replicas together reach 80% of their top decode throughput (``_KNEE``), whichever is more:
+for one replica five times its step's fixed part, for a fleet whatever lets its slow replicas
+carry their part. The lone times are what is known of each engine before it serves (its
 catalog prior, or its prior brought to its timing probe: ``measured``), not the fit that
 follows its replies: a target is the user's bound and holds still while the fit moves (on
 real vLLM, a TPOT target following the fit's lone step moved between 20 and 70 ms within a
@@ -93,14 +95,28 @@ _TARGETS: Callable[..., tuple[float, float]] | None = getattr(KERNEL, "slo_targe
 
 __all__ = ["FIRST_PACE_REPORT", "SloRouting", "check_slo"]
 
-# TTFT and TPOT at least these (seconds) when derived from the fleet, and their multiples of the
-# best lone ones. TPOT's floor, 50 tokens a second, is faster than anyone reads: below it, five
-# lone steps of a replica that answers in a millisecond are the router's own jitter, and a
-# target that tight had it distrust the replica and run one request at a time.
+# TTFT and TPOT at least these (seconds) when derived from the fleet. TPOT's floor, 50 tokens a
+# second, is faster than anyone reads: below it, the steps of a replica that answers in a
+# millisecond are the router's own jitter, and a target that tight had it distrust the replica
+# and run one request at a time.
 _DEFAULT_TTFT = 1.0
 _DEFAULT_TPOT = 0.02
+#: A derived TTFT target is at least this multiple of the request's best lone TTFT.
 _TTFT_MULTIPLE = 10.0
-_TPOT_MULTIPLE = 5.0
+#: A derived TPOT target is the least step time at which the fleet's replicas, each batching as
+#: many requests as that step allows, reach this share of their top decode throughput (each
+#: replica's step ``a + c·batch``: its throughput at step ``s`` is ``(1 - a/s)/c`` of its top
+#: ``1/c``, once ``s`` reaches its lone step). For one replica that is five times its fixed
+#: step ``a``: the five lone steps this target was before, where ``a`` is most of a lone step
+#: (a GPU's weights read each step). For a fleet it takes the slow replicas in where the fleet
+#: needs them to reach that share: five lone steps of the fastest alone kept every replica of
+#: the real one-model CPU fleet (speeds 1 : 0.4 : 0.2) at its 20 ms floor, the two slow ones
+#: then ran a request or two, and past three quarters of capacity the router held up to 72
+#: requests for them.
+_KNEE = 0.8
+#: Least step cost a request (seconds) for a replica to count toward the TPOT target: a step
+#: that costs nothing more a request describes no engine (a fit that has learned no slope).
+_LEAST_COST = 1e-9
 #: Content chunks at which an executor first reports a stream's pace (``progress``), then at
 #: twice as many each time: the router's proxy and the simulator alike.
 FIRST_PACE_REPORT = 8
@@ -158,7 +174,7 @@ _CACHE_WAITS = 65536  # requests remembered as held so, at most
 _OUTCOME_MASK = (1 << _OUTCOMES) - 1
 
 #: A replica's lone times for the derived targets (``SloRouting.reference``).
-_Reference = tuple[float, float, float, float]
+_Reference = tuple[float, float, float, float, float]
 
 
 def check_slo(name: str, value: float | None) -> list[tuple[str, str]]:
@@ -302,18 +318,25 @@ class SloRouting(PrefixAffinity):
         t, k = self._columns(), len(self.fits)
         features = (token_feature(prompt), token_feature(prompt + output / 2))
         if _TARGETS is not None:
-            best_ttft, best_tpot = _TARGETS(
-                t.ref_ttft, t.ref_per_token, t.ref_step, t.ref_per_kv, k, *features
+            best_ttft, knee = _TARGETS(
+                t.ref_ttft,
+                t.ref_per_token,
+                t.ref_base,
+                t.ref_per_request,
+                t.ref_per_kv,
+                t.ref_order,
+                k,
+                *features,
+                _KNEE,
             )
         else:
             lone_ttft = t.ref_ttft[:k] + t.ref_per_token[:k] * features[0]
-            lone_step = t.ref_step[:k] + t.ref_per_kv[:k] * features[1]
             best_ttft = max(FLOOR, min(MAX_SECONDS, float(lone_ttft.min(initial=MAX_SECONDS))))
-            best_tpot = max(FLOOR, min(MAX_SECONDS, float(lone_step.min(initial=MAX_SECONDS))))
+            knee = _knee_step(t.ref_base[:k], t.ref_per_request[:k], t.ref_per_kv[:k], features[1])
         if ttft is None:
             ttft = max(_DEFAULT_TTFT, _TTFT_MULTIPLE * best_ttft)
         if tpot is None:
-            tpot = max(_DEFAULT_TPOT, _TPOT_MULTIPLE * best_tpot)
+            tpot = max(_DEFAULT_TPOT, knee)
         return ttft, tpot
 
     def pick(self, item: WorkItem, view: FleetView, allowed: BoolArray | None) -> int | None:
@@ -659,7 +682,8 @@ class SloRouting(PrefixAffinity):
 
     def reference(self, device: int) -> _Reference:
         """Device ``device``'s lone times the derived targets are taken from: its TTFT alone
-        and seconds per prompt token, its step alone and seconds per KV token. Its prior's
+        and seconds per prompt token, its step's fixed part, seconds per request running and
+        per KV token. Its prior's
         where that describes the engine (a catalog prior, or a guess brought to its timing
         probe), else its fit's as it stands."""
         reference = self._references.get(device)
@@ -722,9 +746,33 @@ class SloRouting(PrefixAffinity):
 
 def _lone_times(ttft: Sequence[float], tpot: Sequence[float]) -> _Reference:
     """A replica's lone times from its TTFT and step coefficients (a prior's or a fit's, in
-    ``EngineFit``'s order): its TTFT alone and seconds per prompt token, its step alone (one
-    request running) and seconds per KV token."""
-    return ttft[0], ttft[1], tpot[0] + tpot[1], tpot[2] / 1000.0
+    ``EngineFit``'s order): its TTFT alone and seconds per prompt token, its step's fixed part,
+    seconds per request running and per KV token."""
+    return ttft[0], ttft[1], tpot[0], tpot[1], tpot[2] / 1000.0
+
+
+def _knee_step(
+    base: FloatArray, per_request: FloatArray, per_kv: FloatArray, kv_feature: float
+) -> float:
+    """The least step time (seconds) at which the replicas reach ``_KNEE`` of their top
+    decode throughput (see ``_KNEE``), for a request whose KV tokens are ``kv_feature``; the
+    kernel's ``slo_targets`` to the last bit. Each replica counts from its lone step up, so
+    the answer lies where the replicas counted are those with lone steps up to it: for each
+    prefix of them in order of lone step, the least step meeting the share with those alone,
+    not below the last one's lone step; the least of these."""
+    cost = per_request + per_kv * kv_feature
+    lone = base + cost
+    with np.errstate(all="ignore"):  # inf × 0 among hostile coefficients
+        ok = (base >= 0.0) & (cost >= _LEAST_COST) & (lone < MAX_SECONDS)
+        if not ok.any():
+            return MAX_SECONDS
+        order = np.argsort(lone[ok], kind="stable")
+        lone, base, cost = lone[ok][order], base[ok][order], cost[ok][order]
+        rate = np.cumsum(1.0 / cost)
+        fixed = np.cumsum(base / cost)
+        spare = rate - _KNEE * rate[-1]
+        steps = np.where(spare > 0.0, np.maximum(fixed / spare, lone), np.inf)
+    return max(FLOOR, min(MAX_SECONDS, float(steps.min())))
 
 
 def _meets_alone(
@@ -771,8 +819,12 @@ class _Table:
         # The lone times the derived targets are taken from (SloRouting.reference).
         self.ref_ttft = np.zeros(n)
         self.ref_per_token = np.zeros(n)
-        self.ref_step = np.zeros(n)
+        self.ref_base = np.zeros(n)
+        self.ref_per_request = np.zeros(n)
         self.ref_per_kv = np.zeros(n)
+        # The replicas in order of lone step as the kernel's last targets found them (it sorts
+        # them again only where a request's size or a reference changed that order).
+        self.ref_order = np.arange(n, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.running)
@@ -803,8 +855,8 @@ class _Table:
         self.running[i] = load.running
 
     def set_reference(
-        self, i: int, ttft: float, per_token: float, step: float, per_kv: float
+        self, i: int, ttft: float, per_token: float, base: float, per_request: float, per_kv: float
     ) -> None:
         """Device ``i``'s lone times for the derived targets (``SloRouting.reference``)."""
         self.ref_ttft[i], self.ref_per_token[i] = ttft, per_token
-        self.ref_step[i], self.ref_per_kv[i] = step, per_kv
+        self.ref_base[i], self.ref_per_request[i], self.ref_per_kv[i] = base, per_request, per_kv
