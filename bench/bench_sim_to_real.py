@@ -88,6 +88,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_single_turn_slo_max_rate.json",
     RESULTS / "serve_real_single_turn_slo_default_max_rate.json",
     RESULTS / "serve_real_single_turn_slo_held_max_rate.json",
+    RESULTS / "serve_real_single_turn_slo_knee_max_rate.json",
     RESULTS / "serve_real_slo_f996922.json",
     RESULTS / "serve_real_slo_loads_80.json",
     RESULTS / "serve_real_slo_loads_100.json",
@@ -98,6 +99,8 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_default.json",
     RESULTS / "serve_real_slo_held.json",
     RESULTS / "serve_real_slo_held_max_rate.json",
+    RESULTS / "serve_real_slo_knee.json",
+    RESULTS / "serve_real_slo_knee_max_rate.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
