@@ -110,9 +110,10 @@ _TTFT_MULTIPLE = 10.0
 #: step ``a``: the five lone steps this target was before, where ``a`` is most of a lone step
 #: (a GPU's weights read each step). For a fleet it takes the slow replicas in where the fleet
 #: needs them to reach that share: five lone steps of the fastest alone kept every replica of
-#: the real one-model CPU fleet (speeds 1 : 0.4 : 0.2) at its 20 ms floor, the two slow ones
-#: then ran a request or two, and past three quarters of capacity the router held up to 72
-#: requests for them.
+#: the real one-model CPU fleet (speeds 1 : 0.4 : 0.2) at its 20 ms floor, under the slow
+#: replicas' own lone steps, and past three quarters of capacity the router held up to 72
+#: requests back (its highest rate within a 50 ms TPOT 1.00x the fast replica alone's; 1.20x
+#: with this target, 28-32 ms there).
 _KNEE = 0.8
 #: Least step cost a request (seconds) for a replica to count toward the TPOT target: a step
 #: that costs nothing more a request describes no engine (a fit that has learned no slope).
@@ -683,9 +684,8 @@ class SloRouting(PrefixAffinity):
     def reference(self, device: int) -> _Reference:
         """Device ``device``'s lone times the derived targets are taken from: its TTFT alone
         and seconds per prompt token, its step's fixed part, seconds per request running and
-        per KV token. Its prior's
-        where that describes the engine (a catalog prior, or a guess brought to its timing
-        probe), else its fit's as it stands."""
+        per KV token. Its prior's where that describes the engine (a catalog prior, or a guess
+        brought to its timing probe), else its fit's as it stands."""
         reference = self._references.get(device)
         if reference is not None:
             return reference
