@@ -619,7 +619,7 @@ def test_a_derived_slo_is_taken_from_a_guessed_replicas_probe_then_holds() -> No
         max_size=30,
     )
 )
-def test_the_derived_targets_are_the_best_of_every_replicas_reference(
+def test_the_derived_targets_follow_every_replicas_reference(
     ops: list[tuple[str, int, float]],
 ) -> None:
     devices = make_devices([1.0] * 4)
