@@ -100,6 +100,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_held.json",
     RESULTS / "serve_real_slo_held_max_rate.json",
     RESULTS / "serve_real_slo_knee.json",
+    RESULTS / "serve_real_slo_knee_run2.json",
     RESULTS / "serve_real_slo_knee_max_rate.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
