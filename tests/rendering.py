@@ -12,13 +12,14 @@ def render(renderable: RenderableType, width: int) -> str:
     return console.export_text()
 
 
+def _cells(line: str, bar: str) -> list[str]:
+    """The cells of one table line whose columns ``bar`` divides."""
+    return [cell.strip() for cell in line.strip().strip(bar).split(bar)]
+
+
 def headers(text: str) -> list[list[str]]:
     """The header cells of each table in ``text``."""
-    return [
-        [cell.strip() for cell in line.strip().strip("┃").split("┃")]
-        for line in text.splitlines()
-        if line.startswith("┃")
-    ]
+    return [_cells(line, "┃") for line in text.splitlines() if line.startswith("┃")]
 
 
 def assert_whole(text: str, width: int, cells: list[str]) -> None:
@@ -41,7 +42,7 @@ def body_cells(text: str) -> list[str]:
     for line in text.splitlines():
         if not line.startswith("│"):
             continue
-        parts = [part.strip() for part in line.strip().strip("│").split("│")]
+        parts = _cells(line, "│")
         if rows and not parts[0] and len(parts) == len(rows[-1]):
             rows[-1] = [
                 " ".join(p for p in pair if p) for pair in zip(rows[-1], parts, strict=True)

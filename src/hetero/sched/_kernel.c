@@ -832,14 +832,15 @@ knee_terms(const double *base, const double *per_request, const double *per_kv, 
 }
 
 /* Whether order[0..n) lists replicas 0..n-1 with those that count in order of (lone step,
- * index): as it does after the last request unless the request's KV tokens or a reference
- * reordered them. */
+ * index), as it does after the last request unless the request's KV tokens or a reference
+ * reordered them; *top: the sum of 1 / c over those that count, in that order. */
 static int
 knee_sorted(const double *base, const double *per_request, const double *per_kv,
-            const npy_int64 *order, npy_intp n, double kv)
+            const npy_int64 *order, npy_intp n, double kv, double *top)
 {
     double last = -1.0, cost, lone;
     npy_intp last_j = -1;
+    *top = 0.0;
     for (npy_intp k = 0; k < n; k++) {
         npy_intp j = (npy_intp)order[k];
         if (j < 0 || j >= n)
@@ -849,6 +850,7 @@ knee_sorted(const double *base, const double *per_request, const double *per_kv,
         if (lone < last || (lone == last && j <= last_j))
             return 0;
         last = lone, last_j = j;
+        *top += 1.0 / cost;
     }
     return 1;
 }
@@ -887,13 +889,12 @@ static double
 knee_step(const double *base, const double *per_request, const double *per_kv, npy_int64 *order,
           npy_intp n, double kv, double knee)
 {
-    if (!knee_sorted(base, per_request, per_kv, order, n, kv)
-        && !knee_sort(base, per_request, per_kv, order, n, kv))
-        return -1.0;
-    double top = 0.0, cost, lone;
-    for (npy_intp k = 0; k < n; k++)
-        if (knee_terms(base, per_request, per_kv, (npy_intp)order[k], kv, &cost, &lone))
-            top += 1.0 / cost;
+    double top, cost, lone;
+    if (!knee_sorted(base, per_request, per_kv, order, n, kv, &top)) {
+        if (!knee_sort(base, per_request, per_kv, order, n, kv))
+            return -1.0;
+        knee_sorted(base, per_request, per_kv, order, n, kv, &top); /* sorted now: its sum */
+    }
     double need = knee * top, rate = 0.0, fixed = 0.0, best = FIT_MAX_SECONDS;
     for (npy_intp k = 0; k < n; k++) {
         npy_intp j = (npy_intp)order[k];

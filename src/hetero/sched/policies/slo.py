@@ -294,7 +294,6 @@ class SloRouting(PrefixAffinity):
             self._table = _Table(len(self.fits))
             for i in range(len(self.fits)):
                 self._mirror(i)
-            for i in range(len(self.fits)):
                 self._table.set_reference(i, *self.reference(i))
             self._count_lenders()
 
