@@ -98,13 +98,19 @@ FLEET: tuple[tuple[Size, int], ...] = (("small", 0), ("large", 1))
 #: The fleets a run may use: (size, core, share of that core or None for all of it) per
 #: replica. ``two-models``: two models some ten times apart, a core each. ``one-model``: one
 #: model at three speeds made by CPU shares (a cgroup CPU quota): the whole of core 1, and 40%
-#: and 20% of core 0. Every process of a replica is held to its core (``Replica.confine``).
+#: and 20% of core 0 (2.5x and 5x apart). ``one-model-narrow``: the same model at 1 : 0.6 : 0.4
+#: (1.7x and 2.5x apart): 75% of core 1, 45% and 30% of core 0, where the slow replicas add
+#: as much as the fast one between them (on ``one-model`` they add 0.6 of it, and their own
+#: highest rates within the SLO 0.31 of the fast replica's: no router can carry 1.3x its rate
+#: there), a quarter of each core left to the router and the load generator. Every process
+#: of a replica is held to its core (``Replica.confine``).
 #: The router and the load generator run where the system places them: on two cores there is
 #: none to spare, and pinned to core 0 the Python router fell behind the fast replica's token
 #: stream (see docs/serve.md).
 FLEETS: dict[str, tuple[tuple[Size, int, float | None], ...]] = {
     "two-models": tuple((size, core, None) for size, core in FLEET),
     "one-model": (("small", 1, None), ("small", 0, 0.4), ("small", 0, 0.2)),
+    "one-model-narrow": (("small", 1, 0.75), ("small", 0, 0.45), ("small", 0, 0.3)),
 }
 #: Where a replica's CPU quota is set (cgroup v1's cpu controller, as on this machine).
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
@@ -1185,7 +1191,7 @@ def fleet(children: Children, name: str = "two-models") -> list[Replica]:
     out = []
     for size, core, share in FLEETS[name]:
         label = size if share is None else f"{size}-{round(share * 100)}pct"
-        if name == "one-model" and share is None:
+        if share is None and any(s is not None for *_, s in FLEETS[name]):
             label = f"{size}-full"
         out.append(
             Replica(

@@ -1,9 +1,10 @@
 """Sim-to-real: the simulator set the real-engine benchmark's fleet and workload, its SLO
 attainment beside the real runs', for each router and load.
 
-- Real runs: ``bench_serve_real_prefix.py --fleet one-model`` JSONs, single-turn and
-  multi-turn (``--real``, repeatable): three vLLM CPU replicas of the 2.6M test model, the
-  whole of one core, 40% and 20% of the other.
+- Real runs: ``bench_serve_real_prefix.py --fleet one-model`` (and ``one-model-narrow``)
+  JSONs, single-turn and multi-turn (``--real``, repeatable): three vLLM CPU replicas of the
+  2.6M test model, the whole of one core, 40% and 20% of the other (75% of one, 45% and 30%
+  of the other).
 - Fleet, simulated: each replica the emulator's engine model (``hetero.serve.engine_model``)
   of that model on the catalog's generic CPU, calibrated to vLLM's CPU build on one core
   (``bench/results/emulator_small_bound.json``: ``bench_emulator.py --model small``, the
@@ -134,8 +135,8 @@ def read_run(path: Path) -> Run:
     args = prefix.build_parser().parse_args(shlex.split(doc["command"])[2:])
     s, chat = prefix.settings_of(args)
     why = None
-    if s.fleet != "one-model":
-        why = f"fleet {s.fleet!r}: only the one-model fleet is calibrated"
+    if any(size != "small" for size, _, _ in real.FLEETS[s.fleet]):
+        why = f"fleet {s.fleet!r}: only fleets of the small model are calibrated"
     elif "capacity" not in doc or not (doc.get("loads") or doc.get("replica_rates")):
         why = "the run measured nothing (skipped)"
     return Run(doc, s, None if args.single_turn else chat, why)
