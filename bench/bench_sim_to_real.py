@@ -103,6 +103,8 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_knee.json",
     RESULTS / "serve_real_slo_knee_run2.json",
     RESULTS / "serve_real_slo_knee_max_rate.json",
+    RESULTS / "serve_real_narrow_slo.json",
+    RESULTS / "serve_real_narrow_single_turn_slo.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
 MAX_NUM_SEQS = 128  # vLLM's CPU defaults, as the real replicas ran
@@ -364,6 +366,7 @@ def compare(path: Path, base: Calibration, kv_tokens: int, target: float) -> dic
     if run.skipped is not None:
         return {**head, "skipped": run.skipped}
     head["real_revision"] = doc["revision"]["commit"][:7]
+    head["fleet"] = s.fleet
     head["workload"] = "single-turn" if run.chat is None else "multi-turn"
     # As many requests as the real run made (its capacity loop cycles through them all).
     work = workload(run, int(max(s.loads, default=0) * 40 * s.duration) + 4000)
@@ -539,6 +542,12 @@ def main(argv: list[str]) -> int:
     by_router: dict[str, list[float]] = {}
     for c in cells:
         by_router.setdefault(c["config"], []).append(abs(c["difference"]))
+    by_fleet: dict[str, list[bool]] = {}
+    for run in runs:
+        for load in run.get("loads", []):
+            by_fleet.setdefault(run["fleet"], []).extend(
+                c["within_target"] for c in load["configs"]
+            )
     doc = {
         "benchmark": "sim_to_real",
         "command": command("bench/bench_sim_to_real.py", argv),
@@ -553,6 +562,7 @@ def main(argv: list[str]) -> int:
         "within_target": sum(c["within_target"] for c in cells),
         "cells": len(cells),
         "largest_difference": max((abs(c["difference"]) for c in cells), default=math.nan),
+        "by_fleet": {k: {"cells": len(v), "within_target": sum(v)} for k, v in by_fleet.items()},
         "by_router": {
             k: {
                 "cells": len(v),

@@ -2172,6 +2172,15 @@ def serve_real_slo(doc: dict[str, Any]) -> str:
     return _slo_run(doc, "Prefix affinity", "serve_real_slo_*.json")
 
 
+def serve_real_narrow(doc: dict[str, Any]) -> str:
+    """A run on the one model at the narrower spread (``--fleet one-model-narrow``), with each
+    router's highest rate within the SLO where it searched for them."""
+    kind = "slo" if doc["workload"]["kind"] == "multi-turn chat" else "single_turn_slo"
+    heading = "Routing by the SLO, speeds 1 : 0.6 : 0.4"
+    text = _slo_run(doc, heading, f"serve_real_narrow_{kind}_*.json")
+    return text + (f"\n\n{_run_rates(doc).strip()}" if "max_rate" in doc else "")
+
+
 def _slo_run(doc: dict[str, Any], heading: str, others: str) -> str:
     """A real-engine SLO run's table, its revision, where its misses fell, and a line for each
     other run kept of the same fleet and workload (the files matching ``others``)."""
@@ -2791,9 +2800,14 @@ def sim_to_real(doc: dict[str, Any]) -> str:
         "front of vLLM it compares no loads) (`bench/_anchor_policies.py`, nothing held in the "
         "router), client round robin, the fast replica alone. "
         "Shares are of "
-        f"completed requests (fast/40%/20%). Within {doc['target']:g}: "
-        f"{doc['within_target']} of {doc['cells']} cells; the largest difference "
-        f"{doc['largest_difference']:.3f}. By router (cells within, mean |difference|): "
+        "completed requests, the fastest replica's first. Within "
+        f"{doc['target']:g}: {doc['within_target']} of {doc['cells']} cells"
+        + "".join(
+            f"; on `{k}` {v['within_target']} of {v['cells']}"
+            for k, v in doc.get("by_fleet", {}).items()
+        )
+        + f"; the largest difference {doc['largest_difference']:.3f}. By router (cells within, "
+        "mean |difference|): "
         + "; ".join(
             f"{k} {v['within_target']}/{v['cells']}, {v['mean_abs_difference']:.3f}"
             for k, v in doc["by_router"].items()
@@ -3057,6 +3071,8 @@ def main() -> int:
         ("serve_real_two_models_slo.json", serve_real_slo_more),
         ("serve_real_single_turn_slo.json", serve_real_slo_more),
         ("serve_real_single_turn_replica_rates.json", replica_rates),
+        ("serve_real_narrow_slo.json", serve_real_narrow),
+        ("serve_real_narrow_single_turn_slo.json", serve_real_narrow),
         ("emulator.json", emulator),
         ("emulator_small.json", emulator),
         ("emulator_small_bound.json", emulator),
