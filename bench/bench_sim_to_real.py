@@ -104,6 +104,7 @@ REAL_RUNS = (
     RESULTS / "serve_real_slo_knee_run2.json",
     RESULTS / "serve_real_slo_knee_max_rate.json",
     RESULTS / "serve_real_narrow_slo.json",
+    RESULTS / "serve_real_narrow_slo_run2.json",
     RESULTS / "serve_real_narrow_single_turn_slo.json",
 )
 CALIBRATION = RESULTS / "emulator_small_bound.json"
