@@ -292,6 +292,11 @@ def group_pids(pgid: int) -> list[int]:
     return out
 
 
+def shared(name: str) -> bool:
+    """Whether fleet ``name`` gives some replica a share of its core (a cgroup CPU quota)."""
+    return any(share is not None for *_, share in FLEETS[name])
+
+
 def cpu_shares_reason() -> str | None:
     """Why replicas cannot be given CPU shares here (None: they can)."""
     try:
@@ -1191,7 +1196,7 @@ def fleet(children: Children, name: str = "two-models") -> list[Replica]:
     out = []
     for size, core, share in FLEETS[name]:
         label = size if share is None else f"{size}-{round(share * 100)}pct"
-        if share is None and any(s is not None for *_, s in FLEETS[name]):
+        if share is None and shared(name):
             label = f"{size}-full"
         out.append(
             Replica(

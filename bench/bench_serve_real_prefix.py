@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, real._interrupt)
     started = time.perf_counter()
     vllm_reason, reasons, versions = real.what_runs()
-    if vllm_reason is None and any(share for *_, share in real.FLEETS[s.fleet]):
+    if vllm_reason is None and real.shared(s.fleet):
         vllm_reason = real.cpu_shares_reason()  # its speeds are made by CPU quotas
     doc: dict[str, Any] = {
         "benchmark": "serve_real_prefix",

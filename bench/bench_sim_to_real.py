@@ -539,16 +539,14 @@ def main(argv: list[str]) -> int:
     kv_tokens = emulated["engine"]["kv_tokens"]
     started = time.perf_counter()
     runs = [compare(p.resolve(), base, kv_tokens, args.target) for p in args.real or REAL_RUNS]
-    cells = [c for run in runs for load in run.get("loads", []) for c in load["configs"]]
+    # Each cell with its run's fleet, in the runs' order.
+    placed = [(r["fleet"], c) for r in runs for load in r.get("loads", []) for c in load["configs"]]
+    cells = [c for _, c in placed]
     by_router: dict[str, list[float]] = {}
-    for c in cells:
-        by_router.setdefault(c["config"], []).append(abs(c["difference"]))
     by_fleet: dict[str, list[bool]] = {}
-    for run in runs:
-        for load in run.get("loads", []):
-            by_fleet.setdefault(run["fleet"], []).extend(
-                c["within_target"] for c in load["configs"]
-            )
+    for fleet, c in placed:
+        by_router.setdefault(c["config"], []).append(abs(c["difference"]))
+        by_fleet.setdefault(fleet, []).append(c["within_target"])
     doc = {
         "benchmark": "sim_to_real",
         "command": command("bench/bench_sim_to_real.py", argv),
